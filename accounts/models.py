@@ -1,0 +1,136 @@
+"""Users belong to projects through memberships; projects are the tenant boundary.
+
+This app imports nothing from ``collab``: it owns identities, roles and the
+capability policy (``accounts.policy``), and the domain builds on it.
+"""
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer"
+    MEMBER = "member"
+    MAINTAINER = "maintainer"
+    OWNER = "owner"
+
+
+class WatchPolicy(models.TextChoices):
+    OFF = "off"
+    CONFIRM_DELIVERIES = "confirm_deliveries"
+
+
+def _nonneg(name):
+    return models.CheckConstraint(condition=Q(**{f"{name}__gte": 0}), name=f"project_{name}_nonneg")
+
+
+def _null_or_positive(name):
+    return models.CheckConstraint(
+        condition=Q(**{f"{name}__isnull": True}) | Q(**{f"{name}__gt": 0}), name=f"project_{name}_positive"
+    )
+
+
+class Project(models.Model):
+    """A tenant. Limits live here (SPEC §7): topology counts use 0 = unlimited,
+    resource limits use null = inherit the deployment default."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    # topology budgets (OP §5.1), 0 = unlimited
+    max_spawn_depth = models.PositiveIntegerField(default=1)
+    max_messages = models.PositiveIntegerField(default=8)
+    max_spawn_fanout = models.PositiveIntegerField(default=8)
+    # resources (OP §5.2), null = inherit
+    max_live_per_session = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    max_queued_per_session = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    max_jobs_per_session = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    max_tokens_per_job = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    max_cost_per_job = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    max_runtime_seconds = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    max_idle_seconds = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    # OpenWork: running child turns per root session
+    max_active_turns = models.PositiveIntegerField(default=3, validators=[MinValueValidator(1)])
+    watch_policy = models.CharField(max_length=32, choices=WatchPolicy.choices, default=WatchPolicy.OFF)
+    artifact_retention_days = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
+    workspace = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            _nonneg("max_spawn_depth"),
+            _nonneg("max_messages"),
+            _nonneg("max_spawn_fanout"),
+            _null_or_positive("max_live_per_session"),
+            _null_or_positive("max_queued_per_session"),
+            _null_or_positive("max_jobs_per_session"),
+            _null_or_positive("max_tokens_per_job"),
+            _null_or_positive("max_cost_per_job"),
+            _null_or_positive("max_runtime_seconds"),
+            _null_or_positive("max_idle_seconds"),
+            models.CheckConstraint(condition=Q(max_active_turns__gt=0), name="project_max_active_turns_positive"),
+            models.CheckConstraint(
+                condition=Q(artifact_retention_days__gt=0), name="project_artifact_retention_positive"
+            ),
+            models.CheckConstraint(condition=Q(watch_policy__in=WatchPolicy.values), name="project_watch_policy_valid"),
+        ]
+
+    def __str__(self):
+        return self.slug
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "project"], name="membership_one_per_user_project"),
+            models.CheckConstraint(condition=Q(role__in=Role.values), name="membership_role_valid"),
+        ]
+
+    def __str__(self):
+        return f"{self.user} @ {self.project} ({self.role})"
+
+
+def hash_token(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class ApiTokenQuerySet(models.QuerySet):
+    def active(self):
+        return self.filter(revoked_at__isnull=True)
+
+
+class ApiToken(models.Model):
+    """A bearer token. Only its SHA-256 is stored; the raw value is shown once."""
+
+    PREFIX = "trl_"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True, default="")
+    key_hash = models.CharField(max_length=64, unique=True)
+    hint = models.CharField(max_length=12, help_text="first characters, to tell tokens apart")
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    def __str__(self):
+        return f"{self.hint}… ({self.user})"
+
+    @classmethod
+    def issue(cls, user, name: str = "") -> tuple["ApiToken", str]:
+        raw = cls.PREFIX + secrets.token_urlsafe(32)
+        token = cls.objects.create(user=user, name=name, key_hash=hash_token(raw), hint=raw[:10])
+        return token, raw

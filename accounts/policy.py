@@ -1,0 +1,70 @@
+"""Roles → capabilities (SPEC §8). The one place a capability is decided.
+
+Row-level rules ("own branch", "own execution") are applied by
+``collab.access`` on top of these project-level capabilities.
+"""
+
+from django.utils import timezone
+
+from accounts.models import ApiToken, Membership, Project, Role, hash_token
+
+ROLE_RANK = {Role.VIEWER: 1, Role.MEMBER: 2, Role.MAINTAINER: 3, Role.OWNER: 4}
+
+# capability -> least role that has it
+CAPABILITIES = {
+    "project.read": Role.VIEWER,
+    "turn.start": Role.MEMBER,  # start turns, send, delegate, fork
+    "branch.archive_own": Role.MEMBER,
+    "execution.cancel_own": Role.MEMBER,
+    "branch.archive_any": Role.MAINTAINER,
+    "runtime.control": Role.MAINTAINER,  # cancel any execution
+    "project.visibility": Role.MAINTAINER,
+    "project.audit": Role.MAINTAINER,
+    "project.members": Role.OWNER,
+    "project.settings": Role.OWNER,
+}
+
+
+def role_allows(role: str | None, capability: str) -> bool:
+    if role is None:
+        return False
+    try:
+        needed = CAPABILITIES[capability]
+    except KeyError:
+        raise ValueError(f"unknown capability {capability!r}") from None
+    return ROLE_RANK[Role(role)] >= ROLE_RANK[needed]
+
+
+def role_of(user, project: Project | int) -> str | None:
+    """The user's role in the project, or None for non-members and anonymous users."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return None
+    project_id = project.pk if isinstance(project, Project) else project
+    return Membership.objects.filter(user=user, project_id=project_id).values_list("role", flat=True).first()
+
+
+def has_capability(user, project: Project | int, capability: str) -> bool:
+    return role_allows(role_of(user, project), capability)
+
+
+def visible_projects(user):
+    """Projects the user is a member of (any role)."""
+    if user is None or not user.is_authenticated:
+        return Project.objects.none()
+    return Project.objects.filter(memberships__user=user)
+
+
+def user_for_token(raw: str):
+    """The active user behind a bearer token, recording its use; None if unknown or revoked."""
+    if not raw:
+        return None
+    token = (
+        ApiToken.objects.active().select_related("user").filter(key_hash=hash_token(raw), user__is_active=True).first()
+    )
+    if token is None:
+        return None
+    now = timezone.now()
+    # Only touch the row when it is stale, so busy clients don't write on every request.
+    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token.user

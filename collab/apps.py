@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class CollabConfig(AppConfig):
+    name = "collab"
+    verbose_name = "Collaboration"

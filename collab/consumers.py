@@ -1,0 +1,79 @@
+"""The session event stream: ``/ws/sessions/{sid}/?after=SEQ`` (SPEC §11.1).
+
+First the logged events after ``SEQ``, then the same events live, in ``seq``
+order with no gaps and no repeats: a pushed event that does not follow the last
+one sent makes the consumer read the missing ones from the log.
+"""
+
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from collab.access import access_session
+from collab.errors import DomainError
+from collab.events import session_group
+from collab.live import relay
+from collab.selectors.events import PAGE, events_after
+
+
+def _after(scope) -> int:
+    raw = parse_qs(scope.get("query_string", b"").decode()).get("after", ["0"])[0]
+    try:
+        return max(int(raw), 0)
+    except ValueError:
+        return 0
+
+
+class SessionConsumer(AsyncJsonWebsocketConsumer):
+    group = None
+
+    async def connect(self):
+        self.sid = self.scope["url_route"]["kwargs"]["sid"]
+        try:
+            await database_sync_to_async(access_session)(self.scope.get("user"), self.sid)
+        except DomainError:
+            await self.close()  # before accept: the handshake is refused (HTTP 403)
+            return
+        self.last_seq = _after(self.scope)
+        self.group = session_group(self.sid)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        self.relay = relay()
+        if self.relay:
+            self.relay.watch(self.sid, self.last_seq)
+        await self.catch_up()
+
+    async def disconnect(self, code):
+        if self.group:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+            if self.relay:
+                self.relay.unwatch(self.sid)
+
+    async def receive_json(self, content, **kwargs):
+        # The stream is one-way; a client may ask to be brought up to date.
+        if isinstance(content, dict) and content.get("type") == "catch_up":
+            await self.catch_up()
+
+    async def catch_up(self):
+        while True:
+            events = await database_sync_to_async(events_after)(self.sid, self.last_seq, PAGE)
+            for event in events:
+                await self.send_json(event.as_wire())
+                self.last_seq = event.seq
+            if len(events) < PAGE:
+                return
+
+    async def collab_event(self, message):
+        wire = message["event"]
+        if wire["seq"] <= self.last_seq:
+            return
+        if wire["seq"] == self.last_seq + 1:
+            await self.send_json(wire)
+            self.last_seq = wire["seq"]
+        else:
+            await self.catch_up()
+
+    async def collab_poke(self, message):
+        if message.get("seq", 0) > self.last_seq:
+            await self.catch_up()

@@ -1,0 +1,70 @@
+"""The event log: written in the transaction, pushed to listeners after commit.
+
+``send_event_on_commit`` is the only way collab code records an event (STYLE §5).
+Sequence numbers come from ``Session.last_event_seq``: bumping it row-locks the
+session until commit, so a session's events commit in ``seq`` order and a
+client resuming with ``?after=SEQ`` can never skip one.
+"""
+
+import logging
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import connection, transaction
+
+from collab.models import Event
+
+log = logging.getLogger(__name__)
+
+MAX_TEXT_IN_EVENT = 4000
+
+
+def session_group(session_id: str) -> str:
+    return f"session.{session_id}"
+
+
+def _next_seq(session_id: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE collab_session SET last_event_seq = last_event_seq + 1 WHERE id = %s RETURNING last_event_seq",
+            [session_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise LookupError(f"session {session_id} does not exist")
+    return row[0]
+
+
+def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None) -> Event:
+    """Append an event to the session's log now; push it to live listeners after commit.
+
+    Must be called inside ``transaction.atomic``: the event commits or rolls back
+    with the change it describes.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("send_event_on_commit must run inside transaction.atomic")
+    actor_id = getattr(actor, "pk", actor)
+    event = Event.objects.create(
+        session_id=session_id, seq=_next_seq(session_id), type=type, payload=payload, actor_id=actor_id
+    )
+    wire = event.as_wire()
+    transaction.on_commit(lambda: push_event(session_id, wire))
+    return event
+
+
+def push_event(session_id: str, wire: dict) -> None:
+    """Best effort: a listener that misses a push catches up from the log by ``seq``."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(session_group(session_id), {"type": "collab.event", "event": wire})
+    except Exception:  # the log has it; listeners recover on the next event or reconnect
+        log.warning("could not push event %s/%s", session_id, wire.get("seq"), exc_info=True)
+
+
+def clip(text: str, limit: int = MAX_TEXT_IN_EVENT) -> dict:
+    """Text for an event payload: the log stays small, the message row keeps the whole."""
+    if len(text) <= limit:
+        return {"text": text}
+    return {"text": text[:limit], "text_truncated": True, "text_length": len(text)}

@@ -1,0 +1,53 @@
+"""Create (or refresh) the demo user, project, agent spec and session; print the login."""
+
+import secrets
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from accounts.models import Membership, Project, Role
+from collab.models import AgentSpec, Session
+from collab.services.sessions import do_create_session
+
+DEMO_USER = "demo"
+DEMO_PROJECT = "demo"
+
+DEMO_SCRIPT = {
+    "user": [{"sleep_ms": 400}, {"text": "Hello from the scripted demo agent. You said: {{prompt}}"}],
+}
+
+
+class Command(BaseCommand):
+    help = "Create the demo user/project/agent/session if missing and print how to log in."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--quiet", action="store_true", help="print only the login line")
+
+    def handle(self, *args, quiet=False, **options):
+        cred_file = settings.VAR_DIR / "demo-login.txt"
+        User = get_user_model()
+        with transaction.atomic():
+            user = User.objects.filter(username=DEMO_USER).first()
+            password = cred_file.read_text().strip() if cred_file.exists() else ""
+            if user is None or not password or not user.check_password(password):
+                password = secrets.token_urlsafe(9)
+                user = user or User(username=DEMO_USER, is_staff=True, is_superuser=True)
+                user.set_password(password)
+                user.save()
+                cred_file.write_text(password)
+                cred_file.chmod(0o600)
+            project, _ = Project.objects.get_or_create(slug=DEMO_PROJECT, defaults={"name": "Demo project"})
+            Membership.objects.get_or_create(user=user, project=project, defaults={"role": Role.OWNER})
+            AgentSpec.objects.get_or_create(
+                project=project, agent_id="assistant",
+                defaults={"provider": "scripted", "script": DEMO_SCRIPT,
+                          "system_prompt": "You are a helpful demo agent."},
+            )
+            if not Session.objects.filter(project=project).exists():
+                do_create_session(user, project, title="Welcome", agent_id="assistant")
+        self.login_line = f"login: {DEMO_USER} / {password}"
+        if not quiet:
+            self.stdout.write(f"Demo project ready: user {DEMO_USER!r}, project {DEMO_PROJECT!r}.")
+        self.stdout.write(self.login_line)

@@ -1,0 +1,65 @@
+"""Run the embedded deployment: the web server (daphne) and a worker (qcluster) together.
+
+For the scaled deployment run ``daphne config.asgi:application`` and
+``manage.py qcluster`` as separate services instead.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = "Migrate, ensure the demo data, then run web + worker until interrupted."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument("--no-demo", action="store_true")
+
+    def handle(self, *args, host, port, no_demo, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        login = ""
+        if not no_demo:
+            from collab.management.commands.demo import Command as Demo
+
+            demo = Demo(stdout=open(os.devnull, "w"))
+            demo.handle(quiet=True)
+            login = demo.login_line
+        python = sys.executable
+        manage = str(settings.BASE_DIR / "manage.py")
+        procs = [
+            subprocess.Popen([python, manage, "qcluster"]),
+            subprocess.Popen([python, "-m", "daphne", "-b", host, "-p", str(port), "config.asgi:application"]),
+        ]
+        url = f"http://{host}:{port}/"
+        self.stdout.write(self.style.SUCCESS(f"Trellis is running at {url}"))
+        if login:
+            self.stdout.write(f"Log in at {url} with {login}")
+        self.stdout.write("Press Ctrl+C to stop.")
+        self.stdout.flush()
+
+        def stop(*_):
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            deadline = time.monotonic() + 10
+            for p in procs:
+                try:
+                    p.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            sys.exit(0)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        while all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        self.stderr.write("a process exited; stopping")
+        stop()

@@ -1,0 +1,45 @@
+from collab.models.artifacts import Artifact
+from collab.models.branches import Branch, NameStage
+from collab.models.events import Event
+from collab.models.inbox import InboxEntry, InboxKind
+from collab.models.jobs import (
+    ACTIVE_STATUSES,
+    OPEN_STATUSES,
+    TERMINAL_STATUSES,
+    ExecutionCommand,
+    FollowupState,
+    Job,
+    JobKind,
+    JobStatus,
+)
+from collab.models.sessions import Message, MessageKind, MessageRole, Session
+from collab.models.specs import AgentRole, AgentSpec, FollowupMode, Provider, Toolset
+from collab.models.todos import Todo, TodoStatus
+
+__all__ = [
+    "ACTIVE_STATUSES",
+    "OPEN_STATUSES",
+    "TERMINAL_STATUSES",
+    "AgentRole",
+    "AgentSpec",
+    "Artifact",
+    "Branch",
+    "Event",
+    "ExecutionCommand",
+    "FollowupMode",
+    "FollowupState",
+    "InboxEntry",
+    "InboxKind",
+    "Job",
+    "JobKind",
+    "JobStatus",
+    "Message",
+    "MessageKind",
+    "MessageRole",
+    "NameStage",
+    "Provider",
+    "Session",
+    "Todo",
+    "TodoStatus",
+    "Toolset",
+]

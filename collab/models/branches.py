@@ -1,0 +1,85 @@
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from collab.models.ids import id_field
+
+
+class NameStage(models.IntegerChoices):
+    """How a branch got its name (OP §2.4); only LABEL names may be replaced automatically."""
+
+    NONE = 0
+    LABEL = 1  # derived from the prompt at creation
+    AUTO = 2  # titled by the model in the background
+    MANUAL = 3  # given explicitly (description, task_name, a person)
+
+
+class Branch(models.Model):
+    """A named line of the DAG ending at ``tip``: the agent.
+
+    Name, archive state and counters belong here, not to a tip message, so they
+    survive new turns. The first archive values are kept (OP §2.6).
+    """
+
+    id = id_field()
+    session = models.ForeignKey("collab.Session", on_delete=models.CASCADE, related_name="branches")
+    name = models.CharField(max_length=100, blank=True, default="")
+    name_stage = models.PositiveSmallIntegerField(choices=NameStage.choices, default=NameStage.NONE)
+    tip = models.ForeignKey("collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    agent_spec = models.ForeignKey("collab.AgentSpec", null=True, blank=True, on_delete=models.SET_NULL)
+    created_by_job = models.ForeignKey(
+        "collab.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="created_branches"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # OpenWork children: the parent branch and the task name unique among its children
+    parent_branch = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="child_branches"
+    )
+    task_name = models.CharField(max_length=48, null=True, blank=True)
+    archived = models.BooleanField(default=False)
+    archived_at = models.DateTimeField(null=True, blank=True)
+    archive_reason = models.CharField(max_length=500, blank=True, default="")
+    archived_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    merged_into = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    internal = models.BooleanField(default=False, help_text="hidden from agents' listings; shown in the UI")
+    turns = models.PositiveIntegerField(default=0)
+    chars = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_active_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at"]
+        verbose_name_plural = "branches"
+        indexes = [models.Index(fields=["session", "archived"], name="branch_session_archived")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(archived=False) | Q(archived_at__isnull=False), name="branch_archived_has_time"
+            ),
+            models.CheckConstraint(condition=Q(name_stage__in=NameStage.values), name="branch_name_stage_valid"),
+            models.CheckConstraint(
+                condition=Q(task_name__isnull=True) | Q(task_name__regex=r"^[a-z][a-z0-9_]{0,47}$"),
+                name="branch_task_name_format",
+            ),
+            models.UniqueConstraint(
+                fields=["parent_branch", "task_name"],
+                condition=Q(task_name__isnull=False),
+                name="branch_task_name_unique_per_parent",
+            ),
+        ]
+
+    def __str__(self):
+        return self.name or self.id
+
+    @property
+    def address(self) -> str | None:
+        """``SID:HEAD`` of the current tip (None for a branch with no message yet)."""
+        return f"{self.session_id}:{self.tip_id}" if self.tip_id else None
+
+    @property
+    def display_name(self) -> str:
+        return self.name or self.id[:8]

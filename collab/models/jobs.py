@@ -1,0 +1,165 @@
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from collab.models.ids import id_field
+
+
+class JobKind(models.TextChoices):
+    """Why the turn runs; also the key of a scripted AgentSpec's per-kind steps (SPEC §11.2)."""
+
+    USER = "user"
+    SPAWN = "spawn"
+    TASK = "task"  # agent(to=…) delegation
+    MESSAGE = "message"  # send_message
+    FOLLOWUP = "followup"
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+
+ACTIVE_STATUSES = (JobStatus.RUNNING, JobStatus.STOPPING)
+OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.STOPPING)
+TERMINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED)
+
+
+class FollowupState(models.TextChoices):
+    NONE = "none"  # nobody is waiting for this result
+    OWED = "owed"  # committed with the terminal state; delivered exactly once later
+    DELIVERED = "delivered"
+
+
+class Job(models.Model):
+    """The canonical execution: ``execution_id == Job.id``.
+
+    Every state change bumps ``version`` (the cancel command's optimistic check).
+    The executing side is (session, branch, parent_msg); the caller side
+    (caller_session, caller_msg, caller_branch) is where the result goes back.
+    """
+
+    id = id_field()
+    project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="jobs")
+    session = models.ForeignKey("collab.Session", on_delete=models.CASCADE, related_name="jobs")
+    branch = models.ForeignKey("collab.Branch", on_delete=models.CASCADE, related_name="jobs")
+    agent_spec = models.ForeignKey("collab.AgentSpec", null=True, blank=True, on_delete=models.SET_NULL)
+    kind = models.CharField(max_length=16, choices=JobKind.choices)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    version = models.PositiveIntegerField(default=1)
+
+    prompt = models.TextField(blank=True, default="")
+    prompt_header = models.CharField(max_length=300, blank=True, default="")
+    parent_msg = models.ForeignKey(
+        "collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="the predecessor the turn was admitted at",
+    )
+    prompt_msg = models.ForeignKey(
+        "collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    caller_session = models.ForeignKey(
+        "collab.Session", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    caller_msg = models.ForeignKey("collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    caller_branch = models.ForeignKey(
+        "collab.Branch", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    caller_job = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    parent_job = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    started_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="the person whose permissions the turn acts with (root turn's starter)",
+    )
+
+    run_in_background = models.BooleanField(default=True)
+    archive_when_done = models.BooleanField(default=False)
+    chain_messages = models.PositiveIntegerField(default=0)
+    chain_generations = models.PositiveIntegerField(default=0)
+
+    result_text = models.TextField(blank=True, default="")
+    result_artifact = models.ForeignKey(
+        "collab.Artifact", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    is_error = models.BooleanField(default=False)
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    error_reason = models.TextField(blank=True, default="")
+
+    tokens_in = models.PositiveBigIntegerField(default=0)
+    tokens_out = models.PositiveBigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    model_calls = models.PositiveIntegerField(default=0)
+    tool_calls = models.PositiveIntegerField(default=0)
+
+    worker = models.CharField(max_length=100, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+
+    followup_state = models.CharField(max_length=16, choices=FollowupState.choices, default=FollowupState.NONE)
+    followup_mode = models.CharField(max_length=16, blank=True, default="")
+
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [
+            models.Index(fields=["branch", "status", "created_at"], name="job_branch_status"),
+            models.Index(fields=["session", "status"], name="job_session_status"),
+            models.Index(fields=["status", "lease_expires_at"], name="job_status_lease"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=JobStatus.values), name="job_status_valid"),
+            models.CheckConstraint(condition=Q(kind__in=JobKind.values), name="job_kind_valid"),
+            models.CheckConstraint(condition=Q(followup_state__in=FollowupState.values), name="job_followup_valid"),
+            models.CheckConstraint(condition=Q(version__gte=1), name="job_version_positive"),
+            models.CheckConstraint(
+                condition=Q(status__in=TERMINAL_STATUSES, finished_at__isnull=False)
+                | (~Q(status__in=TERMINAL_STATUSES) & Q(finished_at__isnull=True)),
+                name="job_finished_iff_terminal",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status__in=ACTIVE_STATUSES) | Q(started_at__isnull=False),
+                name="job_active_has_started",
+            ),
+            models.CheckConstraint(
+                condition=Q(status=JobStatus.QUEUED, started_at__isnull=True) | ~Q(status=JobStatus.QUEUED),
+                name="job_queued_not_started",
+            ),
+            models.UniqueConstraint(
+                fields=["branch"], condition=Q(status__in=ACTIVE_STATUSES), name="job_one_active_per_branch"
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.id} {self.kind} {self.status}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class ExecutionCommand(models.Model):
+    """An idempotent control command (SPEC §7): repeating ``command_id`` returns the first answer."""
+
+    command_id = models.CharField(max_length=100, primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="commands")
+    action = models.CharField(max_length=32)
+    expected_version = models.PositiveIntegerField()
+    payload = models.JSONField(default=dict, blank=True)
+    response_status = models.PositiveSmallIntegerField()
+    response = models.JSONField(default=dict)
+    issued_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(action__in=["execution.cancel"]), name="command_action_valid"),
+        ]

@@ -1,0 +1,109 @@
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from collab.models.ids import id_field
+
+
+class Session(models.Model):
+    """A conversation DAG in one project.
+
+    ``head`` is the message a person has selected; agents never move it (OP §2.1).
+    ``last_event_seq`` is the per-session event counter: bumping it row-locks the
+    session, so events of one session commit in ``seq`` order.
+    """
+
+    id = id_field()
+    project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="sessions")
+    title = models.CharField(max_length=200, blank=True, default="")
+    agent_spec = models.ForeignKey("collab.AgentSpec", null=True, blank=True, on_delete=models.SET_NULL)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    head = models.ForeignKey("collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    selected_branch = models.ForeignKey(
+        "collab.Branch", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    parent_session = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="child_sessions"
+    )
+    last_event_seq = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_active_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-last_active_at"]
+        indexes = [models.Index(fields=["project", "-last_active_at"], name="session_project_recent")]
+
+    def __str__(self):
+        return f"{self.id} {self.title}"
+
+
+class MessageRole(models.TextChoices):
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+    SYSTEM = "system"
+
+
+class MessageKind(models.TextChoices):
+    NORMAL = "normal"
+    AGENT_SPAWN = "agent_spawn"
+    AGENT_MESSAGE = "agent_message"
+    TASK = "task"
+    MESSAGE = "message"
+    FOLLOWUP = "followup"
+    NOTICE = "notice"
+    ATTACH = "attach"
+
+
+class Message(models.Model):
+    """An immutable DAG node. It belongs to the branch it was written on.
+
+    ``depth`` (distance from the root) lets history windows be computed without
+    walking the whole chain; ``dedupe_key`` makes at-most-once writes (mailbox
+    drains, follow-ups) a database guarantee.
+    """
+
+    id = id_field()
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages")
+    predecessor = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="successors"
+    )
+    branch = models.ForeignKey("collab.Branch", on_delete=models.CASCADE, related_name="messages")
+    job = models.ForeignKey("collab.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="messages")
+    role = models.CharField(max_length=16, choices=MessageRole.choices)
+    kind = models.CharField(max_length=16, choices=MessageKind.choices, default=MessageKind.NORMAL)
+    text = models.TextField(blank=True, default="")
+    tool_calls = models.JSONField(null=True, blank=True)
+    tool_call_id = models.CharField(max_length=100, blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    depth = models.PositiveIntegerField(default=0)
+    dedupe_key = models.CharField(max_length=200, null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["depth", "created_at"]
+        indexes = [
+            models.Index(fields=["branch", "depth"], name="message_branch_depth"),
+            models.Index(fields=["session", "created_at"], name="message_session_created"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(role__in=MessageRole.values), name="message_role_valid"),
+            models.CheckConstraint(condition=Q(kind__in=MessageKind.values), name="message_kind_valid"),
+            models.CheckConstraint(
+                condition=Q(predecessor__isnull=True, depth=0) | Q(predecessor__isnull=False, depth__gt=0),
+                name="message_depth_consistent",
+            ),
+            models.UniqueConstraint(
+                fields=["session", "dedupe_key"],
+                condition=Q(dedupe_key__isnull=False),
+                name="message_dedupe_key_unique",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.session_id}:{self.id} {self.role}"
+
+    @property
+    def address(self) -> str:
+        return f"{self.session_id}:{self.id}"

@@ -1,0 +1,171 @@
+"""The turn loop (SPEC §10): model call → tool calls → tool results → next call.
+
+``run_job`` is what a worker runs for one job. It claims the job (or returns if
+it lost the claim), drives the provider until a final answer, the tool-call cap,
+a stop request or an error, and ends the job in one completion transaction.
+"""
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from collab.models import JobStatus, Message, MessageRole
+from collab.runtime.providers import ProviderError, get_provider
+from collab.services.execution import claim_job, finish_job, heartbeat
+from collab.services.messages import append_message
+from collab.tools.registry import ToolContext, ToolResult, run_tool
+
+log = logging.getLogger(__name__)
+
+STOP_CHECK_SECONDS = 0.2
+
+
+class TurnStopped(Exception):
+    """The job was asked to stop (cancel); the loop unwinds and the job ends cancelled."""
+
+
+class ToolCallLimit(Exception):
+    pass
+
+
+@dataclass
+class TurnContext:
+    """Everything one running turn knows; providers read from it."""
+
+    job: Any
+    branch: Any
+    spec: Any
+    provider_state: dict = field(default_factory=dict)
+    mailbox_text: str = ""
+    last_result: ToolResult | None = None
+    model_calls: int = 0
+    tool_calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    _last_check: float = 0.0
+
+    @property
+    def prompt(self) -> str:
+        return self.job.prompt
+
+    @property
+    def address(self) -> str:
+        return f"{self.branch.session_id}:{self.branch.tip_id}"
+
+    @property
+    def toolset(self) -> str:
+        return getattr(self.spec, "toolset", "collab") or "collab"
+
+    @property
+    def allowed_tools(self) -> list[str]:
+        return list(getattr(self.spec, "tools", None) or [])
+
+    def history(self) -> list[Message]:
+        """The branch's messages from the root to the tip (for providers that send history)."""
+        from collab.selectors.transcript import lineage
+
+        return lineage(self.branch.tip)
+
+    def check_stop(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_check < STOP_CHECK_SECONDS:
+            return
+        self._last_check = now
+        status = heartbeat(self.job)
+        if status != JobStatus.RUNNING:
+            raise TurnStopped(status)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait like a slow model would, noticing a stop request within ~0.2 s."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.check_stop()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, STOP_CHECK_SECONDS))
+
+    def usage(self) -> dict:
+        return {
+            "model_calls": self.model_calls,
+            "tool_calls": self.tool_calls,
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+        }
+
+
+def run_job(job_id: str) -> str | None:
+    """Run one job to its end. Returns the final status, or None if this worker did not claim it."""
+    job = claim_job(job_id)
+    if job is None:
+        return None
+    ctx = TurnContext(job=job, branch=job.branch, spec=job.agent_spec)
+    try:
+        text = drive(ctx)
+    except TurnStopped:
+        finish_job(
+            job, status=JobStatus.CANCELLED, final_text=None, result_text="cancelled",
+            is_error=True, error_code="cancelled", error_reason="the execution was cancelled", usage=ctx.usage(),
+        )
+    except ToolCallLimit as exc:
+        finish_job(
+            job, status=JobStatus.FAILED, final_text=None, result_text=str(exc),
+            is_error=True, error_code="tool_call_limit", error_reason=str(exc), usage=ctx.usage(),
+        )
+    except ProviderError as exc:
+        finish_job(
+            job, status=JobStatus.FAILED, final_text=None, result_text=exc.reason,
+            is_error=True, error_code=exc.code, error_reason=exc.reason, usage=ctx.usage(),
+        )
+    except Exception as exc:
+        log.exception("turn %s crashed", job_id)
+        reason = f"internal error: {type(exc).__name__}"
+        finish_job(
+            job, status=JobStatus.FAILED, final_text=None, result_text=reason,
+            is_error=True, error_code="internal_error", error_reason=reason, usage=ctx.usage(),
+        )
+    else:
+        finish_job(job, status=JobStatus.SUCCEEDED, final_text=text, result_text=text, usage=ctx.usage())
+    return job.status
+
+
+def drive(ctx: TurnContext) -> str:
+    """Call the model until it answers; run the tools it asks for in between."""
+    provider = get_provider(ctx.spec)
+    limit = settings.TRELLIS_MAX_TOOL_CALLS
+    while True:
+        ctx.check_stop(force=True)
+        response = provider.complete(ctx)
+        ctx.model_calls += 1
+        ctx.tokens_in += response.tokens_in
+        ctx.tokens_out += response.tokens_out
+        if not response.tool_calls:
+            return response.text
+        if ctx.tool_calls + len(response.tool_calls) > limit:
+            raise ToolCallLimit(f"the turn reached its limit of {limit} tool calls")
+        run_tool_step(ctx, response)
+
+
+def run_tool_step(ctx: TurnContext, response) -> None:
+    calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in response.tool_calls]
+    with transaction.atomic():
+        append_message(
+            ctx.branch, role=MessageRole.ASSISTANT, text=response.text, job=ctx.job, tool_calls=calls,
+            metadata={"job": ctx.job.pk},
+        )
+    tool_ctx = ToolContext(user=ctx.job.started_by, session=ctx.job.session, branch=ctx.branch, job=ctx.job)
+    first = None
+    for call in response.tool_calls:
+        result = run_tool(tool_ctx, call.name, call.arguments, toolset=ctx.toolset, allow=ctx.allowed_tools)
+        ctx.tool_calls += 1
+        first = first or result
+        with transaction.atomic():
+            append_message(
+                ctx.branch, role=MessageRole.TOOL, text=result.text, job=ctx.job, tool_call_id=call.id,
+                metadata={"tool": call.name, "details": result.details, "is_error": result.is_error},
+            )
+    ctx.last_result = first

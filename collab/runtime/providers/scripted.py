@@ -1,0 +1,152 @@
+"""The ``scripted`` provider (SPEC §11.2): the embedded default and the test double.
+
+``AgentSpec.script`` is a list of steps (for every turn) or an object keyed by
+turn kind (``user``, ``task``, ``message``, ``followup``, ``spawn``). One step per
+model call: ``{"text": …}`` answers, ``{"tool_calls": [{"name", "arguments"}]}``
+calls tools, ``{"sleep_ms": N}`` waits (cancellably) first. When the steps run
+out the answer is ``ok: `` + the first 200 characters of the prompt.
+"""
+
+import json
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
+
+from collab.runtime.providers.base import ModelResponse, ToolCall
+
+TURN_KINDS = ("user", "task", "message", "followup", "spawn")
+FALLBACK_PREFIX = "ok: "
+MAX_SLEEP_MS = 600_000
+
+
+class ScriptToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScriptStep(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str | None = None
+    tool_calls: list[ScriptToolCall] | None = None
+    sleep_ms: int | None = Field(default=None, ge=0, le=MAX_SLEEP_MS)
+
+    @model_validator(mode="after")
+    def _one_action(self):
+        if self.text is not None and self.tool_calls is not None:
+            raise ValueError("a step has either text or tool_calls, not both")
+        if self.text is None and self.tool_calls is None and self.sleep_ms is None:
+            raise ValueError("a step needs text, tool_calls or sleep_ms")
+        if self.tool_calls is not None and not self.tool_calls:
+            raise ValueError("tool_calls must not be empty")
+        return self
+
+
+class StepList(RootModel[list[ScriptStep]]):
+    pass
+
+
+class StepsByKind(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    user: list[ScriptStep] | None = None
+    task: list[ScriptStep] | None = None
+    message: list[ScriptStep] | None = None
+    followup: list[ScriptStep] | None = None
+    spawn: list[ScriptStep] | None = None
+
+
+def check_script(script: Any) -> Any:
+    """Validate a script; returns it unchanged or raises ``ValueError`` with a readable reason."""
+    try:
+        if isinstance(script, list):
+            StepList.model_validate(script)
+        elif isinstance(script, dict):
+            StepsByKind.model_validate(script)
+        else:
+            raise ValueError("script must be a list of steps or an object keyed by turn kind")
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"invalid script: {problems}") from None
+    return script
+
+
+_PLACEHOLDER = re.compile(r"\{\{\s*(prompt|address|mailbox|last\.text|last\.details(?:\.[A-Za-z0-9_\-]+)+)\s*\}\}")
+
+
+def _lookup(name: str, ctx) -> Any:
+    if name == "prompt":
+        return ctx.prompt
+    if name == "address":
+        return ctx.address
+    if name == "mailbox":
+        return ctx.mailbox_text
+    last = ctx.last_result
+    if name == "last.text":
+        return last.text if last else ""
+    value: Any = last.details if last else {}
+    for part in name.split(".")[2:]:
+        if isinstance(value, dict):
+            value = value.get(part, "")
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return ""
+    return value
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def substitute(value: Any, ctx) -> Any:
+    """Fill placeholders in every string of ``value``. A string that is exactly one
+    placeholder takes the raw value (so ``"{{last.details.id}}"`` can stay a number)."""
+    if isinstance(value, str):
+        whole = _PLACEHOLDER.fullmatch(value.strip())
+        if whole:
+            return _lookup(whole.group(1), ctx)
+        return _PLACEHOLDER.sub(lambda m: _as_text(_lookup(m.group(1), ctx)), value)
+    if isinstance(value, list):
+        return [substitute(v, ctx) for v in value]
+    if isinstance(value, dict):
+        return {k: substitute(v, ctx) for k, v in value.items()}
+    return value
+
+
+class ScriptedProvider:
+    name = "scripted"
+
+    def __init__(self, script):
+        self.script = script
+
+    def steps_for(self, kind: str) -> list[dict]:
+        if isinstance(self.script, list):
+            return self.script
+        if isinstance(self.script, dict):
+            return self.script.get(kind) or []
+        return []
+
+    def complete(self, ctx) -> ModelResponse:
+        steps = self.steps_for(ctx.job.kind)
+        state = ctx.provider_state
+        while state.get("cursor", 0) < len(steps):
+            index = state.get("cursor", 0)
+            step = steps[index]
+            state["cursor"] = index + 1
+            if step.get("sleep_ms"):
+                ctx.sleep(step["sleep_ms"] / 1000)
+            if step.get("text") is not None:
+                return ModelResponse(text=_as_text(substitute(step["text"], ctx)))
+            if step.get("tool_calls"):
+                calls = [
+                    ToolCall(
+                        id=f"call_{index}_{n}",
+                        name=call["name"],
+                        arguments=substitute(call.get("arguments") or {}, ctx),
+                    )
+                    for n, call in enumerate(step["tool_calls"])
+                ]
+                return ModelResponse(tool_calls=calls)
+            # a pure sleep step: carry on with the next one in the same model call
+        return ModelResponse(text=FALLBACK_PREFIX + ctx.prompt[:200])

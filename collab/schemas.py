@@ -1,0 +1,123 @@
+"""API shapes (SPEC §11.1). Inputs reject unknown fields; outputs may grow, never shrink."""
+
+from typing import Any, Literal
+
+from ninja import Schema
+from pydantic import ConfigDict, Field
+
+
+class StrictIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProjectIn(StrictIn):
+    slug: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")
+    name: str = Field(default="", max_length=200)
+
+
+class ProjectOut(Schema):
+    slug: str
+    name: str
+    role: str | None = None
+    created_at: Any
+
+
+class AgentSpecIn(StrictIn):
+    agent_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    provider: str = "scripted"
+    model: str = Field(default="", max_length=200)
+    base_url: str = Field(default="", max_length=500)
+    api_key_env: str = Field(default="", pattern=r"^([A-Za-z_][A-Za-z0-9_]{0,99})?$")
+    system_prompt: str = ""
+    toolset: str = "collab"
+    role: str = "general"
+    tools: list[str] = Field(default_factory=list)
+    script: list[Any] | dict[str, Any] = Field(default_factory=list)
+    followup_mode: str = "turn"
+    limits: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentSpecOut(Schema):
+    agent_id: str
+    provider: str
+    model: str
+    base_url: str
+    api_key_env: str
+    system_prompt: str
+    toolset: str
+    role: str
+    tools: list[str]
+    script: Any
+    followup_mode: str
+    limits: dict[str, Any]
+
+
+class SessionIn(StrictIn):
+    title: str = Field(default="", max_length=200)
+    agent_id: str = ""
+
+
+class SessionOut(Schema):
+    id: str
+    project: str
+    title: str
+    agent_id: str | None
+    head: str | None
+    parent_session: str | None
+    created_at: Any
+    last_active_at: Any
+    last_event_seq: int
+
+
+class TurnIn(StrictIn):
+    prompt: str
+    branch: str | None = None
+    agent_id: str | None = None
+
+
+class TurnOut(Schema):
+    execution_id: str
+    status: str
+    version: int
+
+
+class ExecutionOut(Schema):
+    id: str
+    status: str
+    version: int
+    kind: str
+    result: str
+    is_error: bool
+    error_code: str
+    error_reason: str
+    parent_job: str | None
+    session: str
+    branch: str
+    caller_session: str | None
+    prompt_msg: str | None
+    tokens_in: int
+    tokens_out: int
+    model_calls: int
+    tool_calls: int
+    created_at: Any
+    started_at: Any | None
+    finished_at: Any | None
+
+
+class EventOut(Schema):
+    seq: int
+    type: str
+    payload: dict[str, Any]
+    created_at: Any
+
+
+class EventsOut(Schema):
+    events: list[EventOut]
+
+
+class ErrorOut(Schema):
+    detail: str
+    code: str
+
+
+ExecutionStatus = Literal["queued", "running", "stopping", "succeeded", "failed", "cancelled", "interrupted"]

@@ -1,0 +1,42 @@
+"""Row → API shape. One function per shape, shared by the API, pages and tools."""
+
+from collab.models import Job, Session
+
+
+def session_shape(session: Session) -> dict:
+    return {
+        "id": session.pk,
+        "project": session.project.slug,
+        "title": session.title,
+        "agent_id": session.agent_spec.agent_id if session.agent_spec_id else None,
+        "head": session.head_id,
+        "parent_session": session.parent_session_id,
+        "created_at": session.created_at,
+        "last_active_at": session.last_active_at,
+        "last_event_seq": session.last_event_seq,
+    }
+
+
+def execution_shape(job: Job) -> dict:
+    return {
+        "id": job.pk,
+        "status": job.status,
+        "version": job.version,
+        "kind": job.kind,
+        "result": job.result_text,
+        "is_error": job.is_error,
+        "error_code": job.error_code,
+        "error_reason": job.error_reason,
+        "parent_job": job.parent_job_id,
+        "session": job.session_id,
+        "branch": job.branch_id,
+        "caller_session": job.caller_session_id,
+        "prompt_msg": job.prompt_msg_id,
+        "tokens_in": job.tokens_in,
+        "tokens_out": job.tokens_out,
+        "model_calls": job.model_calls,
+        "tool_calls": job.tool_calls,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+    }

@@ -1,0 +1,107 @@
+"""Admitting jobs: the one door every turn comes through (SPEC §7, OP C1).
+
+A job is admitted in the caller's transaction with the target branch row
+locked, so two admissions on one branch serialize. If the branch is idle the
+prompt node is written right away; otherwise it is written when the job is
+claimed, at the branch's tip of that moment, so queued turns never fork it.
+The job is handed to the worker queue only after commit.
+"""
+
+from django.db import transaction
+
+from collab.errors import Invalid
+from collab.events import send_event_on_commit
+from collab.models import OPEN_STATUSES, Branch, Job, JobKind, JobStatus, MessageKind, MessageRole, Session
+from collab.services.messages import append_message
+
+PROMPT_KIND = {
+    JobKind.USER: MessageKind.NORMAL,
+    JobKind.SPAWN: MessageKind.AGENT_SPAWN,
+    JobKind.TASK: MessageKind.TASK,
+    JobKind.MESSAGE: MessageKind.MESSAGE,
+    JobKind.FOLLOWUP: MessageKind.FOLLOWUP,
+}
+
+
+def job_wire(job: Job) -> dict:
+    return {
+        "job": job.pk,
+        "status": job.status,
+        "version": job.version,
+        "kind": job.kind,
+        "branch": job.branch_id,
+        "is_error": job.is_error,
+        "error_code": job.error_code,
+    }
+
+
+def admit_job(
+    *,
+    session: Session,
+    branch: Branch,
+    kind: str,
+    prompt: str,
+    started_by,
+    agent_spec=None,
+    header: str = "",
+    **fields,
+) -> Job:
+    """Create a queued Job on ``branch`` and enqueue it after commit.
+
+    Precondition: inside ``transaction.atomic``; authorization already checked
+    by the caller (through ``collab.access``).
+    """
+    locked = Branch.objects.select_for_update().select_related("tip").get(pk=branch.pk)
+    if locked.archived:
+        raise Invalid(f"agent {locked.display_name} is archived; fork it with start_from to continue", code="archived")
+    job = Job.objects.create(
+        project_id=session.project_id,
+        session=session,
+        branch=locked,
+        agent_spec=agent_spec or locked.agent_spec or session.agent_spec,
+        kind=kind,
+        status=JobStatus.QUEUED,
+        prompt=prompt,
+        prompt_header=header,
+        parent_msg=locked.tip,
+        started_by=started_by,
+        **fields,
+    )
+    if not Job.objects.filter(branch=locked, status__in=OPEN_STATUSES).exclude(pk=job.pk).exists():
+        write_prompt_node(job, locked)
+    send_event_on_commit(session.pk, "job.queued", job_wire(job), actor=started_by)
+    enqueue_job(job.pk)
+    return job
+
+
+def write_prompt_node(job: Job, branch: Branch):
+    """The user-role node that opens the job's turn, at the branch's current tip."""
+    text = f"{job.prompt_header}\n\n{job.prompt}" if job.prompt_header else job.prompt
+    message = append_message(
+        branch,
+        role=MessageRole.USER,
+        kind=PROMPT_KIND[job.kind],
+        text=text,
+        job=job,
+        metadata={"job": job.pk, "caller": job.caller_msg_id, "header": job.prompt_header},
+        actor=job.started_by_id if job.kind == JobKind.USER else None,
+    )
+    job.prompt_msg = message
+    Job.objects.filter(pk=job.pk).update(prompt_msg=message)
+    if job.kind == JobKind.USER:
+        follow_head(job.session_id, branch.pk, message)
+    return message
+
+
+def follow_head(session_id: str, branch_id: str, message) -> None:
+    """A person's own turn moves the selected HEAD along the branch they are on; agents' turns never do."""
+    session = Session.objects.select_related("head").get(pk=session_id)
+    if session.head is None or session.head.branch_id == branch_id:
+        Session.objects.filter(pk=session_id).update(head=message)
+
+
+def enqueue_job(job_id: str) -> None:
+    """Hand the job to a worker once the admission has committed (STYLE §6)."""
+    from django_q.tasks import async_task
+
+    transaction.on_commit(lambda: async_task("collab.tasks.run_turn", job_id, task_name=f"turn-{job_id}"))

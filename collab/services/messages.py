@@ -1,0 +1,69 @@
+"""Appending nodes to a branch. Messages are immutable once written."""
+
+from django.db.models import F
+from django.utils import timezone
+
+from collab.events import clip, send_event_on_commit
+from collab.models import Branch, Message, MessageKind, MessageRole, Session
+
+
+def append_message(
+    branch: Branch,
+    *,
+    role: str,
+    text: str = "",
+    kind: str = MessageKind.NORMAL,
+    job=None,
+    tool_calls=None,
+    tool_call_id: str = "",
+    metadata: dict | None = None,
+    dedupe_key: str | None = None,
+    predecessor: Message | None = None,
+    actor=None,
+) -> Message:
+    """Write a node after ``predecessor`` (default: the branch tip) and make it the tip.
+
+    Precondition: inside ``transaction.atomic``, and the caller owns the branch's
+    write side — it holds the branch row lock or runs the branch's active job.
+    Cost is O(1) in history length: only the tip's depth is read.
+    """
+    pred = predecessor if predecessor is not None else branch.tip
+    now = timezone.now()
+    message = Message.objects.create(
+        session_id=branch.session_id,
+        predecessor=pred,
+        branch=branch,
+        job=job,
+        role=role,
+        kind=kind,
+        text=text,
+        tool_calls=tool_calls,
+        tool_call_id=tool_call_id,
+        metadata=metadata or {},
+        depth=(pred.depth + 1) if pred is not None else 0,
+        dedupe_key=dedupe_key,
+        created_at=now,
+    )
+    Branch.objects.filter(pk=branch.pk).update(tip=message, chars=F("chars") + len(text), last_active_at=now)
+    branch.tip = message
+    branch.chars += len(text)
+    branch.last_active_at = now
+    Session.objects.filter(pk=branch.session_id).update(last_active_at=now)
+    send_event_on_commit(
+        branch.session_id,
+        "message.created",
+        {
+            "id": message.id,
+            "address": message.address,
+            "branch": branch.id,
+            "predecessor": pred.id if pred else None,
+            "role": role,
+            "kind": kind,
+            "job": getattr(job, "pk", job),
+            "tool_calls": tool_calls,
+            **clip(text),
+        },
+        actor=actor,
+    )
+    return message
+

@@ -1,0 +1,34 @@
+from django.db import IntegrityError, transaction
+
+from collab.errors import Conflict, Invalid
+from collab.models import AgentRole, AgentSpec, FollowupMode, Toolset
+from collab.runtime.providers import IMPLEMENTED_PROVIDERS
+from collab.runtime.providers.scripted import check_script
+
+SPEC_FIELDS = (
+    "agent_id", "provider", "model", "base_url", "api_key_env", "system_prompt",
+    "toolset", "role", "tools", "script", "followup_mode", "limits",
+)
+
+
+def _choice(value, allowed, field):
+    if value not in allowed:
+        raise Invalid(f"{field} must be one of {', '.join(allowed)}; got {value!r}", code=f"invalid_{field}")
+
+
+def do_create_agent_spec(project, **data) -> AgentSpec:
+    """Validate and save an AgentSpec. Only providers this server implements are accepted."""
+    _choice(data.get("provider", "scripted"), IMPLEMENTED_PROVIDERS, "provider")
+    _choice(data.get("toolset", Toolset.COLLAB), Toolset.values, "toolset")
+    _choice(data.get("role", AgentRole.GENERAL), AgentRole.values, "role")
+    _choice(data.get("followup_mode", FollowupMode.TURN), FollowupMode.values, "followup_mode")
+    try:
+        check_script(data.get("script") or [])
+    except ValueError as exc:
+        raise Invalid(str(exc), code="invalid_script") from None
+    fields = {k: v for k, v in data.items() if k in SPEC_FIELDS and v is not None}
+    try:
+        with transaction.atomic():
+            return AgentSpec.objects.create(project=project, **fields)
+    except IntegrityError:
+        raise Conflict(f"agent_id {data.get('agent_id')!r} already exists in this project", code="agent_id_taken") from None

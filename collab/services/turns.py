@@ -1,0 +1,46 @@
+"""A person's turn on a session (SPEC §11.1 ``POST /api/sessions/{sid}/turns``)."""
+
+from django.db import transaction
+
+from collab.errors import Invalid, NotFound
+from collab.models import AgentSpec, Branch, Job, JobKind, Session
+from collab.services.addressing import Caller, find_branch
+from collab.services.admission import admit_job
+
+MAX_PROMPT_CHARS = 200_000
+
+
+def check_prompt(prompt: str) -> str:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise Invalid("prompt must be a non-empty string", code="invalid_prompt")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise Invalid(f"prompt is longer than {MAX_PROMPT_CHARS} characters", code="prompt_too_long")
+    return prompt
+
+
+def selected_branch(session: Session) -> Branch:
+    """The branch a person's turn goes to by default: the selected HEAD's, else the first one."""
+    if session.head_id:
+        return Branch.objects.get(pk=session.head.branch_id)
+    branch = session.branches.order_by("created_at").first()
+    if branch is None:  # sessions are created with a main branch; be robust to old rows
+        branch = Branch.objects.create(session=session, name="main", name_stage=3)
+    return branch
+
+
+def do_start_user_turn(user, session: Session, prompt: str, *, branch: str | None = None, agent_id: str | None = None) -> Job:
+    """Admit a user turn. Preconditions: ``session`` came from ``access_session(…, "turn.start")``."""
+    check_prompt(prompt)
+    spec = None
+    if agent_id:
+        spec = AgentSpec.objects.filter(project_id=session.project_id, agent_id=agent_id).first()
+        if spec is None:
+            raise NotFound(f"no agent spec {agent_id!r} in this project", code="unknown_agent_id")
+    with transaction.atomic():
+        if branch:
+            target = find_branch(Caller(user=user, session_id=session.pk), branch)
+            if target.session_id != session.pk:
+                raise NotFound(f"no branch {branch!r} in this session")
+        else:
+            target = selected_branch(session)
+        return admit_job(session=session, branch=target, kind=JobKind.USER, prompt=prompt, started_by=user, agent_spec=spec)

@@ -1,0 +1,1 @@
+"""Tools of the ``collab`` toolset (SPEC §4)."""

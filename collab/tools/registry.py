@@ -1,0 +1,99 @@
+"""The agent-facing tool surface: one registry, strict schemas, errors as results.
+
+A tool is a thin adapter over a service. Its parameters are a pydantic model
+with ``extra="forbid"`` — the same model validates gateway calls and model
+calls and yields the JSON Schema offered to real models. Any ``DomainError``
+becomes an error *result* (``<code>: <detail>``); the calling turn goes on.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from collab.errors import DomainError
+
+
+class ToolParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class ToolResult:
+    text: str
+    details: dict = field(default_factory=dict)
+    is_error: bool = False
+
+    @classmethod
+    def error(cls, code: str, detail: str, **details) -> "ToolResult":
+        return cls(text=f"{code}: {detail}", details={"code": code, **details}, is_error=True)
+
+    def as_dict(self) -> dict:
+        return {"text": self.text, "details": self.details, "is_error": self.is_error}
+
+
+@dataclass
+class ToolContext:
+    """Who runs the tool and where: the principal, the acting branch, the running job (if any)."""
+
+    user: Any
+    session: Any
+    branch: Any
+    job: Any = None
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    params: type[ToolParams]
+    handler: Callable[[ToolContext, ToolParams], ToolResult]
+    toolsets: frozenset[str]
+
+    def json_schema(self) -> dict:
+        return self.params.model_json_schema()
+
+
+REGISTRY: dict[str, Tool] = {}
+
+
+def register(name: str, *, toolsets: tuple[str, ...], description: str, params: type[ToolParams]):
+    def decorator(fn):
+        if name in REGISTRY:
+            raise RuntimeError(f"tool {name!r} registered twice")
+        REGISTRY[name] = Tool(name, description.strip(), params, fn, frozenset(toolsets))
+        return fn
+
+    return decorator
+
+
+def tools_for(toolset: str, allow: list[str] | None = None) -> list[Tool]:
+    """The tools a branch of this toolset may call, narrowed by the spec's allow-list."""
+    _load_builtin_tools()
+    tools = [t for t in REGISTRY.values() if toolset in t.toolsets]
+    if allow:
+        tools = [t for t in tools if t.name in allow]
+    return sorted(tools, key=lambda t: t.name)
+
+
+def run_tool(ctx: ToolContext, name: str, arguments: Any, *, toolset: str, allow: list[str] | None = None) -> ToolResult:
+    available = {t.name: t for t in tools_for(toolset, allow)}
+    tool = available.get(name)
+    if tool is None:
+        return ToolResult.error("unknown_tool", f"no tool named {name!r} is available here", tool=name)
+    if not isinstance(arguments, dict):
+        return ToolResult.error("invalid_arguments", "arguments must be a JSON object", tool=name)
+    try:
+        params = tool.params.model_validate(arguments)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors())
+        return ToolResult.error("invalid_arguments", problems, tool=name)
+    try:
+        return tool.handler(ctx, params)
+    except DomainError as exc:
+        return ToolResult.error(exc.code, exc.detail, tool=name, **exc.extra)
+
+
+def _load_builtin_tools() -> None:
+    # Importing the modules registers their tools.
+    from collab.tools import collab_tools  # noqa: F401

@@ -1,0 +1,15 @@
+from django.urls import path
+
+from collab import views
+
+app_name = "collab"
+
+urlpatterns = [
+    path("", views.projects, name="projects"),
+    path("p/<slug:slug>/", views.project, name="project"),
+    path("p/<slug:slug>/sessions", views.new_session, name="new_session"),
+    path("s/<str:sid>/", views.session, name="session"),
+    path("s/<str:sid>/transcript", views.session_transcript, name="session_transcript"),
+    path("s/<str:sid>/jobs", views.session_jobs, name="session_jobs"),
+    path("s/<str:sid>/turns", views.post_turn, name="post_turn"),
+]

@@ -1,0 +1,76 @@
+"""HTMX pages. Each view: authorize through ``collab.access``, call one service or selector, render.
+htmx requests get the partial, plain requests the whole page."""
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from accounts.models import Membership
+from collab import access
+from collab.selectors import pages
+from collab.services.sessions import do_create_session
+from collab.services.turns import do_start_user_turn
+
+
+@login_required
+@require_GET
+def projects(request):
+    memberships = Membership.objects.filter(user=request.user).select_related("project").order_by("project__slug")
+    return render(request, "collab/projects.html", {"memberships": memberships})
+
+
+@login_required
+@require_GET
+def project(request, slug):
+    project = access.access_project(request.user, slug)
+    return render(request, "collab/project.html", {"project": project, "sessions": pages.top_level_sessions(project)})
+
+
+@login_required
+@require_POST
+def new_session(request, slug):
+    project = access.access_project(request.user, slug, "turn.start")
+    session = do_create_session(request.user, project, title=request.POST.get("title", ""), agent_id=request.POST.get("agent_id", ""))
+    return redirect("collab:session", sid=session.pk)
+
+
+def _session_context(request, session):
+    return {
+        "session": session,
+        "t": pages.transcript(session, request.GET.get("branch")),
+        "jobs": pages.recent_jobs(session),
+        "branches": pages.branches(session),
+        "can_post": access.can(request.user, session.project_id, "turn.start"),
+    }
+
+
+@login_required
+@require_GET
+def session(request, sid):
+    session = access.access_session(request.user, sid)
+    return render(request, "collab/session.html", _session_context(request, session))
+
+
+@login_required
+@require_GET
+def session_transcript(request, sid):
+    session = access.access_session(request.user, sid)
+    return render(request, "collab/session.html#transcript", _session_context(request, session))
+
+
+@login_required
+@require_GET
+def session_jobs(request, sid):
+    session = access.access_session(request.user, sid)
+    return render(request, "collab/session.html#jobs", _session_context(request, session))
+
+
+@login_required
+@require_POST
+def post_turn(request, sid):
+    session = access.access_session(request.user, sid, "turn.start")
+    do_start_user_turn(request.user, session, request.POST.get("prompt", ""), branch=request.POST.get("branch") or None)
+    if request.htmx:
+        session.refresh_from_db()
+        return render(request, "collab/session.html#transcript", _session_context(request, session))
+    return redirect("collab:session", sid=sid)

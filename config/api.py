@@ -1,0 +1,73 @@
+"""The REST API root (SPEC §11.1): auth, the error shape, and the routers.
+
+Errors are always ``{"detail": str, "code": str}``. Clients authenticate with
+``Authorization: Bearer <token>``; the browser with its session cookie, in which
+case unsafe methods must carry the CSRF token.
+"""
+
+from django.http import Http404
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.security import HttpBearer, django_auth
+
+from accounts.policy import user_for_token
+from collab.api import router as collab_router
+from collab.errors import DomainError
+
+
+class BearerToken(HttpBearer):
+    def authenticate(self, request, token):
+        user = user_for_token(token)
+        if user is not None:
+            request.user = user
+        return user
+
+
+api = NinjaAPI(
+    title="Trellis API",
+    version="1",
+    description="Sessions, branches, turns, executions and the agent tool gateway.",
+    auth=[BearerToken(), django_auth],
+    urls_namespace="api",
+)
+
+
+def _error(request, status: int, detail: str, code: str, **extra):
+    return api.create_response(request, {"detail": detail, "code": code, **extra}, status=status)
+
+
+@api.exception_handler(DomainError)
+def on_domain_error(request, exc: DomainError):
+    return _error(request, exc.status, exc.detail, exc.code, **exc.extra)
+
+
+@api.exception_handler(ValidationError)
+def on_validation_error(request, exc: ValidationError):
+    problems = []
+    for err in exc.errors:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "payload"))
+        problems.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    return _error(request, 422, "; ".join(problems) or "invalid request", "invalid_request", errors=exc.errors)
+
+
+@api.exception_handler(AuthenticationError)
+def on_authentication_error(request, exc):
+    return _error(request, 401, "authentication required: a Bearer token or a logged-in session", "unauthenticated")
+
+
+@api.exception_handler(HttpError)
+def on_http_error(request, exc: HttpError):
+    message = str(exc)
+    if exc.status_code == 403 and "CSRF" in message:
+        return _error(request, 403, "CSRF token missing or incorrect", "csrf_failed")
+    if exc.status_code == 400:
+        return _error(request, 400, message or "malformed request", "malformed_request")
+    return _error(request, exc.status_code, message, f"http_{exc.status_code}")
+
+
+@api.exception_handler(Http404)
+def on_not_found(request, exc):
+    return _error(request, 404, "not found", "not_found")
+
+
+api.add_router("/", collab_router)

@@ -1,0 +1,216 @@
+"""Trellis settings.
+
+With no environment at all this is the *embedded default* (SPEC P-RUN-1):
+SQLite under ``var/``, django-q2's ORM broker, an in-process channel layer plus
+the database event relay, the scripted model, 127.0.0.1 only.
+
+Scaled (P-RUN-2): ``DATABASE_URL`` (postgres://… or sqlite:///path),
+``REDIS_URL`` (channels-redis layer + django-q2 Redis broker),
+``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS``.
+"""
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import env_bool, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("TRELLIS_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+DATABASE_URL = env_str("DATABASE_URL")
+REDIS_URL = env_str("REDIS_URL")
+EMBEDDED = not DATABASE_URL and not REDIS_URL
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+
+
+def _secret_key() -> str:
+    """The env key, or (embedded only) one generated once and kept in var/.
+
+    Web and worker processes must share the key, so it cannot be random per
+    process; a scaled deployment must set it explicitly.
+    """
+    key = env_str("DJANGO_SECRET_KEY")
+    if key:
+        return key
+    if DATABASE_URL and not DEBUG and not env_bool("TRELLIS_ALLOW_GENERATED_SECRET", False):
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DATABASE_URL is set and DEBUG is off")
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1"])
+if "*" in ALLOWED_HOSTS and not DEBUG:
+    raise ImproperlyConfigured('DJANGO_ALLOWED_HOSTS="*" is only allowed with DJANGO_DEBUG=1')
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "template_partials",
+    "channels",
+    "django_q",
+    "accounts",
+    "collab",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "collab.middleware.DomainErrorMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _databases() -> dict:
+    url = DATABASE_URL or f"sqlite:///{VAR_DIR / 'trellis.sqlite3'}"
+    try:
+        db = dj_database_url.parse(url, conn_max_age=env_int("DB_CONN_MAX_AGE", 0, minimum=0))
+    except Exception as exc:  # dj-database-url raises several types for a bad URL
+        raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        # Web, worker and relay write concurrently: WAL lets readers proceed, IMMEDIATE
+        # takes the write lock at BEGIN (no deadlock-prone lock upgrades), and the
+        # busy timeout makes writers wait instead of failing with "database is locked".
+        db["OPTIONS"] = {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
+        }
+        # Tests with real worker processes need a file, not :memory:.
+        db["TEST"] = {"NAME": str(Path(db["NAME"]).with_name(Path(db["NAME"]).stem + "-test.sqlite3"))}
+    elif db["ENGINE"] == "django.db.backends.postgresql":
+        db.setdefault("OPTIONS", {})
+    else:
+        raise ImproperlyConfigured(f"unsupported database engine {db['ENGINE']!r}: use postgres:// or sqlite://")
+    return {"default": db}
+
+
+DATABASES = _databases()
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "collab:projects"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# Cookies: secure unless debugging or on the embedded (plain-http, loopback) default.
+_SECURE = env_bool("DJANGO_SECURE_COOKIES", not DEBUG and not EMBEDDED)
+SESSION_COOKIE_SECURE = _SECURE
+CSRF_COOKIE_SECURE = _SECURE
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# --- live events -----------------------------------------------------------
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("TRELLIS_CHANNEL_PREFIX", "trellis")},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# Without a shared channel layer, events written by the worker process reach the
+# web process through the database: each web process polls for new events of
+# the sessions its sockets watch (collab/live.py).
+TRELLIS_EVENT_POLL = env_bool("TRELLIS_EVENT_POLL", not REDIS_URL)
+TRELLIS_EVENT_POLL_INTERVAL = env_int("TRELLIS_EVENT_POLL_MS", 150, minimum=10) / 1000
+
+# --- worker (django-q2) ----------------------------------------------------
+Q_TIMEOUT = env_int("TRELLIS_TASK_TIMEOUT", 3600, minimum=1)
+Q_RETRY = env_int("TRELLIS_TASK_RETRY", Q_TIMEOUT + 600, minimum=1)
+if Q_RETRY <= Q_TIMEOUT:
+    # django-q2 re-delivers a task after `retry` seconds: if that is not longer than
+    # `timeout`, a slow but healthy turn would be handed to a second worker.
+    raise ImproperlyConfigured(f"TRELLIS_TASK_RETRY ({Q_RETRY}) must exceed TRELLIS_TASK_TIMEOUT ({Q_TIMEOUT})")
+Q_CLUSTER = {
+    "name": env_str("TRELLIS_QUEUE_NAME", "trellis"),
+    "workers": env_int("TRELLIS_WORKERS", 2, minimum=1),
+    "timeout": Q_TIMEOUT,
+    "retry": Q_RETRY,
+    "max_attempts": 1,
+    "ack_failures": True,
+    "save_limit": env_int("TRELLIS_Q_SAVE_LIMIT", 200, minimum=0),
+    "catch_up": False,
+    "poll": env_int("TRELLIS_Q_POLL_MS", 100, minimum=10) / 1000,
+    "label": "Worker queue",
+}
+if REDIS_URL:
+    Q_CLUSTER["redis"] = REDIS_URL
+else:
+    Q_CLUSTER["orm"] = "default"
+
+# --- Trellis ---------------------------------------------------------------
+TRELLIS_MAX_TOOL_CALLS = env_int("TRELLIS_MAX_TOOL_CALLS", 50, minimum=1)
+TRELLIS_LEASE_SECONDS = env_int("TRELLIS_LEASE_SECONDS", 30, minimum=5)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("TRELLIS_LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+    },
+}
