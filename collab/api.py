@@ -1,7 +1,7 @@
 """REST routes (SPEC §11.1). Each: authorize through ``collab.access``, call one service or selector."""
 
 from django.http import HttpRequest
-from ninja import Router
+from ninja import Router, Status
 
 from accounts.models import Membership
 from accounts.policy import visible_projects
@@ -47,20 +47,20 @@ def post_project(request: HttpRequest, payload: ProjectIn):
         project = create_project(request.auth, slug=payload.slug, name=payload.name)
     except SlugTaken:
         raise Conflict(f"a project with slug {payload.slug!r} already exists", code="slug_taken") from None
-    return 201, _project_out(project, "owner")
+    return Status(201, _project_out(project, "owner"))
 
 
 @router.post("projects/{slug}/agent-specs", response={201: AgentSpecOut, **ERRORS}, tags=["projects"])
 def post_agent_spec(request: HttpRequest, slug: str, payload: AgentSpecIn):
     project = access.access_project(request.auth, slug, "project.visibility")
-    return 201, do_create_agent_spec(project, **payload.model_dump())
+    return Status(201, do_create_agent_spec(project, **payload.model_dump()))
 
 
 @router.post("projects/{slug}/sessions", response={201: SessionOut, **ERRORS}, tags=["sessions"])
 def post_session(request: HttpRequest, slug: str, payload: SessionIn):
     project = access.access_project(request.auth, slug, "turn.start")
     session = do_create_session(request.auth, project, title=payload.title, agent_id=payload.agent_id)
-    return 201, session_shape(session)
+    return Status(201, session_shape(session))
 
 
 @router.get("sessions/{sid}", response={200: SessionOut, **ERRORS}, tags=["sessions"])
@@ -72,7 +72,7 @@ def get_session(request: HttpRequest, sid: str):
 def post_turn(request: HttpRequest, sid: str, payload: TurnIn):
     session = access.access_session(request.auth, sid, "turn.start")
     job = do_start_user_turn(request.auth, session, payload.prompt, branch=payload.branch, agent_id=payload.agent_id)
-    return 202, {"execution_id": job.pk, "status": job.status, "version": job.version}
+    return Status(202, {"execution_id": job.pk, "status": job.status, "version": job.version})
 
 
 @router.get("executions/{execution_id}", response={200: ExecutionOut, **ERRORS}, tags=["executions"])

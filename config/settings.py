@@ -23,7 +23,6 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 DATABASE_URL = env_str("DATABASE_URL")
 REDIS_URL = env_str("REDIS_URL")
-EMBEDDED = not DATABASE_URL and not REDIS_URL
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 
@@ -149,8 +148,10 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
-# Cookies: secure unless debugging or on the embedded (plain-http, loopback) default.
-_SECURE = env_bool("DJANGO_SECURE_COOKIES", not DEBUG and not EMBEDDED)
+# Cookies are Secure unless debugging or serving loopback only (the embedded default
+# speaks plain http on 127.0.0.1); behind TLS set DJANGO_ALLOWED_HOSTS to the real names.
+_LOOPBACK_ONLY = all(h in ("localhost", "127.0.0.1", "[::1]", "::1") for h in ALLOWED_HOSTS)
+_SECURE = env_bool("DJANGO_SECURE_COOKIES", not DEBUG and not _LOOPBACK_ONLY)
 SESSION_COOKIE_SECURE = _SECURE
 CSRF_COOKIE_SECURE = _SECURE
 SESSION_COOKIE_HTTPONLY = True

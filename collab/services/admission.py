@@ -51,7 +51,7 @@ def admit_job(
     Precondition: inside ``transaction.atomic``; authorization already checked
     by the caller (through ``collab.access``).
     """
-    locked = Branch.objects.select_for_update().select_related("tip").get(pk=branch.pk)
+    locked = Branch.objects.select_for_update(of=("self",)).select_related("tip").get(pk=branch.pk)
     if locked.archived:
         raise Invalid(f"agent {locked.display_name} is archived; fork it with start_from to continue", code="archived")
     job = Job.objects.create(

@@ -53,7 +53,7 @@ def claim_job(job_id: str) -> Job | None:
                 return None
             job = Job.objects.select_related("session", "branch", "agent_spec", "branch__tip").get(pk=job_id)
             if job.prompt_msg_id is None:
-                branch = Branch.objects.select_for_update().select_related("tip").get(pk=job.branch_id)
+                branch = Branch.objects.select_for_update(of=("self",)).select_related("tip").get(pk=job.branch_id)
                 write_prompt_node(job, branch)
                 job.branch = branch
             send_event_on_commit(job.session_id, "job.running", job_wire(job))
@@ -90,7 +90,7 @@ def finish_job(
     now = timezone.now()
     usage = usage or {}
     with transaction.atomic():
-        branch = Branch.objects.select_for_update().select_related("tip").get(pk=job.branch_id)
+        branch = Branch.objects.select_for_update(of=("self",)).select_related("tip").get(pk=job.branch_id)
         updated = Job.objects.filter(pk=job.pk, status__in=ACTIVE_STATUSES).update(
             status=status,
             version=F("version") + 1,

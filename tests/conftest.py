@@ -1,0 +1,255 @@
+"""Shared fixtures: people and projects, an API client, and real processes.
+
+``worker`` and ``server`` start real ``manage.py qcluster`` and ``daphne``
+processes against the test database (PostgreSQL + Redis when DATABASE_URL /
+REDIS_URL are set, else the SQLite file and the ORM broker), so tests that use
+them see committed rows only: they run with ``transactional_db``.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+# Playwright's sync API keeps an event loop on the main thread; the ORM refuses to
+# run there unless told it is safe (it is: nothing else runs on that loop).
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+ROOT = Path(__file__).resolve().parent.parent
+TERMINAL = {"succeeded", "failed", "cancelled", "interrupted"}
+
+
+# --- people and projects ------------------------------------------------------
+
+
+@pytest.fixture
+def make_user(django_user_model):
+    def make(username, password="pw-secret-123"):
+        return django_user_model.objects.create_user(username=username, password=password)
+
+    return make
+
+
+@pytest.fixture
+def team(db, make_user):
+    """Project ``alpha`` with one user per role, plus an outsider who owns project ``beta``."""
+    from accounts.models import Membership, Project
+
+    alpha = Project.objects.create(slug="alpha", name="Alpha")
+    beta = Project.objects.create(slug="beta", name="Beta")
+    people = {name: make_user(name) for name in ("owner", "maintainer", "member", "viewer", "outsider")}
+    for role in ("owner", "maintainer", "member", "viewer"):
+        Membership.objects.create(user=people[role], project=alpha, role=role)
+    Membership.objects.create(user=people["outsider"], project=beta, role="owner")
+    return type("Team", (), {"alpha": alpha, "beta": beta, **people})
+
+
+class ApiClient:
+    """JSON over the real URL stack, authenticated with a real bearer token."""
+
+    def __init__(self, client, token=None):
+        self.client = client
+        self.headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+
+    def get(self, path, **params):
+        return self.client.get(path, params, **self.headers)
+
+    def post(self, path, data=None, raw=None):
+        body = raw if raw is not None else json.dumps(data if data is not None else {})
+        return self.client.post(path, body, content_type="application/json", **self.headers)
+
+    def patch(self, path, data=None):
+        return self.client.patch(path, json.dumps(data or {}), content_type="application/json", **self.headers)
+
+    def delete(self, path):
+        return self.client.delete(path, **self.headers)
+
+    def wait(self, execution_id, statuses=TERMINAL, timeout=30.0):
+        """Poll ``GET /api/executions/{id}`` until its status is one of ``statuses``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            body = self.get(f"/api/executions/{execution_id}").json()
+            if body.get("status") in statuses:
+                return body
+            if time.monotonic() > deadline:
+                raise AssertionError(f"execution {execution_id} still {body.get('status')!r} after {timeout}s: {body}")
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def api_as(client):
+    from accounts.models import ApiToken
+
+    def make(user):
+        _, raw = ApiToken.issue(user, name="test")
+        from django.test import Client
+
+        return ApiClient(Client(), raw)
+
+    return make
+
+
+@pytest.fixture
+def scripted_session(api_as, team):
+    """Through the API: a project owner saves an agent spec with ``script``, then ``user``
+    opens a session with it. Returns ``(api client of user, session id)``."""
+
+    def make(user, script, project="alpha", agent_id="bot", **spec):
+        admin = api_as(team.owner if project == "alpha" else team.outsider)
+        r = admin.post(f"/api/projects/{project}/agent-specs", {"agent_id": agent_id, "provider": "scripted", "script": script, **spec})
+        assert r.status_code == 201, r.content
+        api = api_as(user)
+        r = api.post(f"/api/projects/{project}/sessions", {"title": "test", "agent_id": agent_id})
+        assert r.status_code == 201, r.content
+        return api, r.json()["id"]
+
+    return make
+
+
+# --- real processes ---------------------------------------------------------------
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture(scope="session")
+def process_env(django_db_setup, django_db_blocker):
+    """Environment for child processes: the *test* database and this run's queue and layer."""
+    with django_db_blocker.unblock():
+        url = _database_url()
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=url,
+        DJANGO_SECRET_KEY=settings.SECRET_KEY,
+        TRELLIS_QUEUE_NAME=settings.Q_CLUSTER["name"],
+        TRELLIS_VAR_DIR=str(settings.VAR_DIR),
+        TRELLIS_WORKERS="2",
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    if settings.REDIS_URL:
+        env["REDIS_URL"] = settings.REDIS_URL
+        env["TRELLIS_CHANNEL_PREFIX"] = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]
+    return env
+
+
+def _wait_for_output(log: Path, marker: str, proc, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if marker in log.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise RuntimeError(f"process did not print {marker!r}:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def _stop(proc) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def worker_process(process_env, tmp_path_factory):
+    log = tmp_path_factory.mktemp("worker") / "qcluster.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "qcluster"], env=process_env, cwd=ROOT,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    _wait_for_output(log, "running.", proc, 60)
+    proc.log = log
+    yield proc
+    _stop(proc)
+
+
+@pytest.fixture
+def worker(transactional_db, worker_process):
+    """A real django-q2 worker process serving this test (rows must be committed)."""
+    assert worker_process.poll() is None, worker_process.log.read_text()[-3000:]
+    return worker_process
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server_process(process_env, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "daphne.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+            env=process_env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"daphne did not start:\n{log.read_text()[-3000:]}") from None
+            time.sleep(0.1)
+    proc.url = f"http://127.0.0.1:{port}"
+    proc.log = log
+    yield proc
+    _stop(proc)
+
+
+@pytest.fixture
+def server(transactional_db, server_process):
+    """A real daphne process (HTTP + WebSocket) on the test database; ``server.url``."""
+    assert server_process.poll() is None, server_process.log.read_text()[-3000:]
+    return server_process
+
+
+# --- browser --------------------------------------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@pytest.fixture(scope="session")
+def _playwright():
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium chromium-driver")
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="session")
+def browser(_playwright):
+    browser = _playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context()
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    yield page
+    context.close()
