@@ -7,9 +7,14 @@ from accounts.models import Membership
 from accounts.policy import visible_projects
 from accounts.services import SlugTaken, create_project
 from collab import access
-from collab.errors import Conflict
+from collab.errors import Conflict, Invalid
 from collab.schemas import (
     AgentSpecIn,
+    ArchiveIn,
+    BranchOut,
+    ToolCallIn,
+    ToolResultOut,
+    TranscriptOut,
     AgentSpecOut,
     ErrorOut,
     EventsOut,
@@ -22,7 +27,13 @@ from collab.schemas import (
     TurnOut,
 )
 from collab.selectors.events import PAGE, events_after
-from collab.selectors.shapes import execution_shape, session_shape
+from collab.selectors.agents import branch_rows, is_busy
+from collab.selectors.shapes import branch_shape, execution_shape, session_shape
+from collab.selectors.transcript import DEFAULT_MAX_CHARS, render_transcript
+from collab.services.acting import Actor
+from collab.services.addressing import Caller, find_branch
+from collab.services.archive import check_can_archive, do_archive_branch
+from collab.tools.registry import run_tool
 from collab.services.sessions import do_create_session
 from collab.services.specs import do_create_agent_spec
 from collab.services.turns import do_start_user_turn
@@ -85,3 +96,45 @@ def get_events(request: HttpRequest, sid: str, after: int = 0, limit: int = PAGE
     session = access.access_session(request.auth, sid)
     limit = max(1, min(limit, PAGE))
     return {"events": [e.as_wire() for e in events_after(session.pk, max(after, 0), limit)]}
+
+
+@router.get("sessions/{sid}/branches", response={200: list[BranchOut], **ERRORS}, tags=["branches"])
+def get_branches(request: HttpRequest, sid: str, scope: str = "session", limit: int = 200):
+    session = access.access_session(request.auth, sid)
+    if scope not in ("session", "archived"):
+        raise Invalid('scope must be "session" or "archived"', code="invalid_scope")
+    rows = branch_rows([session.pk], archived=(scope == "archived"), limit=max(1, min(limit, 1000)), previews=False)
+    return [branch_shape(b, b.busy) for b in rows]
+
+
+def _branch(request, address: str, capability: str = "project.read"):
+    branch = find_branch(Caller(user=request.auth), address)
+    access.access_session(request.auth, branch.session_id, capability)
+    return branch
+
+
+@router.get("branches/{address}/transcript", response={200: TranscriptOut, **ERRORS}, tags=["branches"])
+def get_transcript(request: HttpRequest, address: str, start_turn: int = 0, end_turn: int | None = None,
+                   include_function_calls: bool = True, max_chars: int = DEFAULT_MAX_CHARS):
+    branch = _branch(request, address)
+    return render_transcript(branch, start_turn=start_turn, end_turn=end_turn,
+                             include_function_calls=include_function_calls, max_chars=max(100, max_chars))
+
+
+@router.post("branches/{address}/archive", response={200: BranchOut, **ERRORS}, tags=["branches"])
+def post_archive(request: HttpRequest, address: str, payload: ArchiveIn):
+    branch = _branch(request, address)
+    check_can_archive(request.auth, branch)
+    branch = do_archive_branch(branch, user=request.auth, reason=payload.reason)
+    return branch_shape(branch, busy=is_busy(branch))
+
+
+@router.post("branches/{address}/tools/{tool}", response={200: ToolResultOut, **ERRORS}, tags=["tools"])
+def post_tool(request: HttpRequest, address: str, tool: str, payload: ToolCallIn):
+    """The tool gateway: run a collab tool as that branch (for external agents and black-box tests)."""
+    branch = _branch(request, address, "turn.start")
+    spec = branch.agent_spec or branch.session.agent_spec
+    actor = Actor(user=request.auth, session=branch.session, branch=branch)
+    result = run_tool(actor, tool, payload.arguments, toolset=getattr(spec, "toolset", "collab") or "collab",
+                      allow=list(getattr(spec, "tools", None) or []))
+    return result.as_dict()

@@ -121,3 +121,45 @@ class ErrorOut(Schema):
 
 
 ExecutionStatus = Literal["queued", "running", "stopping", "succeeded", "failed", "cancelled", "interrupted"]
+
+
+class BranchOut(Schema):
+    id: str
+    session: str
+    address: str | None
+    name: str
+    name_stage: int
+    archived: bool
+    archived_at: Any | None
+    archive_reason: str
+    busy: bool
+    turns: int
+    chars: int
+    internal: bool
+    forked_from: str | None
+    created_at: Any
+    last_active_at: Any
+
+
+class ArchiveIn(StrictIn):
+    reason: str = Field(default="", max_length=500)
+
+
+class ToolCallIn(StrictIn):
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResultOut(Schema):
+    text: str
+    details: dict[str, Any]
+    is_error: bool
+
+
+class TranscriptOut(Schema):
+    text: str
+    turns: list[dict[str, Any]]
+    session_id: str
+    branch: str
+    address: str | None
+    total_turns: int
+    omitted_turns: int

@@ -11,3 +11,13 @@ def run_turn(job_id: str) -> str | None:
         return run_job(job_id)
     finally:
         close_old_connections()
+
+
+def name_branch(branch_id: str) -> None:
+    from collab.services.naming import do_auto_name_branch
+
+    close_old_connections()
+    try:
+        do_auto_name_branch(branch_id)
+    finally:
+        close_old_connections()

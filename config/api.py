@@ -5,14 +5,17 @@ Errors are always ``{"detail": str, "code": str}``. Clients authenticate with
 case unsafe methods must carry the CSRF token.
 """
 
+from functools import wraps
+
 from django.http import Http404
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
-from ninja.security import HttpBearer, django_auth
+from ninja.security import HttpBearer, SessionAuth
+from pydantic import BaseModel
 
 from accounts.policy import user_for_token
 from collab.api import router as collab_router
-from collab.errors import DomainError
+from collab.errors import DomainError, Invalid
 
 
 class BearerToken(HttpBearer):
@@ -23,11 +26,23 @@ class BearerToken(HttpBearer):
         return user
 
 
+class BrowserSession(SessionAuth):
+    """The browser's session cookie, CSRF enforced. A request without a logged-in session
+    is not a browser request: it is left unauthenticated (401) instead of failing the
+    CSRF check (403), so a client with a bad or revoked bearer token hears "401"."""
+
+    def __call__(self, request):
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated:
+            return None
+        return super().__call__(request)
+
+
 api = NinjaAPI(
     title="Trellis API",
     version="1",
     description="Sessions, branches, turns, executions and the agent tool gateway.",
-    auth=[BearerToken(), django_auth],
+    auth=[BearerToken(), BrowserSession()],
     urls_namespace="api",
 )
 
@@ -70,4 +85,30 @@ def on_not_found(request, exc):
     return _error(request, 404, "not found", "not_found")
 
 
+def _has_nul(value) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, BaseModel):
+        return _has_nul(value.model_dump())
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def reject_nul(view):
+    """PostgreSQL cannot store NUL in text or jsonb: refuse it in any parameter or body
+    with a 400 rather than failing in the database with a 500."""
+
+    @wraps(view)
+    def checked(request, *args, **kwargs):
+        if _has_nul(args) or _has_nul(kwargs):
+            raise Invalid("text must not contain NUL (\\u0000) characters", code="invalid_request")
+        return view(request, *args, **kwargs)
+
+    return checked
+
+
+api.add_decorator(reject_nul)
 api.add_router("/", collab_router)

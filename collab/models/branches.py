@@ -27,6 +27,10 @@ class Branch(models.Model):
     name = models.CharField(max_length=100, blank=True, default="")
     name_stage = models.PositiveSmallIntegerField(choices=NameStage.choices, default=NameStage.NONE)
     tip = models.ForeignKey("collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    forked_from = models.ForeignKey(
+        "collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks",
+        help_text="the node this branch's first message follows (null for a new root)",
+    )
     agent_spec = models.ForeignKey("collab.AgentSpec", null=True, blank=True, on_delete=models.SET_NULL)
     created_by_job = models.ForeignKey(
         "collab.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="created_branches"

@@ -72,6 +72,10 @@ class Job(models.Model):
     )
     caller_job = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     parent_job = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    followup_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="for a follow-up turn: the finished job whose result it carries",
+    )
     started_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
         help_text="the person whose permissions the turn acts with (root turn's starter)",
@@ -112,6 +116,7 @@ class Job(models.Model):
         ordering = ["created_at"]
         indexes = [
             models.Index(fields=["branch", "status", "created_at"], name="job_branch_status"),
+            models.Index(fields=["caller_branch", "followup_state"], name="job_caller_followup"),
             models.Index(fields=["session", "status"], name="job_session_status"),
             models.Index(fields=["status", "lease_expires_at"], name="job_status_lease"),
         ]
@@ -135,6 +140,9 @@ class Job(models.Model):
             ),
             models.UniqueConstraint(
                 fields=["branch"], condition=Q(status__in=ACTIVE_STATUSES), name="job_one_active_per_branch"
+            ),
+            models.UniqueConstraint(
+                fields=["followup_of"], condition=Q(followup_of__isnull=False), name="job_one_followup_per_job"
             ),
         ]
 

@@ -59,8 +59,8 @@ class MessageKind(models.TextChoices):
 class Message(models.Model):
     """An immutable DAG node. It belongs to the branch it was written on.
 
-    ``depth`` (distance from the root) lets history windows be computed without
-    walking the whole chain; ``dedupe_key`` makes at-most-once writes (mailbox
+    ``depth`` (distance from the root) and ``turn`` (turn ordinal along the
+    lineage) let history windows be computed without walking the whole chain; ``dedupe_key`` makes at-most-once writes (mailbox
     drains, follow-ups) a database guarantee.
     """
 
@@ -78,6 +78,7 @@ class Message(models.Model):
     tool_call_id = models.CharField(max_length=100, blank=True, default="")
     metadata = models.JSONField(default=dict, blank=True)
     depth = models.PositiveIntegerField(default=0)
+    turn = models.PositiveIntegerField(default=0, help_text="ordinal of the turn this node belongs to along its lineage")
     dedupe_key = models.CharField(max_length=200, null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 

@@ -15,9 +15,11 @@ from django.db import transaction
 
 from collab.models import JobStatus, Message, MessageRole
 from collab.runtime.providers import ProviderError, get_provider
+from collab.services.acting import Actor
 from collab.services.execution import claim_job, finish_job, heartbeat
+from collab.services.followup import drain_mailbox
 from collab.services.messages import append_message
-from collab.tools.registry import ToolContext, ToolResult, run_tool
+from collab.tools.registry import ToolResult, run_tool
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ class TurnContext:
     job: Any
     branch: Any
     spec: Any
+    inline_parents: tuple = ()
     provider_state: dict = field(default_factory=dict)
     mailbox_text: str = ""
     last_result: ToolResult | None = None
@@ -75,7 +78,7 @@ class TurnContext:
         if not force and now - self._last_check < STOP_CHECK_SECONDS:
             return
         self._last_check = now
-        status = heartbeat(self.job)
+        status = heartbeat(self.job, self.inline_parents)
         if status != JobStatus.RUNNING:
             raise TurnStopped(status)
 
@@ -98,12 +101,17 @@ class TurnContext:
         }
 
 
-def run_job(job_id: str) -> str | None:
-    """Run one job to its end. Returns the final status, or None if this worker did not claim it."""
+def run_job(job_id: str, inline_parents: tuple[str, ...] = ()) -> str | None:
+    """Run one job to its end. Returns the final status, or None if this worker did not claim it.
+
+    ``inline_parents`` are the jobs waiting on this one in the same worker (foreground
+    ``agent`` calls); the turn's heartbeat keeps their leases alive too.
+    """
     job = claim_job(job_id)
     if job is None:
         return None
-    ctx = TurnContext(job=job, branch=job.branch, spec=job.agent_spec)
+    job.inline_parents = tuple(inline_parents)
+    ctx = TurnContext(job=job, branch=job.branch, spec=job.agent_spec, inline_parents=tuple(inline_parents))
     try:
         text = drive(ctx)
     except TurnStopped:
@@ -139,6 +147,7 @@ def drive(ctx: TurnContext) -> str:
     limit = settings.TRELLIS_MAX_TOOL_CALLS
     while True:
         ctx.check_stop(force=True)
+        drain(ctx)
         response = provider.complete(ctx)
         ctx.model_calls += 1
         ctx.tokens_in += response.tokens_in
@@ -150,6 +159,12 @@ def drive(ctx: TurnContext) -> str:
         run_tool_step(ctx, response)
 
 
+def drain(ctx: TurnContext) -> None:
+    """Before every model call, after all tool results: results owed to this branch join the turn."""
+    for message in drain_mailbox(ctx.branch, ctx.job):
+        ctx.mailbox_text += (("\n\n" if ctx.mailbox_text else "") + message.text)
+
+
 def run_tool_step(ctx: TurnContext, response) -> None:
     calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in response.tool_calls]
     with transaction.atomic():
@@ -157,7 +172,7 @@ def run_tool_step(ctx: TurnContext, response) -> None:
             ctx.branch, role=MessageRole.ASSISTANT, text=response.text, job=ctx.job, tool_calls=calls,
             metadata={"job": ctx.job.pk},
         )
-    tool_ctx = ToolContext(user=ctx.job.started_by, session=ctx.job.session, branch=ctx.branch, job=ctx.job)
+    tool_ctx = Actor(user=ctx.job.started_by, session=ctx.job.session, branch=ctx.branch, job=ctx.job)
     first = None
     for call in response.tool_calls:
         result = run_tool(tool_ctx, call.name, call.arguments, toolset=ctx.toolset, allow=ctx.allowed_tools)

@@ -40,3 +40,23 @@ def execution_shape(job: Job) -> dict:
         "started_at": job.started_at,
         "finished_at": job.finished_at,
     }
+
+
+def branch_shape(branch, busy: bool) -> dict:
+    return {
+        "id": branch.pk,
+        "session": branch.session_id,
+        "address": branch.address,
+        "name": branch.display_name,
+        "name_stage": branch.name_stage,
+        "archived": branch.archived,
+        "archived_at": branch.archived_at,
+        "archive_reason": branch.archive_reason,
+        "busy": busy,
+        "turns": branch.turns,
+        "chars": branch.chars,
+        "internal": branch.internal,
+        "forked_from": f"{branch.forked_from.session_id}:{branch.forked_from_id}" if branch.forked_from_id else None,
+        "created_at": branch.created_at,
+        "last_active_at": branch.last_active_at,
+    }

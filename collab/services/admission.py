@@ -44,9 +44,11 @@ def admit_job(
     started_by,
     agent_spec=None,
     header: str = "",
+    enqueue: bool = True,
     **fields,
 ) -> Job:
-    """Create a queued Job on ``branch`` and enqueue it after commit.
+    """Create a queued Job on ``branch`` and (unless ``enqueue`` is False, for jobs the
+    caller runs inline) hand it to the worker queue after commit.
 
     Precondition: inside ``transaction.atomic``; authorization already checked
     by the caller (through ``collab.access``).
@@ -70,7 +72,8 @@ def admit_job(
     if not Job.objects.filter(branch=locked, status__in=OPEN_STATUSES).exclude(pk=job.pk).exists():
         write_prompt_node(job, locked)
     send_event_on_commit(session.pk, "job.queued", job_wire(job), actor=started_by)
-    enqueue_job(job.pk)
+    if enqueue:
+        enqueue_job(job.pk)
     return job
 
 
@@ -83,7 +86,8 @@ def write_prompt_node(job: Job, branch: Branch):
         kind=PROMPT_KIND[job.kind],
         text=text,
         job=job,
-        metadata={"job": job.pk, "caller": job.caller_msg_id, "header": job.prompt_header},
+        metadata=prompt_metadata(job),
+        starts_turn=True,
         actor=job.started_by_id if job.kind == JobKind.USER else None,
     )
     job.prompt_msg = message
@@ -91,6 +95,17 @@ def write_prompt_node(job: Job, branch: Branch):
     if job.kind == JobKind.USER:
         follow_head(job.session_id, branch.pk, message)
     return message
+
+
+def prompt_metadata(job: Job) -> dict:
+    meta = {"job": job.pk, "header": job.prompt_header}
+    if job.caller_msg_id:
+        meta["caller"] = f"{job.caller_session_id}:{job.caller_msg_id}"
+    if job.kind == JobKind.SPAWN and job.caller_session_id:
+        meta["spawned_from_session"] = job.caller_session_id
+    if job.followup_of_id:
+        meta["followup_of"] = job.followup_of_id
+    return meta
 
 
 def follow_head(session_id: str, branch_id: str, message) -> None:

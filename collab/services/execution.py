@@ -13,9 +13,13 @@ from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from collab.events import send_event_on_commit
-from collab.models import ACTIVE_STATUSES, Branch, Job, JobKind, JobStatus, MessageRole
+from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageRole
 from collab.services.admission import enqueue_job, follow_head, job_wire, write_prompt_node
+from collab.services.archive import do_archive_branch
+from collab.services.deliver import drain_inbox_locked
+from collab.services.followup import deliver_owed_after_commit, deliver_owed_locked, owes_followup
 from collab.services.messages import append_message
+from collab.services.naming import schedule_naming
 
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -63,9 +67,9 @@ def claim_job(job_id: str) -> Job | None:
         return None
 
 
-def heartbeat(job: Job) -> str:
-    """Renew the lease; returns the job's current status (so the loop notices cancel)."""
-    Job.objects.filter(pk=job.pk, status__in=ACTIVE_STATUSES).update(
+def heartbeat(job: Job, inline_parents: tuple[str, ...] = ()) -> str:
+    """Renew the lease of the job (and of jobs waiting on it inline); return its current status."""
+    Job.objects.filter(pk__in=(job.pk, *inline_parents), status__in=ACTIVE_STATUSES).update(
         heartbeat_at=timezone.now(), lease_expires_at=lease_deadline()
     )
     return Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
@@ -82,15 +86,18 @@ def finish_job(
     error_reason: str = "",
     usage: dict | None = None,
 ) -> Job:
-    """The completion transaction: final node, terminal state, events, next job.
+    """The completion transaction (SPEC §13: one commit): the final node, the terminal
+    state, the follow-up owed to the caller, the branch's inbox turned into turns,
+    results owed to this branch settled, archive-when-done, naming, the next job.
 
-    Only a job that is still running or stopping can finish; a job finished by
-    someone else (e.g. marked interrupted by the reconciler) is left alone.
+    Only a job that is still running or stopping can finish; a job ended by someone
+    else (e.g. marked interrupted by the reconciler) is left alone.
     """
     now = timezone.now()
     usage = usage or {}
+    owed = owes_followup(job)
     with transaction.atomic():
-        branch = Branch.objects.select_for_update(of=("self",)).select_related("tip").get(pk=job.branch_id)
+        branch = Branch.objects.select_for_update(of=("self",)).select_related("tip", "session").get(pk=job.branch_id)
         updated = Job.objects.filter(pk=job.pk, status__in=ACTIVE_STATUSES).update(
             status=status,
             version=F("version") + 1,
@@ -100,27 +107,30 @@ def finish_job(
             error_code=error_code,
             error_reason=error_reason,
             lease_expires_at=None,
-            model_calls=usage.get("model_calls", 0),
-            tool_calls=usage.get("tool_calls", 0),
-            tokens_in=usage.get("tokens_in", 0),
-            tokens_out=usage.get("tokens_out", 0),
+            followup_state=FollowupState.OWED if owed else FollowupState.NONE,
+            **{k: usage[k] for k in ("model_calls", "tool_calls", "tokens_in", "tokens_out") if k in usage},
         )
         if not updated:
             return Job.objects.get(pk=job.pk)
         if final_text is not None:
             final = append_message(
-                branch,
-                role=MessageRole.ASSISTANT,
-                text=final_text,
-                job=job,
+                branch, role=MessageRole.ASSISTANT, text=final_text, job=job,
                 metadata={"job": job.pk, "final": True, "is_error": is_error},
             )
             if job.kind == JobKind.USER:
                 follow_head(job.session_id, branch.pk, final)
         Branch.objects.filter(pk=branch.pk).update(turns=F("turns") + 1)
+        branch.turns += 1
         job.refresh_from_db()
         send_event_on_commit(job.session_id, f"job.{status}", job_wire(job))
+        if job.archive_when_done:
+            do_archive_branch(branch, user=job.started_by, reason="archive_when_done", automatic=True)
+        drain_inbox_locked(branch)
+        deliver_owed_locked(branch)
+        schedule_naming(branch.pk, branch.turns, branch.name_stage)
         enqueue_next_on_branch(branch.pk)
+        if owed:
+            deliver_owed_after_commit(job.caller_branch_id)
     return job
 
 

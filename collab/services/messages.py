@@ -19,15 +19,18 @@ def append_message(
     metadata: dict | None = None,
     dedupe_key: str | None = None,
     predecessor: Message | None = None,
+    starts_turn: bool = False,
+    move_tip: bool = True,
     actor=None,
 ) -> Message:
-    """Write a node after ``predecessor`` (default: the branch tip) and make it the tip.
+    """Write a node after ``predecessor`` (default: the branch tip, or its fork point)
+    and, unless ``move_tip`` is False (side nodes such as attach pointers), make it the tip.
 
     Precondition: inside ``transaction.atomic``, and the caller owns the branch's
     write side — it holds the branch row lock or runs the branch's active job.
-    Cost is O(1) in history length: only the tip's depth is read.
+    Cost is O(1) in history length: only the predecessor's depth and turn are read.
     """
-    pred = predecessor if predecessor is not None else branch.tip
+    pred = predecessor if predecessor is not None else (branch.tip or branch.forked_from)
     now = timezone.now()
     message = Message.objects.create(
         session_id=branch.session_id,
@@ -41,13 +44,15 @@ def append_message(
         tool_call_id=tool_call_id,
         metadata=metadata or {},
         depth=(pred.depth + 1) if pred is not None else 0,
+        turn=(pred.turn if pred is not None else 0) + (1 if starts_turn else 0),
         dedupe_key=dedupe_key,
         created_at=now,
     )
-    Branch.objects.filter(pk=branch.pk).update(tip=message, chars=F("chars") + len(text), last_active_at=now)
-    branch.tip = message
-    branch.chars += len(text)
-    branch.last_active_at = now
+    if move_tip:
+        Branch.objects.filter(pk=branch.pk).update(tip=message, chars=F("chars") + len(text), last_active_at=now)
+        branch.tip = message
+        branch.chars += len(text)
+        branch.last_active_at = now
     Session.objects.filter(pk=branch.session_id).update(last_active_at=now)
     send_event_on_commit(
         branch.session_id,

@@ -1,1 +1,308 @@
-"""Tools of the ``collab`` toolset (SPEC §4)."""
+"""The ``collab`` toolset (SPEC §4): thin adapters over services and selectors.
+
+Every handler takes the acting context (principal, branch, running job) and
+returns text for the model plus structured ``details``. Domain errors become
+``<code>: <reason>`` results in the registry; the calling turn goes on.
+"""
+
+import time
+from typing import Literal
+
+from pydantic import Field
+
+from collab.access import access_job
+from collab.errors import Invalid, NotFound
+from collab.models import TERMINAL_STATUSES, Job, Todo
+from collab.selectors.agents import list_agents as select_agents
+from collab.selectors.agents import render_agents
+from collab.selectors.jobs import jobs_dispatched_by, owns_job
+from collab.selectors.pages import shown_branch
+from collab.selectors.transcript import DEFAULT_MAX_CHARS, render_transcript
+from collab.services.addressing import Caller, find_branch
+from collab.services.archive import check_can_archive, do_archive_branch
+from collab.services.deliver import do_delegate, do_send_message
+from collab.services.results import bound_text
+from collab.services.spawn import do_spawn
+from collab.services.todos import do_create_todo, do_update_todo
+from collab.tools.registry import ToolParams, ToolResult, register
+
+COLLAB = ("collab",)
+
+
+def _job_line(job: Job) -> str:
+    where = job.branch.display_name
+    return f"{job.pk} {job.kind} on {where!r}: {job.status}" + (f" ({job.error_code})" if job.is_error else "")
+
+
+# --- entities: agent, list_agents, archive_agent ------------------------------------------
+
+
+class AgentParams(ToolParams):
+    prompt: str = Field(min_length=1)
+    description: str = ""
+    agent_id: str = ""
+    start_from: str = "clean"
+    run_in_background: bool = False
+    to: str = ""
+    archive_when_done: bool = False
+
+
+@register("agent", toolsets=COLLAB, params=AgentParams, description="""
+Create a new agent (a branch) and run `prompt` on it, or give an existing agent a task.
+Without `to`: `start_from` is "clean" (new conversation), "inherit" (fork here) or "SID:MSG"
+(fork at that node); `description` names the branch. Foreground (default) waits and returns the
+final reply; `run_in_background=true` returns an execution_id at once and the result comes back
+to you automatically. With `to` ("SID:HEAD" or a name): a task on that existing agent, queued if
+it is busy; its final reply returns to you automatically. `start_from` and `archive_when_done`
+only apply when creating.""")
+def agent(ctx, p: AgentParams) -> ToolResult:
+    if p.to.strip():
+        if p.start_from.strip() not in ("", "clean"):
+            raise Invalid("start_from cannot be combined with to: to addresses an existing agent", code="invalid_arguments")
+        if p.archive_when_done:
+            raise Invalid("archive_when_done only applies when creating an agent, not with to", code="invalid_arguments")
+        job = do_delegate(ctx, to=p.to, prompt=p.prompt)
+        state = "queued behind its current turn" if job.prompt_msg_id is None else "started"
+        return ToolResult(
+            text=f"task {job.pk} delivered to {job.branch.display_name!r} ({state}); its final reply will come back to you automatically.",
+            details={"execution_id": job.pk, "status": job.status, "to": job.branch.address or p.to, "queued": job.prompt_msg_id is None},
+        )
+    job = do_spawn(
+        ctx, prompt=p.prompt, description=p.description, agent_id=p.agent_id, start_from=p.start_from,
+        run_in_background=p.run_in_background, archive_when_done=p.archive_when_done,
+    )
+    branch = job.branch
+    if p.run_in_background:
+        return ToolResult(
+            text=f"started agent {branch.display_name!r} in the background: execution {job.pk}; its result will come back to you automatically.",
+            details={"execution_id": job.pk, "status": job.status, "name": branch.display_name,
+                     "address": f"{branch.session_id}:{job.prompt_msg_id}", "session_id": branch.session_id},
+        )
+    branch.refresh_from_db()
+    summary, truncated = bound_text(job.result_text)
+    return ToolResult(
+        text=summary if job.status == "succeeded" else f"agent {branch.display_name!r} {job.status}: {job.error_reason or summary}",
+        details={"execution_id": job.pk, "status": job.status, "is_error": job.is_error, "error_code": job.error_code,
+                 "name": branch.display_name, "address": branch.address, "session_id": branch.session_id,
+                 "truncated": truncated},
+        is_error=job.is_error,
+    )
+
+
+class ListAgentsParams(ToolParams):
+    scope: Literal["session", "all", "archived"] = "session"
+    limit: int = Field(default=20, ge=1, le=200)
+    agent_id: str | None = None
+    source: str | None = None
+
+
+@register("list_agents", toolsets=COLLAB, params=ListAgentsParams, description="""
+List the agents (branches) you can address, grouped by session, each with a ready-to-use
+to="SID:HEAD", its size (turns, chars) and a tail preview. scope: "session" (this session),
+"all" (every session you may see, most recently active first, no previews), "archived".""")
+def list_agents(ctx, p: ListAgentsParams) -> ToolResult:
+    listing = select_agents(ctx.user, ctx.session, scope=p.scope, limit=p.limit, agent_id=p.agent_id, source=p.source)
+    text, details = render_agents(listing)
+    from collab.events import send_event_on_commit
+    from django.db import transaction
+
+    with transaction.atomic():
+        send_event_on_commit(ctx.session.pk, "agents.listed", {"scope": p.scope, "by": ctx.address,
+                                                              "sessions": len(details["sessions"])}, actor=ctx.user)
+    return ToolResult(text=text, details=details)
+
+
+class ArchiveParams(ToolParams):
+    to: str = Field(min_length=1)
+    reason: str = ""
+
+
+@register("archive_agent", toolsets=COLLAB, params=ArchiveParams, description="""
+Archive an existing agent: it stops receiving deliveries and leaves the normal listings; its
+history stays readable and forkable, and a turn it is running is not cancelled. Idempotent.""")
+def archive_agent(ctx, p: ArchiveParams) -> ToolResult:
+    branch = find_branch(Caller(user=ctx.user, session_id=ctx.session.pk), p.to)
+    check_can_archive(ctx.user, branch)
+    branch = do_archive_branch(branch, user=ctx.user, reason=p.reason)
+    return ToolResult(
+        text=f"archived {branch.display_name!r} ({branch.address}) at {branch.archived_at.isoformat()}",
+        details={"address": branch.address, "archived": True, "archived_at": branch.archived_at.isoformat(),
+                 "reason": branch.archive_reason},
+    )
+
+
+# --- communication: send_message, read_conversation --------------------------------------
+
+
+class SendMessageParams(ToolParams):
+    message: str = Field(min_length=1)
+    to: str = Field(min_length=1)
+    agent_id: str = "main"
+
+
+@register("send_message", toolsets=COLLAB, params=SendMessageParams, description="""
+Send a plain message to an existing agent ("SID:HEAD" or a name). It runs a turn now if the agent
+is idle, or after its current turn if busy. No result comes back automatically; the recipient
+may reply with send_message.""")
+def send_message(ctx, p: SendMessageParams) -> ToolResult:
+    receipt = do_send_message(ctx, to=p.to, message=p.message)
+    target = receipt.target
+    if receipt.delivered:
+        return ToolResult(
+            text=f"delivered to {target.display_name!r}; it is running a turn on it now (delivery {receipt.job.pk}).",
+            details={"delivery_id": receipt.job.pk, "queued": False, "to": target.address},
+        )
+    text = (f"{target.display_name!r} is busy: your message is queued and will be processed after its current turn "
+            f"(inbox entry {receipt.inbox_entry.pk}).")
+    if receipt.dropped:
+        text += " Its inbox was full, so its oldest queued message was dropped."
+    return ToolResult(text=text, details={"delivery_id": None, "queued": True, "inbox_entry": receipt.inbox_entry.pk,
+                                          "to": target.address})
+
+
+class ReadConversationParams(ToolParams):
+    session_id: str = Field(min_length=1)
+    start_turn: int = 0
+    end_turn: int | None = None
+    include_function_calls: bool = True
+    max_chars: int = Field(default=DEFAULT_MAX_CHARS, ge=100, le=200_000)
+
+
+@register("read_conversation", toolsets=COLLAB, params=ReadConversationParams, description="""
+Read an agent's conversation ("SID:HEAD", a name, or a session id) as a transcript without
+running it. Turns count from 0; negative start_turn/end_turn count from the end (start_turn=-10:
+the last ten turns). Later turns beyond max_chars are dropped. Archived agents are readable.""")
+def read_conversation(ctx, p: ReadConversationParams) -> ToolResult:
+    branch = read_target(ctx.user, ctx.session.pk, p.session_id)
+    rendered = render_transcript(
+        branch, start_turn=p.start_turn, end_turn=p.end_turn,
+        include_function_calls=p.include_function_calls, max_chars=p.max_chars,
+    )
+    text = rendered.pop("text")
+    return ToolResult(text=text, details=rendered)
+
+
+def read_target(user, current_session_id, ref: str):
+    """A branch to read: an address or name, or a whole session id (its selected branch)."""
+    from collab.access import access_session
+
+    if ":" in ref:
+        return find_branch(Caller(user=user, session_id=current_session_id), ref)
+    try:
+        session = access_session(user, ref)
+    except NotFound:
+        return find_branch(Caller(user=user, session_id=current_session_id), ref)
+    branch = shown_branch(session)
+    if branch is None:
+        raise NotFound()
+    return branch
+
+
+# --- plan: todo_* --------------------------------------------------------------------------
+
+
+def _todo_details(todo: Todo) -> dict:
+    return {"todo_id": todo.pk, "subject": todo.subject, "status": todo.status,
+            "blocked_by": sorted(todo.blocked_by.values_list("pk", flat=True))}
+
+
+class TodoCreateParams(ToolParams):
+    subject: str = Field(min_length=1)
+    description: str = ""
+    blocked_by: list[int] = Field(default_factory=list)
+
+
+@register("todo_create", toolsets=COLLAB, params=TodoCreateParams, description="""
+Write a plan item for this session. It records intent only; nothing starts running.""")
+def todo_create(ctx, p: TodoCreateParams) -> ToolResult:
+    todo = do_create_todo(ctx.session, ctx.branch, subject=p.subject, description=p.description, blocked_by=p.blocked_by, user=ctx.user)
+    return ToolResult(text=f"todo {todo.pk} created: {todo.subject}", details=_todo_details(todo))
+
+
+class TodoUpdateParams(ToolParams):
+    todo_id: int
+    status: Literal["pending", "in_progress", "completed"] | None = None
+    subject: str | None = None
+    description: str | None = None
+    blocked_by: list[int] | None = None
+
+
+@register("todo_update", toolsets=COLLAB, params=TodoUpdateParams, description="""
+Update a plan item: status ("pending", "in_progress", "completed"), subject, description, blocked_by.""")
+def todo_update(ctx, p: TodoUpdateParams) -> ToolResult:
+    todo = do_update_todo(ctx.session, p.todo_id, status=p.status, subject=p.subject, description=p.description,
+                          blocked_by=p.blocked_by, user=ctx.user)
+    return ToolResult(text=f"todo {todo.pk} is {todo.status}: {todo.subject}", details=_todo_details(todo))
+
+
+class TodoListParams(ToolParams):
+    pass
+
+
+@register("todo_list", toolsets=COLLAB, params=TodoListParams, description="List this session's plan items.")
+def todo_list(ctx, p: TodoListParams) -> ToolResult:
+    todos = list(ctx.session.todos.prefetch_related("blocked_by").order_by("created_at", "id"))
+    lines = []
+    for t in todos:
+        blockers = [b.pk for b in t.blocked_by.all()]
+        lines.append(f"[{t.status}] {t.pk}. {t.subject}" + (f" (blocked by {', '.join(map(str, blockers))})" if blockers else ""))
+    return ToolResult(
+        text="\n".join(lines) or "no todos",
+        details={"todos": [{"todo_id": t.pk, "subject": t.subject, "status": t.status,
+                            "blocked_by": [b.pk for b in t.blocked_by.all()]} for t in todos]},
+    )
+
+
+# --- execution: list_jobs, job_output -------------------------------------------------------
+
+
+class ListJobsParams(ToolParams):
+    status: Literal["queued", "running", "stopping", "succeeded", "failed", "cancelled", "interrupted"] | None = None
+    limit: int = Field(default=20, ge=1, le=200)
+
+
+@register("list_jobs", toolsets=COLLAB, params=ListJobsParams, description="""
+List the jobs (executions) this session dispatched and their descendants, newest first.""")
+def list_jobs(ctx, p: ListJobsParams) -> ToolResult:
+    jobs = jobs_dispatched_by(ctx.session.pk, status=p.status, limit=p.limit)
+    return ToolResult(
+        text="\n".join(_job_line(j) for j in jobs) or "no jobs",
+        details={"jobs": [{"job_id": j.pk, "kind": j.kind, "status": j.status, "version": j.version,
+                           "is_error": j.is_error, "branch": j.branch.display_name} for j in jobs]},
+    )
+
+
+class JobOutputParams(ToolParams):
+    job_id: str = Field(min_length=1)
+    block: bool = True
+    timeout: int = Field(default=30_000, ge=0, le=600_000, description="milliseconds")
+
+
+@register("job_output", toolsets=COLLAB, params=JobOutputParams, description="""
+The result of a job this session (or an ancestor of it) dispatched. block=true waits up to
+`timeout` ms (max 600000) for it to finish.""")
+def job_output(ctx, p: JobOutputParams) -> ToolResult:
+    job = access_job(ctx.user, p.job_id)
+    if not owns_job(ctx.session.pk, job):
+        raise NotFound()
+    deadline = time.monotonic() + p.timeout / 1000
+    while p.block and job.status not in TERMINAL_STATUSES and time.monotonic() < deadline:
+        if ctx.job is not None:
+            ctx.job.refresh_from_db(fields=["status"])
+            if ctx.job.status != "running":
+                break  # the calling turn was asked to stop
+        time.sleep(0.1)
+        job.refresh_from_db()
+    summary, truncated = bound_text(job.result_text)
+    done = job.status in TERMINAL_STATUSES
+    if not done:
+        text = f"job {job.pk} is still {job.status}"
+    elif job.is_error:
+        text = f"job {job.pk} {job.status}: {job.error_reason or summary}"
+    else:
+        text = summary
+    return ToolResult(
+        text=text,
+        details={"job_id": job.pk, "status": job.status, "version": job.version, "done": done, "is_error": job.is_error,
+                 "error_code": job.error_code, "truncated": truncated},
+    )

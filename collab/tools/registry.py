@@ -12,6 +12,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from collab.errors import DomainError
+from collab.services.acting import Actor
 
 
 class ToolParams(BaseModel):
@@ -32,14 +33,8 @@ class ToolResult:
         return {"text": self.text, "details": self.details, "is_error": self.is_error}
 
 
-@dataclass
-class ToolContext:
-    """Who runs the tool and where: the principal, the acting branch, the running job (if any)."""
-
-    user: Any
-    session: Any
-    branch: Any
-    job: Any = None
+# Who runs a tool and where: the principal, the acting branch, the running job (if any).
+ToolContext = Actor
 
 
 @dataclass(frozen=True)

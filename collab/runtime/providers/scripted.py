@@ -120,6 +120,9 @@ class ScriptedProvider:
     def __init__(self, script):
         self.script = script
 
+    def title(self, messages) -> str:
+        return _title_from(messages)
+
     def steps_for(self, kind: str) -> list[dict]:
         if isinstance(self.script, list):
             return self.script
@@ -150,3 +153,18 @@ class ScriptedProvider:
                 return ModelResponse(tool_calls=calls)
             # a pure sleep step: carry on with the next one in the same model call
         return ModelResponse(text=FALLBACK_PREFIX + ctx.prompt[:200])
+
+
+def _title_from(messages) -> str:
+    """Deterministic title: the first words of the branch's first prompt, headers skipped."""
+    for message in messages:
+        if message.role != "user":
+            continue
+        text = message.text
+        header = (message.metadata or {}).get("header") or ""
+        if header and text.startswith(header):
+            text = text[len(header):]
+        text = " ".join(text.split()[:6])
+        if text:
+            return text[:60]
+    return ""

@@ -1,0 +1,39 @@
+"""Execution listings and ownership (OP §5.10)."""
+
+from collab.models import Job
+
+MAX_ANCESTRY = 64
+
+
+def owns_job(session_id: str, job: Job) -> bool:
+    """Whether ``session_id`` may read ``job``'s result: it executes it, dispatched it, or
+    dispatched an ancestor job (at most 64 levels up, cycle-safe)."""
+    seen: set[str] = set()
+    current = job
+    for _ in range(MAX_ANCESTRY + 1):
+        if current is None or current.pk in seen:
+            return False
+        if session_id in (current.session_id, current.caller_session_id):
+            return True
+        seen.add(current.pk)
+        if not current.parent_job_id:
+            return False
+        current = Job.objects.filter(pk=current.parent_job_id).only("pk", "session_id", "caller_session_id", "parent_job_id").first()
+    return False
+
+
+def jobs_dispatched_by(session_id: str, *, status: str | None = None, limit: int = 50) -> list[Job]:
+    """Jobs the session dispatched and their descendants, newest first (one query per level)."""
+    found: dict[str, Job] = {}
+    level = list(Job.objects.filter(caller_session_id=session_id).select_related("branch"))
+    for _ in range(MAX_ANCESTRY):
+        fresh = [j for j in level if j.pk not in found]
+        if not fresh:
+            break
+        for j in fresh:
+            found[j.pk] = j
+        level = list(Job.objects.filter(parent_job_id__in=[j.pk for j in fresh]).select_related("branch"))
+    jobs = sorted(found.values(), key=lambda j: j.created_at, reverse=True)
+    if status:
+        jobs = [j for j in jobs if j.status == status]
+    return jobs[:limit]

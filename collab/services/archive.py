@@ -1,0 +1,46 @@
+"""Archiving a branch (OP §2.6, C3, C4): a global, one-way flag; history stays.
+
+Archive never cancels running work. The first ``archived_at`` is kept; a manual
+reason fills in only where none was recorded; automatic archiving
+(``archive_when_done``) only fills unset fields.
+"""
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from collab.events import send_event_on_commit
+from collab.models import Branch
+
+
+def do_archive_branch(branch: Branch, *, user=None, reason: str = "", automatic: bool = False) -> Branch:
+    """Archive idempotently. Authorization is the caller's job (``check_can_archive``)."""
+    reason = (reason or "").strip()[:500]
+    now = timezone.now()
+    with transaction.atomic():
+        first = Branch.objects.filter(pk=branch.pk, archived=False).update(
+            archived=True, archived_at=now, archive_reason=reason, archived_by=user
+        )
+        if not first and reason and not automatic:
+            Branch.objects.filter(Q(archive_reason="") | Q(archive_reason__isnull=True), pk=branch.pk).update(
+                archive_reason=reason
+            )
+        branch.refresh_from_db()
+        send_event_on_commit(
+            branch.session_id, "branch.archived",
+            {"branch": branch.pk, "name": branch.name, "archived_at": branch.archived_at.isoformat(),
+             "reason": branch.archive_reason, "automatic": automatic, "first": bool(first)},
+            actor=user,
+        )
+    return branch
+
+
+def check_can_archive(user, branch: Branch) -> None:
+    """Members archive branches they started; maintainers any (SPEC §8)."""
+    from collab.services.acting import Actor
+
+    actor = Actor(user=user, session=branch.session, branch=branch)
+    if branch.created_by_id == getattr(user, "pk", None):
+        actor.require("branch.archive_own", branch.session.project_id)
+    else:
+        actor.require("branch.archive_any", branch.session.project_id)

@@ -1,0 +1,50 @@
+"""Creating branches (the agents) and naming them (OP §2.4 stage 1)."""
+
+import re
+
+from collab.events import send_event_on_commit
+from collab.models import Branch, NameStage
+
+LABEL_CHARS = 24
+
+
+def label_from(prompt: str) -> str:
+    """A short readable label from a prompt: its first line, collapsed, at most 24 characters."""
+    first = next((line for line in prompt.strip().splitlines() if line.strip()), "")
+    words = re.sub(r"\s+", " ", first).strip()
+    if len(words) <= LABEL_CHARS:
+        return words or "agent"
+    cut = words[:LABEL_CHARS]
+    if " " in cut[LABEL_CHARS // 2 :]:
+        cut = cut[: cut.rfind(" ")]
+    return cut.rstrip(" ,.;:-") + "…"
+
+
+def name_for(description: str, prompt: str) -> tuple[str, int]:
+    """An explicit description wins and is never renamed; otherwise a label from the prompt."""
+    description = (description or "").strip()
+    if description:
+        return description[:100], NameStage.MANUAL
+    return label_from(prompt), NameStage.LABEL
+
+
+def create_branch(session, *, name: str, name_stage: int, forked_from=None, agent_spec=None, created_by=None,
+                  created_by_job=None, parent_branch=None, task_name=None) -> Branch:
+    """Precondition: inside ``transaction.atomic``; the caller has authorized the session."""
+    branch = Branch.objects.create(
+        session=session, name=name, name_stage=name_stage, forked_from=forked_from, agent_spec=agent_spec,
+        created_by=created_by, created_by_job=created_by_job, parent_branch=parent_branch, task_name=task_name,
+    )
+    send_event_on_commit(
+        session.pk,
+        "branch.created",
+        {
+            "branch": branch.pk,
+            "name": name,
+            "name_stage": name_stage,
+            "forked_from": f"{forked_from.session_id}:{forked_from.pk}" if forked_from else None,
+            "job": getattr(created_by_job, "pk", None),
+        },
+        actor=created_by,
+    )
+    return branch

@@ -1,0 +1,146 @@
+"""Deliveries to existing branches: ``agent(to=…)`` tasks and ``send_message`` (OP §2.1, §5.4).
+
+Both go through the one resolver (current tip, archived refused, no
+self-delivery, missing = invisible). A task is always an admitted Job, queued
+if the target is busy. A message to an idle target is an admitted Job too; to a
+busy target it is an InboxEntry, drained FIFO when the target's turn ends.
+"""
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from collab.errors import Conflict, Invalid
+from collab.events import send_event_on_commit
+from collab.models import OPEN_STATUSES, Branch, InboxEntry, InboxKind, Job, JobKind
+from collab.services.acting import Actor, message_header, task_header
+from collab.services.addressing import Caller, resolve_target
+from collab.services.admission import admit_job
+from collab.services.turns import check_prompt
+
+INBOX_CAP = 50
+DUPLICATE_WINDOW = timedelta(seconds=60)
+
+
+def _caller(actor: Actor) -> Caller:
+    return Caller(user=actor.user, session_id=actor.session.pk, branch_id=actor.branch.pk)
+
+
+def do_delegate(actor: Actor, *, to: str, prompt: str) -> Job:
+    """Admit a task on an existing branch; it runs now or after the target's current turn."""
+    check_prompt(prompt)
+    actor.require("turn.start")
+    messages, generations = actor.chain
+    with transaction.atomic():
+        target = resolve_target(_caller(actor), to)
+        actor.require("turn.start", target.session.project_id)
+        job = admit_job(
+            session=target.session, branch=target, kind=JobKind.TASK, prompt=prompt, started_by=actor.user,
+            header=task_header(actor.address), caller_session=actor.session, caller_msg=actor.calling_node,
+            caller_branch=actor.branch, caller_job=actor.job, parent_job=actor.job, run_in_background=True,
+            chain_messages=messages + 1, chain_generations=generations, followup_mode=actor.followup_mode,
+        )
+        _log_delivery(actor, target, "task", job=job)
+    return job
+
+
+@dataclass
+class Receipt:
+    target: Branch
+    delivered: bool
+    job: Job | None = None
+    inbox_entry: InboxEntry | None = None
+    dropped: InboxEntry | None = None
+
+
+def do_send_message(actor: Actor, *, to: str, message: str) -> Receipt:
+    if (to or "").strip().lower() == "new":
+        raise Invalid('to="new" is not valid: create an agent with agent(prompt=…, start_from=…)', code="invalid_target")
+    check_prompt(message)
+    actor.require("turn.start")
+    messages, generations = actor.chain
+    with transaction.atomic():
+        target = resolve_target(_caller(actor), to)
+        actor.require("turn.start", target.session.project_id)
+        target = Branch.objects.select_for_update(of=("self",)).select_related("session", "tip").get(pk=target.pk)
+        if not Job.objects.filter(branch=target, status__in=OPEN_STATUSES).exists():
+            job = admit_job(
+                session=target.session, branch=target, kind=JobKind.MESSAGE, prompt=message, started_by=actor.user,
+                header=message_header(actor.address), caller_session=actor.session, caller_msg=actor.calling_node,
+                caller_branch=actor.branch, caller_job=actor.job, parent_job=actor.job, run_in_background=True,
+                chain_messages=messages + 1, chain_generations=generations,
+            )
+            _log_delivery(actor, target, "message", job=job)
+            return Receipt(target=target, delivered=True, job=job)
+        return _queue_for_busy_target(actor, target, message, messages + 1, generations)
+
+
+def _queue_for_busy_target(actor, target, message, chain_messages, chain_generations) -> Receipt:
+    """Precondition: the target row is locked. Persist, de-duplicate, cap (OP §5.4)."""
+    now = timezone.now()
+    duplicate = InboxEntry.objects.filter(
+        target_branch=target, sender_branch=actor.branch, text=message, created_at__gte=now - DUPLICATE_WINDOW
+    ).exists()
+    if duplicate:
+        raise Conflict(
+            "the same message from you is already waiting for this agent (sent less than 60 s ago); "
+            "it will be delivered when the agent's current turn ends",
+            code="duplicate_message",
+        )
+    dropped = None
+    queued = list(InboxEntry.objects.filter(target_branch=target).order_by("created_at", "id").values_list("pk", flat=True))
+    if len(queued) >= INBOX_CAP:
+        dropped = InboxEntry.objects.select_related("sender_session").get(pk=queued[0])
+        dropped.delete()
+        if dropped.sender_session_id:
+            send_event_on_commit(
+                dropped.sender_session_id, "inbox.dropped",
+                {"target": target.address, "target_branch": target.pk, "text_preview": dropped.text[:200],
+                 "reason": f"the target's inbox holds at most {INBOX_CAP} messages; the oldest was dropped"},
+            )
+    entry = InboxEntry.objects.create(
+        target_branch=target, session=target.session, kind=InboxKind.MESSAGE, text=message,
+        sender_session=actor.session, sender_branch=actor.branch, sender_address=actor.address,
+        sender_job=actor.job, created_by=actor.user, chain_messages=chain_messages,
+        chain_generations=chain_generations,
+    )
+    send_event_on_commit(target.session_id, "inbox.queued", {"entry": entry.pk, "target_branch": target.pk, "from": actor.address})
+    _log_delivery(actor, target, "message", inbox_entry=entry)
+    return Receipt(target=target, delivered=False, inbox_entry=entry, dropped=dropped)
+
+
+def drain_inbox_locked(branch: Branch) -> list[Job]:
+    """Turn the branch's inbox into message turns, FIFO, deliver-then-delete in one transaction.
+
+    Precondition: the branch row is locked (the completion transaction of its turn).
+    """
+    admitted = []
+    for entry in InboxEntry.objects.filter(target_branch=branch).select_related("sender_session").order_by("created_at", "id"):
+        if branch.archived:
+            if entry.sender_session_id:
+                send_event_on_commit(entry.sender_session_id, "delivery.rejected",
+                                     {"target_branch": branch.pk, "code": "archived", "text_preview": entry.text[:200]})
+        else:
+            header = message_header(entry.sender_address)
+            admitted.append(admit_job(
+                session=branch.session, branch=branch, kind=JobKind.MESSAGE, prompt=entry.text,
+                started_by=entry.created_by, header=header, caller_session=entry.sender_session,
+                caller_branch=entry.sender_branch, caller_job=entry.sender_job, parent_job=entry.sender_job,
+                chain_messages=entry.chain_messages, chain_generations=entry.chain_generations,
+            ))
+        entry.delete()
+    if admitted:
+        send_event_on_commit(branch.session_id, "inbox.drained", {"branch": branch.pk, "jobs": [j.pk for j in admitted]})
+    return admitted
+
+
+def _log_delivery(actor: Actor, target: Branch, kind: str, job=None, inbox_entry=None) -> None:
+    payload = {
+        "kind": kind, "from": actor.address, "to": target.address, "target_branch": target.pk,
+        "job": getattr(job, "pk", None), "inbox_entry": getattr(inbox_entry, "pk", None),
+    }
+    send_event_on_commit(actor.session.pk, "delivery.sent", payload, actor=actor.user)
+    if target.session_id != actor.session.pk:
+        send_event_on_commit(target.session_id, "delivery.received", payload, actor=actor.user)

@@ -1,0 +1,124 @@
+"""Results go back to the caller exactly once (SPEC §6, OP §2.5, §5.5, C10).
+
+When a background ``agent`` job or an ``agent(to=…)`` job ends — however it
+ends — its row is marked ``followup_state=owed`` in the same transaction as
+its terminal state. The debt is then settled exactly once, whichever comes
+first: the caller branch's running turn drains it into its mailbox before its
+next model call, or, when the caller branch is idle, ``deliver_owed`` turns it
+into a follow-up turn at the current tip of the caller branch (mode ``turn``),
+or leaves it for the next user turn's drain (mode ``mailbox``). Each path
+claims the debt with a conditional UPDATE, so no result is lost or doubled.
+"""
+
+import logging
+
+from django.db import transaction
+
+from collab.errors import DomainError
+from collab.events import send_event_on_commit
+from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageKind, MessageRole
+from collab.services.messages import append_message
+from collab.services.results import bound_text
+
+log = logging.getLogger(__name__)
+
+
+def owes_followup(job: Job) -> bool:
+    return bool(job.caller_branch_id) and job.kind in (JobKind.SPAWN, JobKind.TASK) and job.run_in_background
+
+
+def result_notice(job: Job) -> str:
+    """What the caller reads: where the result comes from, how the job ended, the bounded result."""
+    source = f"{job.session_id}:{job.branch.tip_id}" if job.branch.tip_id else job.session_id
+    who = job.branch.display_name
+    if job.status == JobStatus.SUCCEEDED:
+        body, _ = bound_text(job.result_text) if job.result_text.strip() else ("(the agent finished with an empty reply)", False)
+        return f"[result from {source}]\nAgent {who!r} finished execution {job.pk}:\n\n{body}"
+    reason = job.error_reason or job.status
+    return (
+        f"[result from {source}]\nAgent {who!r} did not finish execution {job.pk}: {job.status} "
+        f"(is_error=true): {reason}"
+    )
+
+
+def drain_mailbox(branch: Branch, job: Job | None) -> list:
+    """Append every result owed to ``branch`` as an ``agent_message`` node (SPEC §6, P-FLW-1).
+
+    Called by the running turn before each model call, after all tool results.
+    """
+    if not Job.objects.filter(caller_branch=branch, followup_state=FollowupState.OWED).exists():
+        return []
+    written = []
+    with transaction.atomic():
+        owed = list(
+            Job.objects.select_for_update(of=("self",))
+            .select_related("branch")
+            .filter(caller_branch=branch, followup_state=FollowupState.OWED)
+            .order_by("finished_at", "pk")
+        )
+        for debt in owed:
+            if not Job.objects.filter(pk=debt.pk, followup_state=FollowupState.OWED).update(
+                followup_state=FollowupState.DELIVERED
+            ):
+                continue
+            written.append(
+                append_message(
+                    branch, role=MessageRole.USER, kind=MessageKind.AGENT_MESSAGE, text=result_notice(debt), job=job,
+                    dedupe_key=f"result:{debt.pk}",
+                    metadata={"result_of": debt.pk, "status": debt.status, "is_error": debt.is_error},
+                )
+            )
+            send_event_on_commit(branch.session_id, "followup.drained", {"job": debt.pk, "into": getattr(job, "pk", None)})
+    return written
+
+
+def deliver_owed(branch_id: str) -> list[Job]:
+    """Settle results owed to an idle branch as follow-up turns (own transaction)."""
+    with transaction.atomic():
+        branch = Branch.objects.select_for_update(of=("self",)).select_related("session").get(pk=branch_id)
+        return deliver_owed_locked(branch)
+
+
+def deliver_owed_locked(branch: Branch) -> list[Job]:
+    """Precondition: the branch row is locked in the current transaction."""
+    from collab.services.admission import admit_job
+
+    if Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists():
+        return []  # the running turn drains them before its next model call
+    admitted = []
+    owed = (
+        Job.objects.select_related("branch")
+        .filter(caller_branch=branch, followup_state=FollowupState.OWED)
+        .exclude(followup_mode="mailbox")
+        .order_by("finished_at", "pk")
+    )
+    for debt in owed:
+        if not Job.objects.filter(pk=debt.pk, followup_state=FollowupState.OWED).update(
+            followup_state=FollowupState.DELIVERED
+        ):
+            continue
+        try:
+            with transaction.atomic():
+                admitted.append(
+                    admit_job(
+                        session=branch.session, branch=branch, kind=JobKind.FOLLOWUP, prompt=result_notice(debt),
+                        started_by=debt.started_by, followup_of=debt, caller_job=None, parent_job=None,
+                        chain_messages=debt.chain_messages + 1,
+                        chain_generations=max(debt.chain_generations - (1 if debt.kind == JobKind.SPAWN else 0), 0),
+                    )
+                )
+        except DomainError as exc:  # e.g. the caller branch was archived meanwhile
+            send_event_on_commit(
+                branch.session_id, "followup.undeliverable", {"job": debt.pk, "code": exc.code, "reason": exc.detail}
+            )
+    return admitted
+
+
+def deliver_owed_after_commit(branch_id: str) -> None:
+    def run():
+        try:
+            deliver_owed(branch_id)
+        except Exception:  # the debt stays owed; the next turn end or the reconciler settles it
+            log.exception("could not deliver follow-ups to branch %s", branch_id)
+
+    transaction.on_commit(run)

@@ -1,0 +1,44 @@
+"""Branch naming stage 2 (OP §2.4): a better title from the model at turns {1, 6, 16, 40}.
+
+Only names derived automatically (a prompt label or an earlier auto title) are
+replaced; a name given explicitly (description, task_name, a person) is never
+overwritten, so addresses by name keep working.
+"""
+
+from django.db import transaction
+
+from collab.events import send_event_on_commit
+from collab.models import Branch, NameStage
+from collab.runtime.providers import ProviderError, get_provider
+
+NAMING_TURNS = frozenset({1, 6, 16, 40})
+RENAMABLE = (NameStage.NONE, NameStage.LABEL, NameStage.AUTO)
+
+
+def schedule_naming(branch_id: str, turns: int, name_stage: int) -> None:
+    """Precondition: inside the transaction that brought the branch to ``turns`` turns."""
+    if turns not in NAMING_TURNS or name_stage not in RENAMABLE:
+        return
+    from django_q.tasks import async_task
+
+    transaction.on_commit(lambda: async_task("collab.tasks.name_branch", branch_id, task_name=f"name-{branch_id}-{turns}"))
+
+
+def do_auto_name_branch(branch_id: str) -> Branch | None:
+    branch = Branch.objects.select_related("tip", "agent_spec", "session__agent_spec").filter(pk=branch_id).first()
+    if branch is None or branch.name_stage not in RENAMABLE or branch.tip is None:
+        return None
+    spec = branch.agent_spec or branch.session.agent_spec
+    try:
+        title = get_provider(spec).title(list(branch.messages.order_by("depth")[:20]))
+    except ProviderError:
+        return None
+    title = (title or "").strip()[:100]
+    if not title or title == branch.name:
+        return branch
+    with transaction.atomic():
+        renamed = Branch.objects.filter(pk=branch_id, name_stage__in=RENAMABLE).update(name=title, name_stage=NameStage.AUTO)
+        if renamed:
+            send_event_on_commit(branch.session_id, "branch.renamed", {"branch": branch_id, "old": branch.name, "name": title})
+    branch.refresh_from_db()
+    return branch

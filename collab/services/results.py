@@ -1,0 +1,18 @@
+"""The one bounded summary of a result (SPEC §9): tool results, job_output,
+inline follow-ups and API answers all go through ``bound_text``."""
+
+RESULT_LIMIT = 30_000
+MARKER = "\n\n[… {omitted} characters omitted …]\n\n"
+
+
+def bound_text(text: str, limit: int = RESULT_LIMIT) -> tuple[str, bool]:
+    """``text`` if it fits in ``limit`` characters, else its head and tail around a marker
+    (the whole stays within ``limit``). Returns ``(summary, truncated)``."""
+    if len(text) <= limit:
+        return text, False
+    marker_room = len(MARKER.format(omitted=len(text)))
+    keep = max(limit - marker_room, 0)
+    head = keep * 2 // 3
+    tail = keep - head
+    omitted = len(text) - head - tail
+    return text[:head] + MARKER.format(omitted=omitted) + (text[-tail:] if tail else ""), True

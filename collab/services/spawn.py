@@ -1,0 +1,100 @@
+"""``agent`` without ``to``: create a branch and run a prompt on it (OP §2.1, C2).
+
+One call forks (clean / inherit / exact ``SID:MSG``), names the branch, admits
+a Job and stores an attach pointer next to the calling node. Background calls
+return at once; foreground calls run the child inline in the calling worker
+(still an admitted Job), so a full worker pool cannot deadlock.
+"""
+
+from django.db import transaction
+
+from collab.access import access_message
+from collab.errors import Invalid, NotFound
+from collab.events import send_event_on_commit
+from collab.models import AgentSpec, Job, JobKind, MessageKind, MessageRole
+from collab.services.acting import Actor, task_header
+from collab.services.addressing import parse_address
+from collab.services.admission import admit_job
+from collab.services.branches import create_branch, name_for
+from collab.services.messages import append_message
+from collab.services.turns import check_prompt
+
+
+def resolve_start_from(actor: Actor, start_from: str):
+    """(target session, fork node or None) for ``clean`` / ``inherit`` / ``"SID:MSG"``.
+
+    Forking another session's history needs the right to start turns there; archived
+    history may be a fork source (a fork makes a new branch, it delivers nothing).
+    """
+    value = (start_from or "clean").strip()
+    if value == "clean":
+        return actor.session, None
+    if value == "inherit":
+        return actor.session, actor.calling_node
+    parsed = parse_address(value)
+    if parsed is None:
+        raise Invalid('start_from must be "clean", "inherit" or "SID:MSG"', code="invalid_start_from")
+    message = access_message(actor.user, parsed[0], parsed[1], "turn.start")
+    return message.session, message
+
+
+def pick_spec(actor: Actor, session, agent_id: str):
+    if agent_id:
+        spec = AgentSpec.objects.filter(project_id=session.project_id, agent_id=agent_id).first()
+        if spec is None:
+            raise NotFound(f"no saved agent {agent_id!r} in this project", code="unknown_agent_id")
+        return spec
+    if session.project_id == actor.session.project_id:
+        return actor.branch.agent_spec or actor.session.agent_spec
+    return session.agent_spec
+
+
+def do_spawn(actor: Actor, *, prompt: str, description: str = "", agent_id: str = "", start_from: str = "clean",
+             run_in_background: bool = False, archive_when_done: bool = False) -> Job:
+    check_prompt(prompt)
+    actor.require("turn.start")
+    messages, generations = actor.chain
+    with transaction.atomic():
+        session, fork_node = resolve_start_from(actor, start_from)
+        spec = pick_spec(actor, session, agent_id)
+        name, stage = name_for(description, prompt)
+        branch = create_branch(
+            session, name=name, name_stage=stage, forked_from=fork_node, agent_spec=spec,
+            created_by=actor.user, created_by_job=actor.job,
+        )
+        calling = actor.calling_node
+        job = admit_job(
+            session=session, branch=branch, kind=JobKind.SPAWN, prompt=prompt, started_by=actor.user,
+            agent_spec=spec, header=task_header(actor.address), enqueue=run_in_background,
+            caller_session=actor.session, caller_msg=calling, caller_branch=actor.branch, caller_job=actor.job,
+            parent_job=actor.job, run_in_background=run_in_background, archive_when_done=archive_when_done,
+            chain_messages=messages + 1, chain_generations=generations + 1, followup_mode=actor.followup_mode,
+        )
+        if calling is not None:
+            attach = append_message(
+                actor.branch, role=MessageRole.SYSTEM, kind=MessageKind.ATTACH, predecessor=calling, move_tip=False,
+                text=f"spawned {name!r}", job=actor.job,
+                metadata={"attach": {"session_id": session.pk, "head_id": job.prompt_msg_id, "branch": branch.pk,
+                                     "execution_id": job.pk}},
+            )
+        else:
+            attach = None
+        send_event_on_commit(
+            actor.session.pk, "agent.spawned",
+            {"job": job.pk, "session": session.pk, "branch": branch.pk, "name": name, "background": run_in_background,
+             "attach": getattr(attach, "pk", None), "start_from": start_from or "clean"},
+            actor=actor.user,
+        )
+    if not run_in_background:
+        from collab.runtime.loop import run_job
+
+        run_job(job.pk, inline_parents=_inline_chain(actor))
+        job.refresh_from_db()
+    return job
+
+
+def _inline_chain(actor: Actor) -> tuple[str, ...]:
+    """Jobs waiting on this inline run, whose leases its heartbeat keeps alive."""
+    if actor.job is None:
+        return ()
+    return (actor.job.pk, *getattr(actor.job, "inline_parents", ()))
