@@ -11,5 +11,7 @@ urlpatterns = [
     path("s/<str:sid>/", views.session, name="session"),
     path("s/<str:sid>/transcript", views.session_transcript, name="session_transcript"),
     path("s/<str:sid>/jobs", views.session_jobs, name="session_jobs"),
+    path("s/<str:sid>/branches", views.session_branches, name="session_branches"),
     path("s/<str:sid>/turns", views.post_turn, name="post_turn"),
+    path("s/<str:sid>/m/<str:mid>/fork", views.fork, name="fork"),
 ]

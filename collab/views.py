@@ -3,13 +3,14 @@ htmx requests get the partial, plain requests the whole page."""
 
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import Membership
 from collab import access
 from collab.selectors import pages
 from collab.services.sessions import do_create_session
-from collab.services.turns import do_start_user_turn
+from collab.services.turns import do_fork_and_start, do_start_user_turn
 
 
 @login_required
@@ -37,7 +38,7 @@ def new_session(request, slug):
 def _session_context(request, session):
     return {
         "session": session,
-        "t": pages.transcript(session, request.GET.get("branch")),
+        "t": pages.transcript(session, request.GET.get("branch"), request.GET.get("head")),
         "jobs": pages.recent_jobs(session),
         "branches": pages.branches(session),
         "can_post": access.can(request.user, session.project_id, "turn.start"),
@@ -66,6 +67,13 @@ def session_jobs(request, sid):
 
 
 @login_required
+@require_GET
+def session_branches(request, sid):
+    session = access.access_session(request.user, sid)
+    return render(request, "collab/session.html#branches", _session_context(request, session))
+
+
+@login_required
 @require_POST
 def post_turn(request, sid):
     session = access.access_session(request.user, sid, "turn.start")
@@ -74,3 +82,11 @@ def post_turn(request, sid):
         session.refresh_from_db()
         return render(request, "collab/session.html#transcript", _session_context(request, session))
     return redirect("collab:session", sid=sid)
+
+
+@login_required
+@require_POST
+def fork(request, sid, mid):
+    message = access.access_message(request.user, sid, mid, "turn.start")
+    job = do_fork_and_start(request.user, message.session, message, request.POST.get("prompt", ""))
+    return redirect(f"{reverse('collab:session', args=[sid])}?branch={job.branch_id}")

@@ -1,23 +1,40 @@
 """What the pages show, already limited to what the viewer may see (callers authorize the session)."""
 
-from collab.models import Branch, Job, Session
+from collab.models import ACTIVE_STATUSES, Branch, Job, Message, MessageKind, Session
 from collab.selectors.transcript import lineage
 
 TRANSCRIPT_WINDOW = 200
 
 
-def shown_branch(session: Session, branch_id: str | None = None) -> Branch | None:
+def shown_branch(session: Session, branch_id: str | None = None, head_id: str | None = None) -> Branch | None:
+    """The branch a page shows: the one asked for, the one holding ``head_id``, else the selected HEAD's."""
     if branch_id:
         return session.branches.filter(pk=branch_id).select_related("tip").first()
+    if head_id:
+        holder = Message.objects.filter(pk=head_id, session=session).values_list("branch_id", flat=True).first()
+        if holder:
+            return Branch.objects.select_related("tip").get(pk=holder)
     if session.head_id:
         return Branch.objects.select_related("tip").get(pk=session.head.branch_id)
     return session.branches.select_related("tip").order_by("created_at").first()
 
 
-def transcript(session: Session, branch_id: str | None = None) -> dict:
-    branch = shown_branch(session, branch_id)
+def transcript(session: Session, branch_id: str | None = None, head_id: str | None = None) -> dict:
+    """The shown branch's last messages, each with the attach pointers hanging off it (one query)."""
+    branch = shown_branch(session, branch_id, head_id)
     messages = lineage(branch.tip, TRANSCRIPT_WINDOW) if branch else []
-    return {"branch": branch, "messages": messages, "clipped": bool(messages) and messages[0].depth > 0}
+    attaches: dict[str, list[Message]] = {}
+    if messages:
+        for pointer in Message.objects.filter(predecessor_id__in=[m.pk for m in messages], kind=MessageKind.ATTACH):
+            attaches.setdefault(pointer.predecessor_id, []).append(pointer)
+    for m in messages:
+        m.attaches = attaches.get(m.pk, [])
+    running = (
+        Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).values_list("status", flat=True).first()
+        if branch else None
+    )
+    return {"branch": branch, "messages": messages, "clipped": bool(messages) and messages[0].depth > 0,
+            "selected": head_id, "running": running}
 
 
 def recent_jobs(session: Session, limit: int = 20) -> list[Job]:
@@ -25,7 +42,11 @@ def recent_jobs(session: Session, limit: int = 20) -> list[Job]:
 
 
 def branches(session: Session) -> list[Branch]:
-    return list(session.branches.select_related("tip").order_by("created_at"))
+    rows = list(session.branches.order_by("archived", "created_at"))
+    busy = set(Job.objects.filter(session=session, status__in=ACTIVE_STATUSES).values_list("branch_id", flat=True))
+    for b in rows:
+        b.busy = b.pk in busy
+    return rows
 
 
 def top_level_sessions(project) -> list[Session]:

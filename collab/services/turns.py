@@ -44,3 +44,21 @@ def do_start_user_turn(user, session: Session, prompt: str, *, branch: str | Non
         else:
             target = selected_branch(session)
         return admit_job(session=session, branch=target, kind=JobKind.USER, prompt=prompt, started_by=user, agent_spec=spec)
+
+
+def do_fork_and_start(user, session: Session, message, prompt: str) -> Job:
+    """A person forks at any visible node and runs a prompt there (OP §2.4: the fork gets a
+    stage-1 label like an agent's). Their selection moves to the new branch.
+    Preconditions: ``message`` came from ``access_message(…, "turn.start")``."""
+    from collab.services.branches import create_branch, name_for
+
+    check_prompt(prompt)
+    with transaction.atomic():
+        name, stage = name_for("", prompt)
+        branch = create_branch(
+            session, name=name, name_stage=stage, forked_from=message,
+            agent_spec=message.branch.agent_spec or session.agent_spec, created_by=user,
+        )
+        job = admit_job(session=session, branch=branch, kind=JobKind.USER, prompt=prompt, started_by=user)
+        Session.objects.filter(pk=session.pk).update(head=job.prompt_msg)
+    return job
