@@ -12,6 +12,7 @@ urlpatterns = [
     path("s/<str:sid>/transcript", views.session_transcript, name="session_transcript"),
     path("s/<str:sid>/jobs", views.session_jobs, name="session_jobs"),
     path("s/<str:sid>/branches", views.session_branches, name="session_branches"),
+    path("s/<str:sid>/activity", views.session_activity, name="session_activity"),
     path("s/<str:sid>/turns", views.post_turn, name="post_turn"),
     path("s/<str:sid>/m/<str:mid>/fork", views.fork, name="fork"),
 ]

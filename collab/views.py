@@ -40,6 +40,7 @@ def _session_context(request, session):
         "session": session,
         "t": pages.transcript(session, request.GET.get("branch"), request.GET.get("head")),
         "jobs": pages.recent_jobs(session),
+        "events": pages.recent_events(session),
         "branches": pages.branches(session),
         "can_post": access.can(request.user, session.project_id, "turn.start"),
     }
@@ -64,6 +65,13 @@ def session_transcript(request, sid):
 def session_jobs(request, sid):
     session = access.access_session(request.user, sid)
     return render(request, "collab/session.html#jobs", _session_context(request, session))
+
+
+@login_required
+@require_GET
+def session_activity(request, sid):
+    session = access.access_session(request.user, sid)
+    return render(request, "collab/session.html#activity", _session_context(request, session))
 
 
 @login_required

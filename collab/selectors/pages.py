@@ -51,3 +51,7 @@ def branches(session: Session) -> list[Branch]:
 
 def top_level_sessions(project) -> list[Session]:
     return list(project.sessions.filter(parent_session__isnull=True).order_by("-last_active_at")[:200])
+
+
+def recent_events(session: Session, limit: int = 25):
+    return list(session.events.order_by("-seq")[:limit])
