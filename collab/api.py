@@ -3,6 +3,7 @@
 from django.http import HttpRequest
 from ninja import Router, Status
 
+from accounts.limits import LimitError, limits_of, set_limits
 from accounts.models import Membership
 from accounts.policy import visible_projects
 from accounts.services import SlugTaken, create_project
@@ -12,6 +13,10 @@ from collab.schemas import (
     AgentSpecIn,
     ArchiveIn,
     BranchOut,
+    CommandIn,
+    CommandOut,
+    LimitsIn,
+    LimitsOut,
     ToolCallIn,
     ToolResultOut,
     TranscriptOut,
@@ -33,6 +38,7 @@ from collab.selectors.transcript import DEFAULT_MAX_CHARS, render_transcript
 from collab.services.acting import Actor
 from collab.services.addressing import Caller, find_branch
 from collab.services.archive import check_can_archive, do_archive_branch
+from collab.services.cancel import do_execution_command
 from collab.tools.registry import run_tool
 from collab.services.sessions import do_create_session
 from collab.services.specs import do_create_agent_spec
@@ -91,6 +97,25 @@ def get_execution(request: HttpRequest, execution_id: str):
     return execution_shape(access.access_job(request.auth, execution_id))
 
 
+@router.get("executions", response={200: list[ExecutionOut], **ERRORS}, tags=["executions"])
+def list_executions(request: HttpRequest, session: str, status: str | None = None, limit: int = 100):
+    target = access.access_session(request.auth, session)
+    jobs = target.jobs.order_by("-created_at")
+    if status:
+        jobs = jobs.filter(status=status)
+    return [execution_shape(j) for j in jobs[: max(1, min(limit, 500))]]
+
+
+@router.post("executions/{execution_id}/commands", response={202: CommandOut, **ERRORS}, tags=["executions"])
+def post_command(request: HttpRequest, execution_id: str, payload: CommandIn):
+    job = access.access_job(request.auth, execution_id)
+    code, answer = do_execution_command(
+        request.auth, job, command_id=payload.command_id, action=payload.action,
+        expected_version=payload.expected_version, payload=payload.payload,
+    )
+    return Status(code, answer)
+
+
 @router.get("sessions/{sid}/events", response={200: EventsOut, **ERRORS}, tags=["events"])
 def get_events(request: HttpRequest, sid: str, after: int = 0, limit: int = PAGE):
     session = access.access_session(request.auth, sid)
@@ -138,3 +163,18 @@ def post_tool(request: HttpRequest, address: str, tool: str, payload: ToolCallIn
     result = run_tool(actor, tool, payload.arguments, toolset=getattr(spec, "toolset", "collab") or "collab",
                       allow=list(getattr(spec, "tools", None) or []))
     return result.as_dict()
+
+
+@router.get("projects/{slug}/limits", response={200: LimitsOut, **ERRORS}, tags=["projects"])
+def get_limits(request: HttpRequest, slug: str):
+    return limits_of(access.access_project(request.auth, slug))
+
+
+@router.patch("projects/{slug}/limits", response={200: LimitsOut, **ERRORS}, tags=["projects"])
+def patch_limits(request: HttpRequest, slug: str, payload: LimitsIn):
+    project = access.access_project(request.auth, slug, "project.settings")
+    try:
+        set_limits(project, {name: getattr(payload, name) for name in payload.model_fields_set})
+    except LimitError as exc:
+        raise Invalid(str(exc), code="invalid_limit", field=exc.field) from None
+    return limits_of(project)

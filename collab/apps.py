@@ -4,3 +4,24 @@ from django.apps import AppConfig
 class CollabConfig(AppConfig):
     name = "collab"
     verbose_name = "Collaboration"
+
+    def ready(self):
+        from django_q.signals import post_spawn
+
+        post_spawn.connect(_reconcile_on_worker_start, dispatch_uid="collab-reconcile-on-spawn")
+
+
+def _reconcile_on_worker_start(sender, proc_name=None, **kwargs):
+    """At worker start, jobs left running by a dead process become interrupted (OW §8)."""
+    import logging
+
+    from django.db import close_old_connections
+
+    from collab.services.reconcile import reconcile
+
+    try:
+        reconcile()
+    except Exception:  # never keep a worker from starting
+        logging.getLogger(__name__).exception("reconcile at worker start failed")
+    finally:
+        close_old_connections()

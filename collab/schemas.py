@@ -163,3 +163,50 @@ class TranscriptOut(Schema):
     address: str | None
     total_turns: int
     omitted_turns: int
+
+
+class CommandIn(StrictIn):
+    command_id: str = Field(min_length=1, max_length=100)
+    action: str
+    expected_version: int = Field(ge=1)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class CommandOut(Schema):
+    execution_id: str
+    status: str
+    version: int
+    command_id: str
+    cascaded: list[str]
+
+
+class LimitsIn(StrictIn):
+    """A partial update: only the fields present change; null = inherit (resource limits)."""
+
+    max_spawn_depth: Any = None
+    max_messages: Any = None
+    max_spawn_fanout: Any = None
+    max_live_per_session: Any = None
+    max_queued_per_session: Any = None
+    max_jobs_per_session: Any = None
+    max_tokens_per_job: Any = None
+    max_cost_per_job: Any = None
+    max_runtime_seconds: Any = None
+    max_idle_seconds: Any = None
+    max_active_turns: Any = None
+    artifact_retention_days: Any = None
+
+
+class LimitsOut(Schema):
+    max_spawn_depth: int
+    max_messages: int
+    max_spawn_fanout: int
+    max_live_per_session: int | None
+    max_queued_per_session: int | None
+    max_jobs_per_session: int | None
+    max_tokens_per_job: int | None
+    max_cost_per_job: str | None
+    max_runtime_seconds: int | None
+    max_idle_seconds: int | None
+    max_active_turns: int
+    artifact_retention_days: int

@@ -21,3 +21,13 @@ def name_branch(branch_id: str) -> None:
         do_auto_name_branch(branch_id)
     finally:
         close_old_connections()
+
+
+def reconcile() -> dict:
+    from collab.services.reconcile import reconcile as run
+
+    close_old_connections()
+    try:
+        return run()
+    finally:
+        close_old_connections()

@@ -8,6 +8,7 @@ urlpatterns = [
     path("", views.projects, name="projects"),
     path("p/<slug:slug>/", views.project, name="project"),
     path("p/<slug:slug>/sessions", views.new_session, name="new_session"),
+    path("p/<slug:slug>/limits", views.project_limits, name="project_limits"),
     path("s/<str:sid>/", views.session, name="session"),
     path("s/<str:sid>/transcript", views.session_transcript, name="session_transcript"),
     path("s/<str:sid>/jobs", views.session_jobs, name="session_jobs"),
@@ -15,4 +16,5 @@ urlpatterns = [
     path("s/<str:sid>/activity", views.session_activity, name="session_activity"),
     path("s/<str:sid>/turns", views.post_turn, name="post_turn"),
     path("s/<str:sid>/m/<str:mid>/fork", views.fork, name="fork"),
+    path("s/<str:sid>/jobs/<str:job_id>/cancel", views.cancel_job, name="cancel_job"),
 ]

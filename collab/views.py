@@ -6,8 +6,14 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from accounts.limits import FIELDS as LIMIT_FIELDS
+from accounts.limits import LimitError, limits_of, set_limits
 from accounts.models import Membership
+import uuid
+
 from collab import access
+from collab.errors import NotFound
+from collab.services.cancel import CANCEL, do_execution_command
 from collab.selectors import pages
 from collab.services.sessions import do_create_session
 from collab.services.turns import do_fork_and_start, do_start_user_turn
@@ -20,11 +26,34 @@ def projects(request):
     return render(request, "collab/projects.html", {"memberships": memberships})
 
 
+def _project_context(request, project, errors=None):
+    return {
+        "project": project,
+        "sessions": pages.top_level_sessions(project),
+        "limits": limits_of(project),
+        "can_configure": access.can(request.user, project.pk, "project.settings"),
+        "limit_errors": errors or {},
+    }
+
+
 @login_required
 @require_GET
 def project(request, slug):
     project = access.access_project(request.user, slug)
-    return render(request, "collab/project.html", {"project": project, "sessions": pages.top_level_sessions(project)})
+    return render(request, "collab/project.html", _project_context(request, project))
+
+
+@login_required
+@require_POST
+def project_limits(request, slug):
+    project = access.access_project(request.user, slug, "project.settings")
+    changes = {name: request.POST.get(name, "").strip() or None for name in LIMIT_FIELDS if name in request.POST}
+    try:
+        set_limits(project, changes)
+    except LimitError as exc:
+        project.refresh_from_db()
+        return render(request, "collab/project.html", _project_context(request, project, {exc.field: str(exc)}), status=400)
+    return redirect("collab:project", slug=slug)
 
 
 @login_required
@@ -98,3 +127,19 @@ def fork(request, sid, mid):
     message = access.access_message(request.user, sid, mid, "turn.start")
     job = do_fork_and_start(request.user, message.session, message, request.POST.get("prompt", ""))
     return redirect(f"{reverse('collab:session', args=[sid])}?branch={job.branch_id}")
+
+
+@login_required
+@require_POST
+def cancel_job(request, sid, job_id):
+    job = access.access_job(request.user, job_id)
+    if job.session_id != sid:
+        raise NotFound()
+    do_execution_command(
+        request.user, job, command_id=f"ui-{uuid.uuid4().hex}", action=CANCEL,
+        expected_version=int(request.POST.get("version") or job.version), payload={},
+    )
+    session = access.access_session(request.user, sid)
+    if request.htmx:
+        return render(request, "collab/session.html#jobs", _session_context(request, session))
+    return redirect("collab:session", sid=sid)

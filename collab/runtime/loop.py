@@ -34,6 +34,15 @@ class ToolCallLimit(Exception):
     pass
 
 
+class LimitExceeded(Exception):
+    """A resource limit of the project (tokens, runtime, idle time) ended the turn."""
+
+    def __init__(self, code: str, reason: str):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
 @dataclass
 class TurnContext:
     """Everything one running turn knows; providers read from it."""
@@ -50,6 +59,12 @@ class TurnContext:
     tokens_in: int = 0
     tokens_out: int = 0
     _last_check: float = 0.0
+    _started: float = field(default_factory=time.monotonic)
+    _last_progress: float = field(default_factory=time.monotonic)
+
+    @property
+    def project(self):
+        return self.job.project
 
     @property
     def prompt(self) -> str:
@@ -81,6 +96,25 @@ class TurnContext:
         status = heartbeat(self.job, self.inline_parents)
         if status != JobStatus.RUNNING:
             raise TurnStopped(status)
+        project = self.project
+        if project.max_runtime_seconds and now - self._started > project.max_runtime_seconds:
+            raise LimitExceeded("quota.runtime_exceeded", f"the turn ran longer than {project.max_runtime_seconds} s (max_runtime_seconds)")
+        if project.max_idle_seconds and now - self._last_progress > project.max_idle_seconds:
+            raise LimitExceeded("quota.idle_exceeded", f"the turn made no progress for {project.max_idle_seconds} s (max_idle_seconds)")
+
+    def progressed(self) -> None:
+        self._last_progress = time.monotonic()
+
+    def available_tools(self):
+        """The tools offered to the model this turn: the toolset narrowed by the spec's
+        allow-list, without delegation tools once the chain's message budget is spent."""
+        from collab.services.limits import DELEGATION_TOOLS, messages_left
+        from collab.tools.registry import tools_for
+
+        tools = tools_for(self.toolset, self.allowed_tools)
+        if not messages_left(self.project, self.job.chain_messages):
+            tools = [t for t in tools if t.name not in DELEGATION_TOOLS]
+        return tools
 
     def sleep(self, seconds: float) -> None:
         """Wait like a slow model would, noticing a stop request within ~0.2 s."""
@@ -101,23 +135,34 @@ class TurnContext:
         }
 
 
-def run_job(job_id: str, inline_parents: tuple[str, ...] = ()) -> str | None:
+def run_job(job_id: str, inline_parents: tuple[str, ...] = (), inline: bool = False) -> str | None:
     """Run one job to its end. Returns the final status, or None if this worker did not claim it.
 
     ``inline_parents`` are the jobs waiting on this one in the same worker (foreground
     ``agent`` calls); the turn's heartbeat keeps their leases alive too.
     """
-    job = claim_job(job_id)
+    job = claim_job(job_id, inline=inline)
     if job is None:
         return None
     job.inline_parents = tuple(inline_parents)
     ctx = TurnContext(job=job, branch=job.branch, spec=job.agent_spec, inline_parents=tuple(inline_parents))
+    if job.branch.archived:
+        # accepted before the branch was archived, started after: refused, with the reason on record
+        reason = f"agent {job.branch.display_name!r} was archived before this delivery started"
+        finish_job(job, status=JobStatus.FAILED, final_text=None, result_text=reason, is_error=True,
+                   error_code="archived", error_reason=reason)
+        return JobStatus.FAILED
     try:
         text = drive(ctx)
     except TurnStopped:
         finish_job(
             job, status=JobStatus.CANCELLED, final_text=None, result_text="cancelled",
             is_error=True, error_code="cancelled", error_reason="the execution was cancelled", usage=ctx.usage(),
+        )
+    except LimitExceeded as exc:
+        finish_job(
+            job, status=JobStatus.FAILED, final_text=None, result_text=exc.reason,
+            is_error=True, error_code=exc.code, error_reason=exc.reason, usage=ctx.usage(),
         )
     except ToolCallLimit as exc:
         finish_job(
@@ -152,6 +197,10 @@ def drive(ctx: TurnContext) -> str:
         ctx.model_calls += 1
         ctx.tokens_in += response.tokens_in
         ctx.tokens_out += response.tokens_out
+        ctx.progressed()
+        limit_tokens = ctx.project.max_tokens_per_job
+        if limit_tokens and ctx.tokens_in + ctx.tokens_out > limit_tokens:
+            raise LimitExceeded("quota.tokens_exhausted", f"the turn used more than {limit_tokens} tokens (max_tokens_per_job)")
         if not response.tool_calls:
             return response.text
         if ctx.tool_calls + len(response.tool_calls) > limit:
@@ -177,6 +226,7 @@ def run_tool_step(ctx: TurnContext, response) -> None:
     for call in response.tool_calls:
         result = run_tool(tool_ctx, call.name, call.arguments, toolset=ctx.toolset, allow=ctx.allowed_tools)
         ctx.tool_calls += 1
+        ctx.progressed()
         first = first or result
         with transaction.atomic():
             append_message(

@@ -12,6 +12,7 @@ from django.db import transaction
 from collab.errors import Invalid
 from collab.events import send_event_on_commit
 from collab.models import OPEN_STATUSES, Branch, Job, JobKind, JobStatus, MessageKind, MessageRole, Session
+from collab.services.limits import check_admission_quota
 from collab.services.messages import append_message
 
 PROMPT_KIND = {
@@ -45,10 +46,13 @@ def admit_job(
     agent_spec=None,
     header: str = "",
     enqueue: bool = True,
+    check_quota: bool = True,
     **fields,
 ) -> Job:
     """Create a queued Job on ``branch`` and (unless ``enqueue`` is False, for jobs the
-    caller runs inline) hand it to the worker queue after commit.
+    caller runs inline) hand it to the worker queue after commit. ``check_quota=False``
+    is for deliveries the system already owes (follow-ups, drained inbox entries): they
+    count towards the session's totals but are never refused.
 
     Precondition: inside ``transaction.atomic``; authorization already checked
     by the caller (through ``collab.access``).
@@ -56,6 +60,8 @@ def admit_job(
     locked = Branch.objects.select_for_update(of=("self",)).select_related("tip").get(pk=branch.pk)
     if locked.archived:
         raise Invalid(f"agent {locked.display_name} is archived; fork it with start_from to continue", code="archived")
+    if check_quota:
+        check_admission_quota(session)
     job = Job.objects.create(
         project_id=session.project_id,
         session=session,

@@ -18,6 +18,7 @@ from collab.models import OPEN_STATUSES, Branch, InboxEntry, InboxKind, Job, Job
 from collab.services.acting import Actor, message_header, task_header
 from collab.services.addressing import Caller, resolve_target
 from collab.services.admission import admit_job
+from collab.services.limits import check_topology
 from collab.services.turns import check_prompt
 
 INBOX_CAP = 50
@@ -32,6 +33,7 @@ def do_delegate(actor: Actor, *, to: str, prompt: str) -> Job:
     """Admit a task on an existing branch; it runs now or after the target's current turn."""
     check_prompt(prompt)
     actor.require("turn.start")
+    check_topology(actor, spawn=False)
     messages, generations = actor.chain
     with transaction.atomic():
         target = resolve_target(_caller(actor), to)
@@ -60,6 +62,7 @@ def do_send_message(actor: Actor, *, to: str, message: str) -> Receipt:
         raise Invalid('to="new" is not valid: create an agent with agent(prompt=…, start_from=…)', code="invalid_target")
     check_prompt(message)
     actor.require("turn.start")
+    check_topology(actor, spawn=False)
     messages, generations = actor.chain
     with transaction.atomic():
         target = resolve_target(_caller(actor), to)
@@ -129,6 +132,7 @@ def drain_inbox_locked(branch: Branch) -> list[Job]:
                 started_by=entry.created_by, header=header, caller_session=entry.sender_session,
                 caller_branch=entry.sender_branch, caller_job=entry.sender_job, parent_job=entry.sender_job,
                 chain_messages=entry.chain_messages, chain_generations=entry.chain_generations,
+                check_quota=False,
             ))
         entry.delete()
     if admitted:

@@ -16,8 +16,10 @@ from collab.events import send_event_on_commit
 from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageRole
 from collab.services.admission import enqueue_job, follow_head, job_wire, write_prompt_node
 from collab.services.archive import do_archive_branch
+from collab.services.artifacts import store_result
 from collab.services.deliver import drain_inbox_locked
 from collab.services.followup import deliver_owed_after_commit, deliver_owed_locked, owes_followup
+from collab.services.limits import live_slots_free
 from collab.services.messages import append_message
 from collab.services.naming import schedule_naming
 
@@ -30,11 +32,16 @@ def lease_deadline():
     return timezone.now() + timezone.timedelta(seconds=settings.TRELLIS_LEASE_SECONDS)
 
 
-def claim_job(job_id: str) -> Job | None:
+def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     """Take a queued job for this worker, or None if another worker has it, it is no
     longer queued, or an earlier job on its branch must run first (it is re-enqueued
-    when that one ends). A conditional UPDATE, so two workers can never both win."""
+    when that one ends), or its session has no free live slot (``inline`` jobs run in
+    their caller's slot). A conditional UPDATE, so two workers can never both win."""
     now = timezone.now()
+    if not inline:
+        job = Job.objects.select_related("project").filter(pk=job_id).first()
+        if job is None or not live_slots_free(job.session_id, job.project):
+            return None
     busy = Job.objects.filter(branch=OuterRef("branch"), status__in=ACTIVE_STATUSES)
     earlier = Job.objects.filter(
         branch=OuterRef("branch"), status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at")
@@ -55,7 +62,7 @@ def claim_job(job_id: str) -> Job | None:
             )
             if not won:
                 return None
-            job = Job.objects.select_related("session", "branch", "agent_spec", "branch__tip").get(pk=job_id)
+            job = Job.objects.select_related("project", "session", "branch", "agent_spec", "branch__tip").get(pk=job_id)
             if job.prompt_msg_id is None:
                 branch = Branch.objects.select_for_update(of=("self",)).select_related("tip").get(pk=job.branch_id)
                 write_prompt_node(job, branch)
@@ -85,24 +92,32 @@ def finish_job(
     error_code: str = "",
     error_reason: str = "",
     usage: dict | None = None,
+    from_statuses=ACTIVE_STATUSES,
 ) -> Job:
     """The completion transaction (SPEC §13: one commit): the final node, the terminal
-    state, the follow-up owed to the caller, the branch's inbox turned into turns,
-    results owed to this branch settled, archive-when-done, naming, the next job.
+    state, the bounded result (full text as an Artifact), the follow-up owed to the
+    caller, the branch's inbox turned into turns, results owed to this branch settled,
+    archive-when-done, naming, the next job.
 
-    Only a job that is still running or stopping can finish; a job ended by someone
-    else (e.g. marked interrupted by the reconciler) is left alone.
+    Only a job whose status is in ``from_statuses`` (running or stopping, or queued for
+    a cancel before start) can finish; a job ended by someone else is left alone.
     """
     now = timezone.now()
     usage = usage or {}
     owed = owes_followup(job)
     with transaction.atomic():
         branch = Branch.objects.select_for_update(of=("self",)).select_related("tip", "session").get(pk=job.branch_id)
-        updated = Job.objects.filter(pk=job.pk, status__in=ACTIVE_STATUSES).update(
+        current = Job.objects.select_for_update().filter(pk=job.pk, status__in=from_statuses).first()
+        if current is None:
+            return Job.objects.get(pk=job.pk)
+        ran = current.started_at is not None
+        summary, artifact = store_result(current, result_text)
+        Job.objects.filter(pk=job.pk).update(
             status=status,
             version=F("version") + 1,
             finished_at=now,
-            result_text=result_text,
+            result_text=summary,
+            result_artifact=artifact,
             is_error=is_error,
             error_code=error_code,
             error_reason=error_reason,
@@ -110,8 +125,6 @@ def finish_job(
             followup_state=FollowupState.OWED if owed else FollowupState.NONE,
             **{k: usage[k] for k in ("model_calls", "tool_calls", "tokens_in", "tokens_out") if k in usage},
         )
-        if not updated:
-            return Job.objects.get(pk=job.pk)
         if final_text is not None:
             final = append_message(
                 branch, role=MessageRole.ASSISTANT, text=final_text, job=job,
@@ -119,16 +132,20 @@ def finish_job(
             )
             if job.kind == JobKind.USER:
                 follow_head(job.session_id, branch.pk, final)
-        Branch.objects.filter(pk=branch.pk).update(turns=F("turns") + 1)
-        branch.turns += 1
+        if ran:
+            Branch.objects.filter(pk=branch.pk).update(turns=F("turns") + 1)
+            branch.turns += 1
         job.refresh_from_db()
         send_event_on_commit(job.session_id, f"job.{status}", job_wire(job))
         if job.archive_when_done:
             do_archive_branch(branch, user=job.started_by, reason="archive_when_done", automatic=True)
-        drain_inbox_locked(branch)
-        deliver_owed_locked(branch)
-        schedule_naming(branch.pk, branch.turns, branch.name_stage)
+        if ran:  # the branch's turn is over: what waited for it may go now
+            drain_inbox_locked(branch)
+            deliver_owed_locked(branch)
+            schedule_naming(branch.pk, branch.turns, branch.name_stage)
         enqueue_next_on_branch(branch.pk)
+        if ran and branch.session.project.max_live_per_session:
+            enqueue_next_in_session(branch.session_id)
         if owed:
             deliver_owed_after_commit(job.caller_branch_id)
     return job
@@ -141,6 +158,17 @@ def enqueue_next_on_branch(branch_id: str) -> None:
         .order_by("created_at")
         .values_list("pk", flat=True)
         .first()
+    )
+    if nxt:
+        enqueue_job(nxt)
+
+
+def enqueue_next_in_session(session_id: str) -> None:
+    """A live slot was freed: wake the oldest queued job of the session whose branch is idle."""
+    busy = Job.objects.filter(branch=OuterRef("branch"), status__in=ACTIVE_STATUSES)
+    nxt = (
+        Job.objects.filter(session_id=session_id, status=JobStatus.QUEUED, run_in_background=True)
+        .filter(~Exists(busy)).order_by("created_at").values_list("pk", flat=True).first()
     )
     if nxt:
         enqueue_job(nxt)

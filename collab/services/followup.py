@@ -103,6 +103,7 @@ def deliver_owed_locked(branch: Branch) -> list[Job]:
                     admit_job(
                         session=branch.session, branch=branch, kind=JobKind.FOLLOWUP, prompt=result_notice(debt),
                         started_by=debt.started_by, followup_of=debt, caller_job=None, parent_job=None,
+                        check_quota=False,
                         chain_messages=debt.chain_messages + 1,
                         chain_generations=max(debt.chain_generations - (1 if debt.kind == JobKind.SPAWN else 0), 0),
                     )

@@ -16,6 +16,7 @@ from collab.services.acting import Actor, task_header
 from collab.services.addressing import parse_address
 from collab.services.admission import admit_job
 from collab.services.branches import create_branch, name_for
+from collab.services.limits import check_topology
 from collab.services.messages import append_message
 from collab.services.turns import check_prompt
 
@@ -53,6 +54,7 @@ def do_spawn(actor: Actor, *, prompt: str, description: str = "", agent_id: str 
              run_in_background: bool = False, archive_when_done: bool = False) -> Job:
     check_prompt(prompt)
     actor.require("turn.start")
+    check_topology(actor, spawn=True)
     messages, generations = actor.chain
     with transaction.atomic():
         session, fork_node = resolve_start_from(actor, start_from)
@@ -88,7 +90,7 @@ def do_spawn(actor: Actor, *, prompt: str, description: str = "", agent_id: str 
     if not run_in_background:
         from collab.runtime.loop import run_job
 
-        run_job(job.pk, inline_parents=_inline_chain(actor))
+        run_job(job.pk, inline_parents=_inline_chain(actor), inline=True)
         job.refresh_from_db()
     return job
 
