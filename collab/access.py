@@ -87,3 +87,16 @@ def access_branch_by_id(user, branch_id: str, capability: str = "project.read") 
 
 def can(user, project_id: int, capability: str) -> bool:
     return has_capability(user, project_id, capability)
+
+
+def access_artifact(user, artifact_id: str):
+    """An artifact is readable exactly by those who may read its execution."""
+    from collab.models import Artifact
+
+    if not user or not user.is_authenticated:
+        raise NotFound()
+    artifact = Artifact.objects.filter(pk=artifact_id, project__memberships__user=user).first()
+    if artifact is None:
+        raise NotFound()
+    access_job(user, artifact.job_id)
+    return artifact

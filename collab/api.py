@@ -1,6 +1,6 @@
 """REST routes (SPEC §11.1). Each: authorize through ``collab.access``, call one service or selector."""
 
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from ninja import Router, Status
 
 from accounts.limits import LimitError, limits_of, set_limits
@@ -178,3 +178,13 @@ def patch_limits(request: HttpRequest, slug: str, payload: LimitsIn):
     except LimitError as exc:
         raise Invalid(str(exc), code="invalid_limit", field=exc.field) from None
     return limits_of(project)
+
+
+@router.get("artifacts/{artifact_id}", response={200: None, **ERRORS}, tags=["executions"])
+def get_artifact(request: HttpRequest, artifact_id: str):
+    """The full text of a truncated result, for those who may read its execution."""
+    artifact = access.access_artifact(request.auth, artifact_id)
+    response = HttpResponse(artifact.content, content_type=artifact.media_type)
+    response["X-Content-SHA256"] = artifact.sha256
+    response["X-Execution-Id"] = artifact.job_id
+    return response
