@@ -47,8 +47,8 @@ api = NinjaAPI(
 )
 
 
-def _error(request, status: int, detail: str, code: str, **extra):
-    return api.create_response(request, {"detail": detail, "code": code, **extra}, status=status)
+def _error(request, http_status: int, detail: str, code: str, /, **extra):
+    return api.create_response(request, {**extra, "detail": detail, "code": code}, status=http_status)
 
 
 @api.exception_handler(DomainError)

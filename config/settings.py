@@ -9,7 +9,9 @@ Scaled (P-RUN-2): ``DATABASE_URL`` (postgres://… or sqlite:///path),
 ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS``.
 """
 
+import os
 import secrets
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -25,6 +27,11 @@ DATABASE_URL = env_str("DATABASE_URL")
 REDIS_URL = env_str("REDIS_URL")
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
+
+# Under pytest, names shared with other runs on this machine (test databases, the
+# job queue) get this process's id, so concurrent test runs never see each other.
+TESTING = "pytest" in sys.modules
+RUN_SUFFIX = f"-{os.getpid()}" if TESTING else ""
 
 
 def _secret_key() -> str:
@@ -117,9 +124,10 @@ def _databases() -> dict:
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
         }
         # Tests with real worker processes need a file, not :memory:.
-        db["TEST"] = {"NAME": str(Path(db["NAME"]).with_name(Path(db["NAME"]).stem + "-test.sqlite3"))}
+        db["TEST"] = {"NAME": str(Path(db["NAME"]).with_name(f"{Path(db['NAME']).stem}-test{RUN_SUFFIX}.sqlite3"))}
     elif db["ENGINE"] == "django.db.backends.postgresql":
         db.setdefault("OPTIONS", {})
+        db["TEST"] = {"NAME": f"test_{db['NAME']}{RUN_SUFFIX.replace('-', '_')}"}
     else:
         raise ImproperlyConfigured(f"unsupported database engine {db['ENGINE']!r}: use postgres:// or sqlite://")
     return {"default": db}
@@ -185,7 +193,7 @@ if Q_RETRY <= Q_TIMEOUT:
     # `timeout`, a slow but healthy turn would be handed to a second worker.
     raise ImproperlyConfigured(f"TRELLIS_TASK_RETRY ({Q_RETRY}) must exceed TRELLIS_TASK_TIMEOUT ({Q_TIMEOUT})")
 Q_CLUSTER = {
-    "name": env_str("TRELLIS_QUEUE_NAME", "trellis"),
+    "name": env_str("TRELLIS_QUEUE_NAME", "trellis" + RUN_SUFFIX),
     "workers": env_int("TRELLIS_WORKERS", 2, minimum=1),
     "timeout": Q_TIMEOUT,
     "retry": Q_RETRY,
