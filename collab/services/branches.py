@@ -14,7 +14,7 @@ def label_from(prompt: str) -> str:
     words = re.sub(r"\s+", " ", first).strip()
     if len(words) <= LABEL_CHARS:
         return words or "agent"
-    cut = words[:LABEL_CHARS]
+    cut = words[: LABEL_CHARS - 1]  # leave room for the ellipsis: at most 24 characters in all
     if " " in cut[LABEL_CHARS // 2 :]:
         cut = cut[: cut.rfind(" ")]
     return cut.rstrip(" ,.;:-") + "…"

@@ -15,6 +15,7 @@ from collab.errors import Conflict, Forbidden, Invalid, NotFound
 from collab.events import send_event_on_commit
 from collab.models import ExecutionCommand, Job, JobStatus, TERMINAL_STATUSES
 from collab.services.admission import job_wire
+from collab.services.retry import retry_on_deadlock
 
 CANCEL = "execution.cancel"
 MAX_CASCADE_LEVELS = 64
@@ -32,6 +33,7 @@ def check_can_cancel(user, job: Job) -> None:
     raise Forbidden(f"your role ({role}) may only cancel executions you started")
 
 
+@retry_on_deadlock
 def do_execution_command(user, job: Job, *, command_id: str, action: str, expected_version: int, payload: dict) -> tuple[int, dict]:
     """Run a control command once; returns (HTTP status, answer). Preconditions: ``job``
     came from ``access_job``."""

@@ -20,6 +20,7 @@ from collab.services.addressing import Caller, resolve_target
 from collab.services.admission import admit_job
 from collab.services.limits import check_topology
 from collab.services.turns import check_prompt
+from collab.services.retry import retry_on_deadlock
 
 INBOX_CAP = 50
 DUPLICATE_WINDOW = timedelta(seconds=60)
@@ -29,6 +30,7 @@ def _caller(actor: Actor) -> Caller:
     return Caller(user=actor.user, session_id=actor.session.pk, branch_id=actor.branch.pk)
 
 
+@retry_on_deadlock
 def do_delegate(actor: Actor, *, to: str, prompt: str) -> Job:
     """Admit a task on an existing branch; it runs now or after the target's current turn."""
     check_prompt(prompt)
@@ -57,6 +59,7 @@ class Receipt:
     dropped: InboxEntry | None = None
 
 
+@retry_on_deadlock
 def do_send_message(actor: Actor, *, to: str, message: str) -> Receipt:
     if (to or "").strip().lower() == "new":
         raise Invalid('to="new" is not valid: create an agent with agent(prompt=…, start_from=…)', code="invalid_target")

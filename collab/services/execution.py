@@ -22,6 +22,7 @@ from collab.services.followup import deliver_owed_after_commit, deliver_owed_loc
 from collab.services.limits import live_slots_free
 from collab.services.messages import append_message
 from collab.services.naming import schedule_naming
+from collab.services.retry import retry_on_deadlock
 
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -32,6 +33,7 @@ def lease_deadline():
     return timezone.now() + timezone.timedelta(seconds=settings.TRELLIS_LEASE_SECONDS)
 
 
+@retry_on_deadlock
 def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     """Take a queued job for this worker, or None if another worker has it, it is no
     longer queued, or an earlier job on its branch must run first (it is re-enqueued
@@ -82,6 +84,7 @@ def heartbeat(job: Job, inline_parents: tuple[str, ...] = ()) -> str:
     return Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
 
 
+@retry_on_deadlock
 def finish_job(
     job: Job,
     *,

@@ -19,6 +19,7 @@ from collab.events import send_event_on_commit
 from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageKind, MessageRole
 from collab.services.messages import append_message
 from collab.services.results import bound_text
+from collab.services.retry import retry_on_deadlock
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def result_notice(job: Job) -> str:
     )
 
 
+@retry_on_deadlock
 def drain_mailbox(branch: Branch, job: Job | None) -> list:
     """Append every result owed to ``branch`` as an ``agent_message`` node (SPEC §6, P-FLW-1).
 
@@ -72,6 +74,7 @@ def drain_mailbox(branch: Branch, job: Job | None) -> list:
     return written
 
 
+@retry_on_deadlock
 def deliver_owed(branch_id: str) -> list[Job]:
     """Settle results owed to an idle branch as follow-up turns (own transaction)."""
     with transaction.atomic():

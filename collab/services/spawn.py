@@ -19,6 +19,7 @@ from collab.services.branches import create_branch, name_for
 from collab.services.limits import check_topology
 from collab.services.messages import append_message
 from collab.services.turns import check_prompt
+from collab.services.retry import retry_on_deadlock
 
 
 def resolve_start_from(actor: Actor, start_from: str):
@@ -55,6 +56,18 @@ def do_spawn(actor: Actor, *, prompt: str, description: str = "", agent_id: str 
     check_prompt(prompt)
     actor.require("turn.start")
     check_topology(actor, spawn=True)
+    job = _admit_spawn(actor, prompt=prompt, description=description, agent_id=agent_id, start_from=start_from,
+                       run_in_background=run_in_background, archive_when_done=archive_when_done)
+    if not run_in_background:
+        from collab.runtime.loop import run_job
+
+        run_job(job.pk, inline_parents=_inline_chain(actor), inline=True)
+        job.refresh_from_db()
+    return job
+
+
+@retry_on_deadlock
+def _admit_spawn(actor: Actor, *, prompt, description, agent_id, start_from, run_in_background, archive_when_done) -> Job:
     messages, generations = actor.chain
     with transaction.atomic():
         session, fork_node = resolve_start_from(actor, start_from)
@@ -87,11 +100,6 @@ def do_spawn(actor: Actor, *, prompt: str, description: str = "", agent_id: str 
              "attach": getattr(attach, "pk", None), "start_from": start_from or "clean"},
             actor=actor.user,
         )
-    if not run_in_background:
-        from collab.runtime.loop import run_job
-
-        run_job(job.pk, inline_parents=_inline_chain(actor), inline=True)
-        job.refresh_from_db()
     return job
 
 
