@@ -4,7 +4,7 @@ ensure_venv() {
   local extras="$1" py="${PYTHON:-}"
   if [ -z "$py" ]; then
     for candidate in python3.13 python3.12 python3.11 python3; do
-      if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+      if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
         py="$candidate"; break
       fi
     done

@@ -45,7 +45,7 @@ class Command(BaseCommand):
         self.stdout.write("Press Ctrl+C to stop.")
         self.stdout.flush()
 
-        def stop(*_):
+        def stop(code=0):
             for p in procs:
                 if p.poll() is None:
                     p.terminate()
@@ -55,11 +55,13 @@ class Command(BaseCommand):
                     p.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     p.kill()
-            sys.exit(0)
+            sys.exit(code)
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, lambda *_: stop(0))
+        signal.signal(signal.SIGINT, lambda *_: stop(0))
         while all(p.poll() is None for p in procs):
             time.sleep(0.5)
-        self.stderr.write("a process exited; stopping")
-        stop()
+        names = ["worker", "web server"]
+        failed = [f"{names[i]} (exit code {p.returncode})" for i, p in enumerate(procs) if p.poll() is not None]
+        self.stderr.write(f"{', '.join(failed)} stopped unexpectedly; stopping Trellis")
+        stop(1)
