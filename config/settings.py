@@ -199,7 +199,8 @@ Q_CLUSTER = {
     "retry": Q_RETRY,
     "max_attempts": 1,
     "ack_failures": True,
-    "save_limit": env_int("TRELLIS_Q_SAVE_LIMIT", 200, minimum=0),
+    # Successful tasks are not saved (-1): the Job row is the record; failures still are.
+    "save_limit": env_int("TRELLIS_Q_SAVE_LIMIT", -1, minimum=-1),
     "catch_up": False,
     "poll": env_int("TRELLIS_Q_POLL_MS", 100, minimum=10) / 1000,
     "label": "Worker queue",

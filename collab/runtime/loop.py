@@ -190,8 +190,9 @@ def drive(ctx: TurnContext) -> str:
     """Call the model until it answers; run the tools it asks for in between."""
     provider = get_provider(ctx.spec)
     limit = settings.TRELLIS_MAX_TOOL_CALLS
+    ctx._last_check = time.monotonic()  # the claim just renewed the lease and saw "running"
     while True:
-        ctx.check_stop(force=True)
+        ctx.check_stop(force=ctx.model_calls > 0)
         drain(ctx)
         response = provider.complete(ctx)
         ctx.model_calls += 1

@@ -61,12 +61,17 @@ def find_branch(caller: Caller, address: str) -> Branch:
 
 
 def _find_by_name(caller: Caller, name: str) -> Branch:
-    visible = _visible_branches(caller.user).filter(name=name, archived=False).select_related("session", "tip")
+    """Live branches win; an archived branch answers to its name only when no live one does
+    (so it stays readable and re-archivable by name, and deliveries hear "archived")."""
+    visible = _visible_branches(caller.user).filter(name=name).select_related("session", "tip")
     candidates = []
-    if caller.session_id:
-        candidates = list(visible.filter(session_id=caller.session_id)[:11])
-    if not candidates:
-        candidates = list(visible.order_by("-last_active_at")[:11])
+    for pool in (visible.filter(archived=False), visible.filter(archived=True)):
+        if caller.session_id:
+            candidates = list(pool.filter(session_id=caller.session_id)[:11])
+        if not candidates:
+            candidates = list(pool.order_by("-last_active_at")[:11])
+        if candidates:
+            break
     if not candidates:
         raise NotFound(f"no agent named {name!r}")
     if len(candidates) > 1:

@@ -13,7 +13,7 @@ from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from collab.events import send_event_on_commit
-from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageRole
+from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageRole, Session
 from collab.services.admission import enqueue_job, follow_head, job_wire, write_prompt_node
 from collab.services.archive import do_archive_branch
 from collab.services.artifacts import store_result
@@ -69,11 +69,24 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
                 branch = Branch.objects.select_for_update(of=("self",)).select_related("tip").get(pk=job.branch_id)
                 write_prompt_node(job, branch)
                 job.branch = branch
+            limit = job.project.max_live_per_session
+            if limit and not inline:
+                # checked again with the session row locked and this claim counted, so two
+                # claims in one session cannot both take its last live slot
+                Session.objects.select_for_update().filter(pk=job.session_id).first()
+                if Job.objects.filter(session_id=job.session_id, status__in=ACTIVE_STATUSES).count() > limit:
+                    raise _NoLiveSlot
             send_event_on_commit(job.session_id, "job.running", job_wire(job))
             return job
+    except _NoLiveSlot:  # rolled back; the job that holds the slot wakes the next one when it ends
+        return None
     except IntegrityError:
         # the one-active-job-per-branch index: another claim on this branch won the race
         return None
+
+
+class _NoLiveSlot(Exception):
+    pass
 
 
 def heartbeat(job: Job, inline_parents: tuple[str, ...] = ()) -> str:
