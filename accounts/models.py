@@ -61,6 +61,7 @@ class Project(models.Model):
     watch_policy = models.CharField(max_length=32, choices=WatchPolicy.choices, default=WatchPolicy.OFF)
     artifact_retention_days = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
     workspace = models.CharField(max_length=500, blank=True, default="")
+    last_event_seq = models.PositiveBigIntegerField(default=0, help_text="sequence of project-level audit events")
 
     class Meta:
         ordering = ["slug"]

@@ -23,16 +23,27 @@ def session_group(session_id: str) -> str:
     return f"session.{session_id}"
 
 
-def _next_seq(session_id: str) -> int:
+def _next_seq(session_id: str) -> tuple[int, int]:
+    """(seq, project id) for the session's next event; row-locks the session until commit."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE collab_session SET last_event_seq = last_event_seq + 1 WHERE id = %s RETURNING last_event_seq",
+            "UPDATE collab_session SET last_event_seq = last_event_seq + 1 WHERE id = %s "
+            "RETURNING last_event_seq, project_id",
             [session_id],
         )
         row = cursor.fetchone()
     if row is None:
         raise LookupError(f"session {session_id} does not exist")
-    return row[0]
+    return row[0], row[1]
+
+
+def _next_project_seq(project_id: int) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE accounts_project SET last_event_seq = last_event_seq + 1 WHERE id = %s RETURNING last_event_seq",
+            [project_id],
+        )
+        return cursor.fetchone()[0]
 
 
 def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None) -> Event:
@@ -44,8 +55,9 @@ def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None) 
     if not connection.in_atomic_block:
         raise RuntimeError("send_event_on_commit must run inside transaction.atomic")
     actor_id = getattr(actor, "pk", actor)
+    seq, project_id = _next_seq(session_id)
     event = Event.objects.create(
-        session_id=session_id, seq=_next_seq(session_id), type=type, payload=payload, actor_id=actor_id
+        project_id=project_id, session_id=session_id, seq=seq, type=type, payload=payload, actor_id=actor_id
     )
     wire = event.as_wire()
     transaction.on_commit(lambda: push_event(session_id, wire))
@@ -68,3 +80,14 @@ def clip(text: str, limit: int = MAX_TEXT_IN_EVENT) -> dict:
     if len(text) <= limit:
         return {"text": text}
     return {"text": text[:limit], "text_truncated": True, "text_length": len(text)}
+
+
+def record_project_event(project_id: int, type: str, payload: dict, actor=None) -> Event:
+    """A project-level audit event (memberships, limits, tokens): logged, not streamed.
+    Must run inside ``transaction.atomic`` like the change it records."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("record_project_event must run inside transaction.atomic")
+    return Event.objects.create(
+        project_id=project_id, session=None, seq=_next_project_seq(project_id), type=type, payload=payload,
+        actor_id=getattr(actor, "pk", actor),
+    )

@@ -140,6 +140,12 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+if TESTING or env_bool("TRELLIS_FAST_PASSWORD_HASHER", False):
+    # Test runs (and the processes they start) create many users: a cheap hasher first.
+    PASSWORD_HASHERS = [
+        "django.contrib.auth.hashers.MD5PasswordHasher",
+        "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+    ]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "collab:projects"
 LOGOUT_REDIRECT_URL = "login"

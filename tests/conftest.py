@@ -136,6 +136,7 @@ def process_env(django_db_setup, django_db_blocker):
         TRELLIS_QUEUE_NAME=settings.Q_CLUSTER["name"],
         TRELLIS_VAR_DIR=str(settings.VAR_DIR),
         TRELLIS_WORKERS="2",
+        TRELLIS_FAST_PASSWORD_HASHER="1",
         PYTHONUNBUFFERED="1",
     )
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)

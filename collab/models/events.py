@@ -4,9 +4,14 @@ from django.utils import timezone
 
 
 class Event(models.Model):
-    """Append-only, per-session ordered log (OP §3): the audit trail and the source of live updates."""
+    """Append-only, per-session ordered log (OP §3): the audit trail and the source of live updates.
 
-    session = models.ForeignKey("collab.Session", on_delete=models.CASCADE, related_name="events")
+    Project-level events (memberships, limits) have no session; their ``seq`` counts
+    in the project's own sequence.
+    """
+
+    project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="events")
+    session = models.ForeignKey("collab.Session", null=True, blank=True, on_delete=models.CASCADE, related_name="events")
     seq = models.PositiveBigIntegerField()
     type = models.CharField(max_length=64)
     payload = models.JSONField(default=dict)
@@ -15,8 +20,16 @@ class Event(models.Model):
 
     class Meta:
         ordering = ["session", "seq"]
-        constraints = [models.UniqueConstraint(fields=["session", "seq"], name="event_seq_unique_per_session")]
-        indexes = [models.Index(fields=["type", "created_at"], name="event_type_created")]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "seq"], name="event_seq_unique_per_session"),
+            models.UniqueConstraint(
+                fields=["project", "seq"], condition=models.Q(session__isnull=True), name="event_seq_unique_per_project"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["type", "created_at"], name="event_type_created"),
+            models.Index(fields=["project", "created_at"], name="event_project_created"),
+        ]
 
     def as_wire(self) -> dict:
         return {"seq": self.seq, "type": self.type, "payload": self.payload, "created_at": self.created_at.isoformat()}
