@@ -3,7 +3,7 @@
 from django.http import HttpRequest, HttpResponse
 from ninja import Router, Status
 
-from accounts.limits import LimitError, limits_of, set_limits
+from accounts.limits import LimitError, limits_of
 from accounts.models import Membership
 from accounts.policy import visible_projects
 from accounts.services import SlugTaken, create_project
@@ -17,6 +17,9 @@ from collab.schemas import (
     CommandOut,
     LimitsIn,
     LimitsOut,
+    MemberIn,
+    MemberOut,
+    MemberPatch,
     ToolCallIn,
     ToolResultOut,
     TranscriptOut,
@@ -39,6 +42,8 @@ from collab.services.acting import Actor
 from collab.services.addressing import Caller, find_branch
 from collab.services.archive import check_can_archive, do_archive_branch
 from collab.services.cancel import do_execution_command
+from collab.services.projects import do_set_limits
+from collab.services.members import do_add_member, do_change_role, do_remove_member
 from collab.tools.registry import run_tool
 from collab.services.sessions import do_create_session
 from collab.services.specs import do_create_agent_spec
@@ -174,7 +179,7 @@ def get_limits(request: HttpRequest, slug: str):
 def patch_limits(request: HttpRequest, slug: str, payload: LimitsIn):
     project = access.access_project(request.auth, slug, "project.settings")
     try:
-        set_limits(project, {name: getattr(payload, name) for name in payload.model_fields_set})
+        do_set_limits(request.auth, project, {name: getattr(payload, name) for name in payload.model_fields_set})
     except LimitError as exc:
         raise Invalid(str(exc), code="invalid_limit", field=exc.field) from None
     return limits_of(project)
@@ -188,3 +193,32 @@ def get_artifact(request: HttpRequest, artifact_id: str):
     response["X-Content-SHA256"] = artifact.sha256
     response["X-Execution-Id"] = artifact.job_id
     return response
+
+
+def _member_out(m) -> dict:
+    return {"username": m.user.username, "role": m.role, "created_at": m.created_at}
+
+
+@router.get("projects/{slug}/members", response={200: list[MemberOut], **ERRORS}, tags=["members"])
+def list_members(request: HttpRequest, slug: str):
+    project = access.access_project(request.auth, slug, "project.members")
+    return [_member_out(m) for m in project.memberships.select_related("user").order_by("user__username")]
+
+
+@router.post("projects/{slug}/members", response={201: MemberOut, **ERRORS}, tags=["members"])
+def post_member(request: HttpRequest, slug: str, payload: MemberIn):
+    project = access.access_project(request.auth, slug, "project.members")
+    return Status(201, _member_out(do_add_member(request.auth, project, payload.username, payload.role)))
+
+
+@router.patch("projects/{slug}/members/{username}", response={200: MemberOut, **ERRORS}, tags=["members"])
+def patch_member(request: HttpRequest, slug: str, username: str, payload: MemberPatch):
+    project = access.access_project(request.auth, slug, "project.members")
+    return _member_out(do_change_role(request.auth, project, username, payload.role))
+
+
+@router.delete("projects/{slug}/members/{username}", response={204: None, **ERRORS}, tags=["members"])
+def delete_member(request: HttpRequest, slug: str, username: str):
+    project = access.access_project(request.auth, slug, "project.members")
+    do_remove_member(request.auth, project, username)
+    return Status(204, None)

@@ -14,6 +14,7 @@ from collab.access import access_session
 from collab.errors import DomainError
 from collab.events import session_group
 from collab.live import relay
+from collab.services.members import user_group
 from collab.selectors.events import PAGE, events_after
 
 
@@ -31,13 +32,16 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.sid = self.scope["url_route"]["kwargs"]["sid"]
         try:
-            await database_sync_to_async(access_session)(self.scope.get("user"), self.sid)
+            session = await database_sync_to_async(access_session)(self.scope.get("user"), self.sid)
         except DomainError:
             await self.close()  # before accept: the handshake is refused (HTTP 403)
             return
+        self.project_id = session.project_id
         self.last_seq = _after(self.scope)
         self.group = session_group(self.sid)
+        self.user_group = user_group(self.scope["user"].pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.channel_layer.group_add(self.user_group, self.channel_name)
         await self.accept()
         self.relay = relay()
         if self.relay:
@@ -47,6 +51,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code):
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
+            await self.channel_layer.group_discard(self.user_group, self.channel_name)
             if self.relay:
                 self.relay.unwatch(self.sid)
 
@@ -77,3 +82,12 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
     async def collab_poke(self, message):
         if message.get("seq", 0) > self.last_seq:
             await self.catch_up()
+
+    async def collab_access_changed(self, message):
+        """A membership of this user changed: re-check, and close if the session is no longer visible."""
+        if message.get("project") != self.project_id:
+            return
+        try:
+            await database_sync_to_async(access_session)(self.scope.get("user"), self.sid)
+        except DomainError:
+            await self.close(code=4403)

@@ -210,3 +210,18 @@ class LimitsOut(Schema):
     max_idle_seconds: int | None
     max_active_turns: int
     artifact_retention_days: int
+
+
+class MemberIn(StrictIn):
+    username: str = Field(min_length=1, max_length=150)
+    role: str = "member"
+
+
+class MemberPatch(StrictIn):
+    role: str
+
+
+class MemberOut(Schema):
+    username: str
+    role: str
+    created_at: Any

@@ -7,7 +7,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.limits import FIELDS as LIMIT_FIELDS
-from accounts.limits import LimitError, limits_of, set_limits
+from accounts.limits import LimitError, limits_of
 from accounts.models import Membership
 import uuid
 
@@ -15,6 +15,7 @@ from collab import access
 from collab.errors import NotFound
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.selectors import pages
+from collab.services.projects import do_set_limits
 from collab.services.sessions import do_create_session
 from collab.services.turns import do_fork_and_start, do_start_user_turn
 
@@ -49,7 +50,7 @@ def project_limits(request, slug):
     project = access.access_project(request.user, slug, "project.settings")
     changes = {name: request.POST.get(name, "").strip() or None for name in LIMIT_FIELDS if name in request.POST}
     try:
-        set_limits(project, changes)
+        do_set_limits(request.user, project, changes)
     except LimitError as exc:
         project.refresh_from_db()
         return render(request, "collab/project.html", _project_context(request, project, {exc.field: str(exc)}), status=400)
