@@ -4,11 +4,11 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router, Status
 
 from accounts.limits import LimitError, limits_of
-from accounts.models import Membership
+from accounts.models import ApiToken, Membership
 from accounts.policy import visible_projects
-from accounts.services import SlugTaken, create_project
+from accounts.services import SlugTaken, create_project, revoke_token
 from collab import access
-from collab.errors import Conflict, Invalid
+from collab.errors import Conflict, Invalid, NotFound
 from collab.schemas import (
     AgentSpecIn,
     ArchiveIn,
@@ -20,6 +20,9 @@ from collab.schemas import (
     MemberIn,
     MemberOut,
     MemberPatch,
+    NewTokenOut,
+    TokenIn,
+    TokenOut,
     ToolCallIn,
     ToolResultOut,
     TranscriptOut,
@@ -221,4 +224,30 @@ def patch_member(request: HttpRequest, slug: str, username: str, payload: Member
 def delete_member(request: HttpRequest, slug: str, username: str):
     project = access.access_project(request.auth, slug, "project.members")
     do_remove_member(request.auth, project, username)
+    return Status(204, None)
+
+
+def _token_out(t) -> dict:
+    return {"id": t.pk, "name": t.name, "hint": t.hint, "created_at": t.created_at,
+            "last_used_at": t.last_used_at, "revoked_at": t.revoked_at}
+
+
+@router.get("tokens", response={200: list[TokenOut], **ERRORS}, tags=["tokens"])
+def list_tokens(request: HttpRequest):
+    return [_token_out(t) for t in ApiToken.objects.filter(user=request.auth).order_by("-created_at")]
+
+
+@router.post("tokens", response={201: NewTokenOut, **ERRORS}, tags=["tokens"])
+def post_token(request: HttpRequest, payload: TokenIn):
+    """A new token for the caller; the raw value is in this answer only (it is stored hashed)."""
+    token, raw = ApiToken.issue(request.auth, name=payload.name)
+    return Status(201, {**_token_out(token), "token": raw})
+
+
+@router.delete("tokens/{token_id}", response={204: None, **ERRORS}, tags=["tokens"])
+def delete_token(request: HttpRequest, token_id: int):
+    token = ApiToken.objects.filter(pk=token_id, user=request.auth).first()
+    if token is None:
+        raise NotFound()
+    revoke_token(token)
     return Status(204, None)

@@ -225,3 +225,20 @@ class MemberOut(Schema):
     username: str
     role: str
     created_at: Any
+
+
+class TokenIn(StrictIn):
+    name: str = Field(default="", max_length=100)
+
+
+class TokenOut(Schema):
+    id: int
+    name: str
+    hint: str
+    created_at: Any
+    last_used_at: Any | None
+    revoked_at: Any | None
+
+
+class NewTokenOut(TokenOut):
+    token: str

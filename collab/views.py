@@ -8,11 +8,13 @@ from django.views.decorators.http import require_GET, require_POST
 
 from accounts.limits import FIELDS as LIMIT_FIELDS
 from accounts.limits import LimitError, limits_of
-from accounts.models import Membership
+from accounts.models import ApiToken, Membership
+from accounts.services import revoke_token
 import uuid
 
 from collab import access
-from collab.errors import NotFound
+from collab.errors import DomainError, Invalid, NotFound
+from collab.services.members import do_add_member, do_change_role, do_remove_member
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.selectors import pages
 from collab.services.projects import do_set_limits
@@ -33,6 +35,9 @@ def _project_context(request, project, errors=None):
         "sessions": pages.top_level_sessions(project),
         "limits": limits_of(project),
         "can_configure": access.can(request.user, project.pk, "project.settings"),
+        "can_manage_members": access.can(request.user, project.pk, "project.members"),
+        "members": project.memberships.select_related("user").order_by("user__username"),
+        "roles": ["viewer", "member", "maintainer", "owner"],
         "limit_errors": errors or {},
     }
 
@@ -144,3 +149,44 @@ def cancel_job(request, sid, job_id):
     if request.htmx:
         return render(request, "collab/session.html#jobs", _session_context(request, session))
     return redirect("collab:session", sid=sid)
+
+
+@login_required
+def tokens(request):
+    """The user's API tokens: create (the value is shown once) and revoke."""
+    created = None
+    if request.method == "POST":
+        _, created = ApiToken.issue(request.user, name=request.POST.get("name", "")[:100])
+    rows = ApiToken.objects.filter(user=request.user).order_by("-created_at")
+    return render(request, "collab/tokens.html", {"tokens": rows, "created": created})
+
+
+@login_required
+@require_POST
+def revoke_token_view(request, token_id):
+    token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
+    if token is None:
+        raise NotFound()
+    revoke_token(token)
+    return redirect("collab:tokens")
+
+
+@login_required
+@require_POST
+def project_members(request, slug):
+    project = access.access_project(request.user, slug, "project.members")
+    action, username = request.POST.get("action"), request.POST.get("username", "").strip()
+    try:
+        if action == "add":
+            do_add_member(request.user, project, username, request.POST.get("role", "member"))
+        elif action == "role":
+            do_change_role(request.user, project, username, request.POST.get("role", ""))
+        elif action == "remove":
+            do_remove_member(request.user, project, username)
+        else:
+            raise Invalid("unknown action", code="invalid_action")
+    except DomainError as exc:
+        context = _project_context(request, project)
+        context["member_error"] = exc.detail
+        return render(request, "collab/project.html", context, status=exc.status)
+    return redirect("collab:project", slug=slug)
