@@ -10,6 +10,7 @@ urlpatterns = [
     path("p/<slug:slug>/sessions", views.new_session, name="new_session"),
     path("p/<slug:slug>/limits", views.project_limits, name="project_limits"),
     path("p/<slug:slug>/members", views.project_members, name="project_members"),
+    path("p/<slug:slug>/audit", views.audit, name="audit"),
     path("account/tokens", views.tokens, name="tokens"),
     path("account/tokens/<int:token_id>/revoke", views.revoke_token_view, name="revoke_token"),
     path("s/<str:sid>/", views.session, name="session"),

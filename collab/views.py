@@ -10,13 +10,20 @@ from accounts.limits import FIELDS as LIMIT_FIELDS
 from accounts.limits import LimitError, limits_of
 from accounts.models import ApiToken, Membership
 from accounts.services import revoke_token
+import json
 import uuid
+from urllib.parse import urlencode
+
+from django.core.paginator import Paginator
+from django.http import StreamingHttpResponse
 
 from collab import access
 from collab.errors import DomainError, Invalid, NotFound
 from collab.services.members import do_add_member, do_change_role, do_remove_member
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.selectors import pages
+from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
+from collab.selectors.audit import event_record, project_events
 from collab.services.projects import do_set_limits
 from collab.services.sessions import do_create_session
 from collab.services.turns import do_fork_and_start, do_start_user_turn
@@ -38,6 +45,7 @@ def _project_context(request, project, errors=None):
         "can_manage_members": access.can(request.user, project.pk, "project.members"),
         "members": project.memberships.select_related("user").order_by("user__username"),
         "roles": ["viewer", "member", "maintainer", "owner"],
+        "can_audit": access.can(request.user, project.pk, "project.audit"),
         "limit_errors": errors or {},
     }
 
@@ -190,3 +198,23 @@ def project_members(request, slug):
         context["member_error"] = exc.detail
         return render(request, "collab/project.html", context, status=exc.status)
     return redirect("collab:project", slug=slug)
+
+
+AUDIT_FILTERS = ("session", "type", "actor", "since", "until")
+
+
+@login_required
+@require_GET
+def audit(request, slug):
+    """A project's event log for maintainers: filter, page, or export as JSON lines."""
+    project = access.access_project(request.user, slug, "project.audit")
+    filters = {k: request.GET.get(k, "").strip() for k in AUDIT_FILTERS}
+    events = project_events(project, **filters)
+    if request.GET.get("format") == "jsonl":
+        lines = (json.dumps(event_record(e), ensure_ascii=False) + "\n" for e in events.iterator(chunk_size=500))
+        response = StreamingHttpResponse(lines, content_type="application/x-ndjson; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="{project.slug}-events.jsonl"'
+        return response
+    page = Paginator(events, AUDIT_PAGE_SIZE).get_page(request.GET.get("page"))
+    query = urlencode({k: v for k, v in filters.items() if v})
+    return render(request, "collab/audit.html", {"project": project, "page": page, "filters": filters, "query": query})

@@ -1,0 +1,43 @@
+"""The project audit log (OP §3, SPEC §11 audit view): filterable, paginated, exportable."""
+
+from datetime import datetime
+
+from django.utils.dateparse import parse_datetime
+
+from collab.errors import Invalid
+from collab.models import Event
+
+PAGE_SIZE = 100
+
+
+def _when(value: str | None, name: str) -> datetime | None:
+    if not value:
+        return None
+    parsed = parse_datetime(value)
+    if parsed is None:
+        raise Invalid(f"{name} must be an ISO date-time, e.g. 2026-11-29T12:00:00Z", code="invalid_filter")
+    return parsed
+
+
+def project_events(project, *, session: str = "", type: str = "", actor: str = "", since: str = "", until: str = ""):
+    """Events of the project (sessions and project-level), newest first. Callers authorize the project."""
+    qs = Event.objects.filter(project=project).select_related("actor").order_by("-created_at", "-id")
+    if session:
+        qs = qs.filter(session_id=session)
+    if type:
+        qs = qs.filter(type__startswith=type) if type.endswith(".") else qs.filter(type=type)
+    if actor:
+        qs = qs.filter(actor__username=actor)
+    if (start := _when(since, "since")) is not None:
+        qs = qs.filter(created_at__gte=start)
+    if (end := _when(until, "until")) is not None:
+        qs = qs.filter(created_at__lt=end)
+    return qs
+
+
+def event_record(event: Event) -> dict:
+    return {
+        "id": event.pk, "session": event.session_id, "seq": event.seq, "type": event.type,
+        "actor": event.actor.username if event.actor_id else None, "payload": event.payload,
+        "created_at": event.created_at.isoformat(),
+    }
