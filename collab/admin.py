@@ -4,7 +4,16 @@ Admin *actions* that change collaboration state (archive, cancel) arrive with
 the services of later issues and must call those services, never write rows.
 """
 
-from django.contrib import admin
+import uuid
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
+from django.db import transaction
+
+from collab.events import send_event_on_commit
+from collab.services.archive import do_archive_branch
+from collab.services.cancel import request_cancel_tree
 
 from collab.models import (
     AgentSpec,
@@ -46,13 +55,50 @@ class SessionAdmin(admin.ModelAdmin):
     raw_id_fields = ["head", "parent_session", "agent_spec", "created_by"]
 
 
+class ReasonForm(ActionForm):
+    reason = forms.CharField(required=False, max_length=500, label="Reason")
+
+
 @admin.register(Branch)
 class BranchAdmin(admin.ModelAdmin):
+    """Operators archive (one or many, with a reason) and flag branches through the same
+    services as every other path, so each change writes its Event."""
+
     list_display = ["id", "name", "session", "archived", "internal", "turns", "chars", "last_active_at"]
     list_filter = ["archived", "internal"]
     search_fields = ["id", "name", "session__id"]
-    raw_id_fields = ["session", "tip", "created_by_job", "parent_branch", "merged_into", "agent_spec"]
-    readonly_fields = ["archived", "archived_at", "archive_reason", "archived_by"]
+    readonly_fields = [f.name for f in Branch._meta.fields]
+    action_form = ReasonForm
+    actions = ["archive_branches", "mark_internal", "unmark_internal"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Archive selected branches (with the reason above)")
+    def archive_branches(self, request, queryset):
+        reason = request.POST.get("reason", "")
+        for branch in queryset.select_related("session"):
+            do_archive_branch(branch, user=request.user, reason=reason or "archived by an operator")
+        self.message_user(request, f"archived {queryset.count()} branches", messages.SUCCESS)
+
+    def _set_internal(self, request, queryset, value: bool):
+        with transaction.atomic():
+            for branch in queryset.select_for_update():
+                if branch.internal != value:
+                    Branch.objects.filter(pk=branch.pk).update(internal=value)
+                    send_event_on_commit(branch.session_id, "branch.internal_changed",
+                                         {"branch": branch.pk, "internal": value}, actor=request.user)
+
+    @admin.action(description="Mark selected branches internal (UI-only)")
+    def mark_internal(self, request, queryset):
+        self._set_internal(request, queryset, True)
+
+    @admin.action(description="Clear the internal flag")
+    def unmark_internal(self, request, queryset):
+        self._set_internal(request, queryset, False)
 
 
 @admin.register(Message)
@@ -67,6 +113,22 @@ class JobAdmin(ReadOnlyAdmin):
     list_display = ["id", "kind", "status", "version", "session", "branch", "is_error", "created_at", "finished_at"]
     list_filter = ["status", "kind", "is_error"]
     search_fields = ["id", "session__id"]
+    actions = ["cancel_executions"]
+
+    @admin.action(description="Cancel selected executions (and their descendants)")
+    def cancel_executions(self, request, queryset):
+        count = 0
+        for job in queryset:
+            with transaction.atomic():
+                locked = Job.objects.select_for_update().get(pk=job.pk)
+                if locked.is_terminal:
+                    continue
+                cascaded = request_cancel_tree(locked, request.user)
+                send_event_on_commit(locked.session_id, "execution.cancel_requested",
+                                     {"job": locked.pk, "command_id": f"admin-{uuid.uuid4().hex}",
+                                      "cascaded": cascaded, "via": "admin"}, actor=request.user)
+                count += 1
+        self.message_user(request, f"cancel requested for {count} executions", messages.SUCCESS)
 
 
 @admin.register(ExecutionCommand)
@@ -94,6 +156,7 @@ class ArtifactAdmin(ReadOnlyAdmin):
 
 @admin.register(Event)
 class EventAdmin(ReadOnlyAdmin):
-    list_display = ["session", "seq", "type", "actor", "created_at"]
-    list_filter = ["type"]
-    search_fields = ["session__id", "type"]
+    list_display = ["created_at", "project", "session", "seq", "type", "actor"]
+    list_filter = ["type", "project", ("actor", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["session__id", "type", "actor__username"]
+    date_hierarchy = "created_at"
