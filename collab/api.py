@@ -20,7 +20,9 @@ from collab.schemas import (
     MemberIn,
     MemberOut,
     MemberPatch,
+    HoldOut,
     NewTokenOut,
+    ProjectPatch,
     TokenIn,
     TokenOut,
     ToolCallIn,
@@ -45,7 +47,8 @@ from collab.services.acting import Actor
 from collab.services.addressing import Caller, find_branch
 from collab.services.archive import check_can_archive, do_archive_branch
 from collab.services.cancel import do_execution_command
-from collab.services.projects import do_set_limits
+from collab.services.projects import do_set_limits, do_update_project
+from collab.services.watch import access_hold, do_decide_hold
 from collab.services.members import do_add_member, do_change_role, do_remove_member
 from collab.tools.registry import run_tool
 from collab.services.sessions import do_create_session
@@ -57,7 +60,8 @@ ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: Error
 
 
 def _project_out(project, role=None) -> dict:
-    return {"slug": project.slug, "name": project.name, "role": role, "created_at": project.created_at}
+    return {"slug": project.slug, "name": project.name, "role": role, "created_at": project.created_at,
+            "watch_policy": project.watch_policy}
 
 
 @router.get("projects", response=list[ProjectOut], tags=["projects"])
@@ -251,3 +255,36 @@ def delete_token(request: HttpRequest, token_id: int):
         raise NotFound()
     revoke_token(token)
     return Status(204, None)
+
+
+@router.patch("projects/{slug}", response={200: ProjectOut, **ERRORS}, tags=["projects"])
+def patch_project(request: HttpRequest, slug: str, payload: ProjectPatch):
+    """Owners rename the project or set its watch policy ("off" | "confirm_deliveries")."""
+    project = access.access_project(request.auth, slug, "project.settings")
+    project = do_update_project(request.auth, project, name=payload.name, watch_policy=payload.watch_policy)
+    return _project_out(project, "owner")
+
+
+def _hold_out(h) -> dict:
+    return {"id": h.pk, "kind": h.kind, "text": h.text, "status": h.status, "to": h.target_branch.address,
+            "sender": f"{h.sender_session_id}:{h.sender_branch.tip_id}", "created_at": h.created_at,
+            "decided_by": h.decided_by.username if h.decided_by_id else None, "execution_id": h.result_job_id}
+
+
+@router.get("sessions/{sid}/holds", response={200: list[HoldOut], **ERRORS}, tags=["watch"])
+def list_holds(request: HttpRequest, sid: str, status: str = "pending"):
+    session = access.access_session(request.auth, sid)
+    holds = session.held_deliveries.select_related("target_branch", "sender_branch", "decided_by")
+    if status:
+        holds = holds.filter(status=status)
+    return [_hold_out(h) for h in holds]
+
+
+@router.post("holds/{hold_id}/approve", response={200: HoldOut, **ERRORS}, tags=["watch"])
+def approve_hold(request: HttpRequest, hold_id: int):
+    return _hold_out(do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=True))
+
+
+@router.post("holds/{hold_id}/reject", response={200: HoldOut, **ERRORS}, tags=["watch"])
+def reject_hold(request: HttpRequest, hold_id: int):
+    return _hold_out(do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=False))

@@ -20,6 +20,7 @@ class ProjectOut(Schema):
     name: str
     role: str | None = None
     created_at: Any
+    watch_policy: str | None = None
 
 
 class AgentSpecIn(StrictIn):
@@ -242,3 +243,20 @@ class TokenOut(Schema):
 
 class NewTokenOut(TokenOut):
     token: str
+
+
+class ProjectPatch(StrictIn):
+    name: str | None = Field(default=None, max_length=200)
+    watch_policy: str | None = None
+
+
+class HoldOut(Schema):
+    id: int
+    kind: str
+    text: str
+    status: str
+    to: str | None
+    sender: str
+    created_at: Any
+    decided_by: str | None
+    execution_id: str | None

@@ -24,7 +24,8 @@ from collab.services.cancel import CANCEL, do_execution_command
 from collab.selectors import pages
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import event_record, project_events
-from collab.services.projects import do_set_limits
+from collab.services.projects import do_set_limits, do_update_project
+from collab.services.watch import access_hold, do_decide_hold
 from collab.services.sessions import do_create_session
 from collab.services.turns import do_fork_and_start, do_start_user_turn
 
@@ -84,6 +85,7 @@ def _session_context(request, session):
         "t": pages.transcript(session, request.GET.get("branch"), request.GET.get("head")),
         "jobs": pages.recent_jobs(session),
         "events": pages.recent_events(session),
+        "holds": session.held_deliveries.filter(status="pending").select_related("target_branch"),
         "branches": pages.branches(session),
         "can_post": access.can(request.user, session.project_id, "turn.start"),
     }
@@ -218,3 +220,21 @@ def audit(request, slug):
     page = Paginator(events, AUDIT_PAGE_SIZE).get_page(request.GET.get("page"))
     query = urlencode({k: v for k, v in filters.items() if v})
     return render(request, "collab/audit.html", {"project": project, "page": page, "filters": filters, "query": query})
+
+
+@login_required
+@require_POST
+def decide_hold(request, sid, hold_id):
+    hold = access_hold(request.user, hold_id)
+    if hold.sender_session_id != sid:
+        raise NotFound()
+    do_decide_hold(request.user, hold, approve=request.POST.get("decision") == "approve")
+    return redirect("collab:session", sid=sid)
+
+
+@login_required
+@require_POST
+def project_settings(request, slug):
+    project = access.access_project(request.user, slug, "project.settings")
+    do_update_project(request.user, project, watch_policy=request.POST.get("watch_policy"))
+    return redirect("collab:project", slug=slug)

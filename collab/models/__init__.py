@@ -1,6 +1,7 @@
 from collab.models.artifacts import Artifact
 from collab.models.branches import Branch, NameStage
 from collab.models.events import Event
+from collab.models.holds import HeldDelivery, HoldStatus
 from collab.models.inbox import InboxEntry, InboxKind
 from collab.models.jobs import (
     ACTIVE_STATUSES,
@@ -28,6 +29,8 @@ __all__ = [
     "ExecutionCommand",
     "FollowupMode",
     "FollowupState",
+    "HeldDelivery",
+    "HoldStatus",
     "InboxEntry",
     "InboxKind",
     "Job",

@@ -20,6 +20,7 @@ from collab.services.addressing import Caller, resolve_target
 from collab.services.admission import admit_job
 from collab.services.limits import check_topology
 from collab.services.turns import check_prompt
+from collab.services.watch import hold_delivery, is_watched
 from collab.services.retry import retry_on_deadlock
 
 INBOX_CAP = 50
@@ -31,8 +32,9 @@ def _caller(actor: Actor) -> Caller:
 
 
 @retry_on_deadlock
-def do_delegate(actor: Actor, *, to: str, prompt: str) -> Job:
-    """Admit a task on an existing branch; it runs now or after the target's current turn."""
+def do_delegate(actor: Actor, *, to: str, prompt: str, gate: bool = True):
+    """Admit a task on an existing branch; it runs now or after the target's current turn.
+    Under the watch policy it is held instead (returns the HeldDelivery)."""
     check_prompt(prompt)
     actor.require("turn.start")
     check_topology(actor, spawn=False)
@@ -40,6 +42,8 @@ def do_delegate(actor: Actor, *, to: str, prompt: str) -> Job:
     with transaction.atomic():
         target = resolve_target(_caller(actor), to)
         actor.require("turn.start", target.session.project_id)
+        if gate and is_watched(actor):
+            return hold_delivery(actor, target, "task", prompt)
         job = admit_job(
             session=target.session, branch=target, kind=JobKind.TASK, prompt=prompt, started_by=actor.user,
             header=task_header(actor.address), caller_session=actor.session, caller_msg=actor.calling_node,
@@ -57,10 +61,11 @@ class Receipt:
     job: Job | None = None
     inbox_entry: InboxEntry | None = None
     dropped: InboxEntry | None = None
+    hold: object = None
 
 
 @retry_on_deadlock
-def do_send_message(actor: Actor, *, to: str, message: str) -> Receipt:
+def do_send_message(actor: Actor, *, to: str, message: str, gate: bool = True) -> Receipt:
     if (to or "").strip().lower() == "new":
         raise Invalid('to="new" is not valid: create an agent with agent(prompt=…, start_from=…)', code="invalid_target")
     check_prompt(message)
@@ -70,6 +75,8 @@ def do_send_message(actor: Actor, *, to: str, message: str) -> Receipt:
     with transaction.atomic():
         target = resolve_target(_caller(actor), to)
         actor.require("turn.start", target.session.project_id)
+        if gate and is_watched(actor):
+            return Receipt(target=target, delivered=False, hold=hold_delivery(actor, target, "message", message))
         target = Branch.objects.select_for_update(of=("self",)).select_related("session", "tip").get(pk=target.pk)
         if not Job.objects.filter(branch=target, status__in=OPEN_STATUSES).exists():
             job = admit_job(

@@ -14,3 +14,25 @@ def do_set_limits(actor, project, changes: dict):
         if diff:
             record_project_event(project.pk, "limits.changed", {"changes": diff}, actor=actor)
     return project
+
+
+def do_update_project(actor, project, *, name=None, watch_policy=None):
+    from accounts.models import WatchPolicy
+    from collab.errors import Invalid
+
+    changes = {}
+    if name is not None:
+        if not name.strip():
+            raise Invalid("name must not be empty", code="invalid_name")
+        changes["name"] = name.strip()
+    if watch_policy is not None:
+        if watch_policy not in WatchPolicy.values:
+            raise Invalid(f"watch_policy must be one of {', '.join(WatchPolicy.values)}", code="invalid_watch_policy")
+        changes["watch_policy"] = watch_policy
+    with transaction.atomic():
+        for field, value in changes.items():
+            setattr(project, field, value)
+        if changes:
+            project.save(update_fields=list(changes))
+            record_project_event(project.pk, "project.updated", changes, actor=actor)
+    return project

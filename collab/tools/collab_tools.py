@@ -12,7 +12,7 @@ from pydantic import Field
 
 from collab.access import access_job
 from collab.errors import Invalid, NotFound
-from collab.models import TERMINAL_STATUSES, Job, Todo
+from collab.models import TERMINAL_STATUSES, HeldDelivery, Job, Todo
 from collab.selectors.agents import list_agents as select_agents
 from collab.selectors.agents import render_agents
 from collab.selectors.jobs import jobs_dispatched_by, owns_job
@@ -32,6 +32,14 @@ COLLAB = ("collab",)
 def _job_line(job: Job) -> str:
     where = job.branch.display_name
     return f"{job.pk} {job.kind} on {where!r}: {job.status}" + (f" ({job.error_code})" if job.is_error else "")
+
+
+def _held(hold) -> ToolResult:
+    return ToolResult(
+        text=(f"held for confirmation: this project's watch policy holds deliveries until a member approves "
+              f"them (hold {hold.pk}); you will get the result or the rejection."),
+        details={"held": True, "hold_id": hold.pk, "execution_id": None, "delivery_id": None},
+    )
 
 
 # --- entities: agent, list_agents, archive_agent ------------------------------------------
@@ -62,6 +70,8 @@ def agent(ctx, p: AgentParams) -> ToolResult:
         if p.archive_when_done:
             raise Invalid("archive_when_done only applies when creating an agent, not with to", code="invalid_arguments")
         job = do_delegate(ctx, to=p.to, prompt=p.prompt)
+        if isinstance(job, HeldDelivery):
+            return _held(job)
         state = "queued behind its current turn" if job.prompt_msg_id is None else "started"
         return ToolResult(
             text=f"task {job.pk} delivered to {job.branch.display_name!r} ({state}); its final reply will come back to you automatically.",
@@ -146,6 +156,8 @@ is idle, or after its current turn if busy. No result comes back automatically; 
 may reply with send_message.""")
 def send_message(ctx, p: SendMessageParams) -> ToolResult:
     receipt = do_send_message(ctx, to=p.to, message=p.message)
+    if receipt.hold is not None:
+        return _held(receipt.hold)
     target = receipt.target
     if receipt.delivered:
         return ToolResult(

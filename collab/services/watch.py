@@ -1,0 +1,86 @@
+"""The watch policy (SPEC §7, OP §3, §5.8): with ``watch_policy="confirm_deliveries"`` every
+``send_message`` and ``agent(to=…)`` of the project's agents is held until a member approves
+it. There is no bypass: sub-agents and gateway calls pass the same gate. A rejection leaves
+an explicit result for the sender: a failed execution whose follow-up carries the reason."""
+
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.models import WatchPolicy
+from collab.errors import Conflict, NotFound
+from collab.events import send_event_on_commit
+from collab.models import FollowupState, HeldDelivery, HoldStatus, Job, JobKind, JobStatus
+from collab.services.acting import Actor
+from collab.services.retry import retry_on_deadlock
+
+
+def is_watched(actor: Actor) -> bool:
+    return actor.session.project.watch_policy == WatchPolicy.CONFIRM_DELIVERIES
+
+
+def hold_delivery(actor: Actor, target, kind: str, text: str) -> HeldDelivery:
+    """Precondition: inside the delivery's transaction, after every other check passed."""
+    hold = HeldDelivery.objects.create(
+        project_id=actor.session.project_id, kind=kind, text=text, target_branch=target,
+        sender_session=actor.session, sender_branch=actor.branch, sender_job=actor.job, created_by=actor.user,
+    )
+    send_event_on_commit(
+        actor.session.pk, "delivery.held",
+        {"hold": hold.pk, "kind": kind, "to": target.address, "target_branch": target.pk, "text_preview": text[:200]},
+        actor=actor.user,
+    )
+    return hold
+
+
+def access_hold(user, hold_id: int, capability: str = "turn.start") -> HeldDelivery:
+    from collab.access import access_session
+
+    hold = HeldDelivery.objects.filter(pk=hold_id, project__memberships__user=user).select_related(
+        "sender_session", "sender_branch", "target_branch", "sender_job", "created_by").first()
+    if hold is None:
+        raise NotFound()
+    access_session(user, hold.sender_session_id, capability)
+    return hold
+
+
+@retry_on_deadlock
+def do_decide_hold(user, hold: HeldDelivery, *, approve: bool) -> HeldDelivery:
+    """Deliver (as the original sender, skipping only the gate) or reject with an explicit result."""
+    from collab.services.deliver import do_delegate, do_send_message
+    from collab.services.followup import deliver_owed_after_commit
+
+    with transaction.atomic():
+        locked = HeldDelivery.objects.select_for_update().get(pk=hold.pk)
+        if locked.status != HoldStatus.PENDING:
+            raise Conflict(f"this delivery was already {locked.status}", code="already_decided")
+        sender = Actor(user=hold.created_by, session=hold.sender_session, branch=hold.sender_branch, job=hold.sender_job)
+        now = timezone.now()
+        result_job = None
+        if approve:
+            to = hold.target_branch.address or hold.target_branch.pk
+            if hold.kind == "task":
+                result_job = do_delegate(sender, to=to, prompt=hold.text, gate=False)
+            else:
+                receipt = do_send_message(sender, to=to, message=hold.text, gate=False)
+                result_job = receipt.job
+        else:
+            reason = f"the delivery was rejected by {user.username} (watch policy)"
+            result_job = Job.objects.create(
+                project_id=hold.project_id, session=hold.target_branch.session, branch=hold.target_branch,
+                kind=JobKind.TASK if hold.kind == "task" else JobKind.MESSAGE, status=JobStatus.FAILED,
+                prompt=hold.text, caller_session=hold.sender_session, caller_branch=hold.sender_branch,
+                caller_job=hold.sender_job, parent_job=hold.sender_job, started_by=hold.created_by,
+                result_text=reason, is_error=True, error_code="delivery_rejected", error_reason=reason,
+                finished_at=now, followup_state=FollowupState.OWED, followup_mode=sender.followup_mode,
+            )
+            deliver_owed_after_commit(hold.sender_branch_id)
+        HeldDelivery.objects.filter(pk=hold.pk).update(
+            status=HoldStatus.APPROVED if approve else HoldStatus.REJECTED, decided_by=user, decided_at=now,
+            result_job=result_job,
+        )
+        send_event_on_commit(
+            hold.sender_session_id, "delivery.approved" if approve else "delivery.rejected",
+            {"hold": hold.pk, "job": getattr(result_job, "pk", None), "by": user.username}, actor=user,
+        )
+    hold.refresh_from_db()
+    return hold
