@@ -18,6 +18,7 @@ from collab.models import OPEN_STATUSES, Branch, InboxEntry, InboxKind, Job, Job
 from collab.services.acting import Actor, message_header, task_header
 from collab.services.addressing import Caller, resolve_target
 from collab.services.admission import admit_job
+from collab.services.followup import record_failed_delivery
 from collab.services.limits import check_topology
 from collab.services.turns import check_prompt
 from collab.services.watch import hold_delivery, is_watched
@@ -105,13 +106,21 @@ def _queue_for_busy_target(actor, target, message, chain_messages, chain_generat
     dropped = None
     queued = list(InboxEntry.objects.filter(target_branch=target).order_by("created_at", "id").values_list("pk", flat=True))
     if len(queued) >= INBOX_CAP:
-        dropped = InboxEntry.objects.select_related("sender_session").get(pk=queued[0])
+        dropped = InboxEntry.objects.select_related("sender_session", "sender_branch", "sender_job").get(pk=queued[0])
         dropped.delete()
+        reason = (f"your message to {target.display_name!r} was dropped: its inbox holds at most {INBOX_CAP} "
+                  "waiting messages and yours was the oldest")
         if dropped.sender_session_id:
             send_event_on_commit(
                 dropped.sender_session_id, "inbox.dropped",
                 {"target": target.address, "target_branch": target.pk, "text_preview": dropped.text[:200],
-                 "reason": f"the target's inbox holds at most {INBOX_CAP} messages; the oldest was dropped"},
+                 "reason": reason},
+            )
+            # the sending agent's own conversation hears it too, exactly once
+            record_failed_delivery(
+                target=target, kind="message", text=dropped.text, sender_session=dropped.sender_session,
+                sender_branch=dropped.sender_branch, sender_job=dropped.sender_job, started_by=dropped.created_by,
+                code="inbox_overflow", reason=reason,
             )
     entry = InboxEntry.objects.create(
         target_branch=target, session=target.session, kind=InboxKind.MESSAGE, text=message,
@@ -137,13 +146,19 @@ def drain_inbox_locked(branch: Branch) -> list[Job]:
                                      {"target_branch": branch.pk, "code": "archived", "text_preview": entry.text[:200]})
         else:
             header = message_header(entry.sender_address)
-            admitted.append(admit_job(
+            # created_at = when the delivery was accepted, so it keeps its FIFO place
+            # among tasks that were queued on this branch while it waited
+            job = admit_job(
                 session=branch.session, branch=branch, kind=JobKind.MESSAGE, prompt=entry.text,
                 started_by=entry.created_by, header=header, caller_session=entry.sender_session,
                 caller_branch=entry.sender_branch, caller_job=entry.sender_job, parent_job=entry.sender_job,
                 chain_messages=entry.chain_messages, chain_generations=entry.chain_generations,
-                check_quota=False,
-            ))
+                check_quota=False, created_at=entry.created_at,
+            )
+            admitted.append(job)
+            if entry.sender_session_id:
+                send_event_on_commit(entry.sender_session_id, "delivery.started",
+                                     {"inbox_entry": entry.pk, "job": job.pk, "to": branch.address})
         entry.delete()
     if admitted:
         send_event_on_commit(branch.session_id, "inbox.drained", {"branch": branch.pk, "jobs": [j.pk for j in admitted]})

@@ -126,3 +126,23 @@ def deliver_owed_after_commit(branch_id: str) -> None:
             log.exception("could not deliver follow-ups to branch %s", branch_id)
 
     transaction.on_commit(run)
+
+
+def record_failed_delivery(*, target, kind: str, text: str, sender_session, sender_branch, sender_job, started_by,
+                           code: str, reason: str, followup_mode: str = "") -> Job:
+    """A delivery that will never run (rejected by a person, dropped from a full inbox) as a
+    failed execution whose result is owed to the sender: it reaches the sender exactly once
+    through the ordinary follow-up path. Precondition: inside ``transaction.atomic``."""
+    from django.utils import timezone
+
+    job = Job.objects.create(
+        project_id=target.session.project_id, session=target.session, branch=target,
+        kind=JobKind.TASK if kind == "task" else JobKind.MESSAGE, status=JobStatus.FAILED, prompt=text,
+        caller_session=sender_session, caller_branch=sender_branch, caller_job=sender_job, parent_job=sender_job,
+        started_by=started_by, result_text=reason, is_error=True, error_code=code, error_reason=reason,
+        finished_at=timezone.now(), followup_state=FollowupState.OWED if sender_branch else FollowupState.NONE,
+        followup_mode=followup_mode,
+    )
+    if sender_branch is not None:
+        deliver_owed_after_commit(sender_branch.pk)
+    return job

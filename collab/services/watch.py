@@ -9,7 +9,7 @@ from django.utils import timezone
 from accounts.models import WatchPolicy
 from collab.errors import Conflict, NotFound
 from collab.events import send_event_on_commit
-from collab.models import FollowupState, HeldDelivery, HoldStatus, Job, JobKind, JobStatus
+from collab.models import HeldDelivery, HoldStatus
 from collab.services.acting import Actor
 from collab.services.retry import retry_on_deadlock
 
@@ -47,7 +47,7 @@ def access_hold(user, hold_id: int, capability: str = "turn.start") -> HeldDeliv
 def do_decide_hold(user, hold: HeldDelivery, *, approve: bool) -> HeldDelivery:
     """Deliver (as the original sender, skipping only the gate) or reject with an explicit result."""
     from collab.services.deliver import do_delegate, do_send_message
-    from collab.services.followup import deliver_owed_after_commit
+    from collab.services.followup import record_failed_delivery
 
     with transaction.atomic():
         locked = HeldDelivery.objects.select_for_update().get(pk=hold.pk)
@@ -65,15 +65,11 @@ def do_decide_hold(user, hold: HeldDelivery, *, approve: bool) -> HeldDelivery:
                 result_job = receipt.job
         else:
             reason = f"the delivery was rejected by {user.username} (watch policy)"
-            result_job = Job.objects.create(
-                project_id=hold.project_id, session=hold.target_branch.session, branch=hold.target_branch,
-                kind=JobKind.TASK if hold.kind == "task" else JobKind.MESSAGE, status=JobStatus.FAILED,
-                prompt=hold.text, caller_session=hold.sender_session, caller_branch=hold.sender_branch,
-                caller_job=hold.sender_job, parent_job=hold.sender_job, started_by=hold.created_by,
-                result_text=reason, is_error=True, error_code="delivery_rejected", error_reason=reason,
-                finished_at=now, followup_state=FollowupState.OWED, followup_mode=sender.followup_mode,
+            result_job = record_failed_delivery(
+                target=hold.target_branch, kind=hold.kind, text=hold.text, sender_session=hold.sender_session,
+                sender_branch=hold.sender_branch, sender_job=hold.sender_job, started_by=hold.created_by,
+                code="delivery_rejected", reason=reason, followup_mode=sender.followup_mode,
             )
-            deliver_owed_after_commit(hold.sender_branch_id)
         HeldDelivery.objects.filter(pk=hold.pk).update(
             status=HoldStatus.APPROVED if approve else HoldStatus.REJECTED, decided_by=user, decided_at=now,
             result_job=result_job,

@@ -523,7 +523,14 @@ def test_op_5_4_inbox_cap_drops_oldest_with_notice_and_rejects_duplicates(team, 
     dropped = [e for e in events(api, other_sid) if e["type"] == "inbox.dropped"]
     assert [e["payload"]["text_preview"] for e in dropped] == ["m1"], dropped
     assert api.get(f"/api/executions/{busy}").json()["status"] == "running", "the slow turn ended too early for this test"
-    assert job_count() == jobs_before, "queued messages are not executions yet"
+    # Queued messages are not executions yet; each dropped one is recorded as a failed execution
+    # (error_code inbox_overflow) whose result reaches its sender's conversation exactly once.
+    from collab.models import Job
+
+    overflow = list(Job.objects.filter(error_code="inbox_overflow").values_list("caller_session_id", flat=True))
+    assert sorted(overflow) == sorted([first_sid, other_sid]), overflow
+    notices = Job.objects.filter(kind="followup", followup_of__error_code="inbox_overflow")
+    assert job_count() == jobs_before + 2 + notices.count() and notices.count() <= 2
 
     # Archive the target while its 50 deliveries wait, then end its turn (a cancel is an end like any
     # other, SPEC §6): the queued deliveries are refused with a reason, none silently lost.
@@ -540,7 +547,9 @@ def test_op_5_4_inbox_cap_drops_oldest_with_notice_and_rejects_duplicates(team, 
     assert rejected(other_sid) == [f"m{n}" for n in range(2, 51)]
     assert all(e["payload"]["code"] == "archived" for s in (first_sid, other_sid)
                for e in events(api, s) if e["type"] == "delivery.rejected")
-    assert job_count() == jobs_before
+    notices = Job.objects.filter(kind="followup", followup_of__error_code="inbox_overflow").count()
+    assert notices == 2  # each dropped message's sender heard of it exactly once
+    assert job_count() == jobs_before + 2 + notices
 
 
 # --- OP §2.6 / C3: archived targets -----------------------------------------------------------------
