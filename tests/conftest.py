@@ -230,7 +230,9 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an event loop running on the main
+# thread while it is open, which would break async_to_sync in the tests that follow.
+@pytest.fixture(scope="module")
 def _playwright():
     from playwright.sync_api import sync_playwright
 
@@ -240,7 +242,7 @@ def _playwright():
         yield p
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(_playwright):
     browser = _playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
     yield browser
