@@ -1,0 +1,50 @@
+"""Settings fail loudly on bad values and need nothing for the embedded default (SPEC §1, P-RUN-1/2)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "TRELLIS_", "DATABASE_URL", "REDIS_URL"))}
+
+
+def load_settings(tmp_path, **env):
+    """Import config.settings in a fresh interpreter with exactly ``env`` on top of a clean environment."""
+    code = "import config.settings as s; print(s.DATABASES['default']['ENGINE'], s.Q_CLUSTER.get('orm', 'redis'), s.CHANNEL_LAYERS['default']['BACKEND'])"
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+        env={**CLEAN, "TRELLIS_VAR_DIR": str(tmp_path), **env},
+    )
+
+
+def test_p_run_1_the_embedded_default_needs_no_environment(tmp_path):
+    r = load_settings(tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["django.db.backends.sqlite3", "default", "channels.layers.InMemoryChannelLayer"]
+
+
+def test_p_run_2_database_and_redis_urls_switch_to_the_scaled_deployment(tmp_path):
+    r = load_settings(tmp_path, DATABASE_URL="postgres://u:p@db.example:5432/trellis", REDIS_URL="redis://cache:6379/0",
+                      DJANGO_SECRET_KEY="s3cret")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["django.db.backends.postgresql", "redis", "channels_redis.core.RedisChannelLayer"]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"DJANGO_DEBUG": "maybe"}, "DJANGO_DEBUG"),
+        ({"TRELLIS_WORKERS": "two"}, "TRELLIS_WORKERS"),
+        ({"TRELLIS_TASK_TIMEOUT": "600", "TRELLIS_TASK_RETRY": "600"}, "must exceed TRELLIS_TASK_TIMEOUT"),
+        ({"DJANGO_ALLOWED_HOSTS": "*"}, "only allowed with DJANGO_DEBUG=1"),
+        ({"DATABASE_URL": "postgres://u@h/db"}, "DJANGO_SECRET_KEY must be set"),
+        ({"DATABASE_URL": "mysql://u@h/db", "DJANGO_SECRET_KEY": "x"}, "unsupported database engine"),
+    ],
+)
+def test_bad_settings_stop_the_process_with_a_message_naming_the_problem(tmp_path, env, message):
+    r = load_settings(tmp_path, **env)
+    assert r.returncode != 0
+    assert "ImproperlyConfigured" in r.stderr and message in r.stderr, r.stderr
