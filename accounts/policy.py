@@ -56,6 +56,12 @@ def visible_projects(user):
 
 def user_for_token(raw: str):
     """The active user behind a bearer token, recording its use; None if unknown or revoked."""
+    token = token_for(raw)
+    return token.user if token is not None else None
+
+
+def token_for(raw: str):
+    """The active, unrevoked token (with its user) for a raw bearer value, recording its use."""
     if not raw:
         return None
     token = (
@@ -67,4 +73,4 @@ def user_for_token(raw: str):
     # Only touch the row when it is stale, so busy clients don't write on every request.
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-    return token.user
+    return token

@@ -6,7 +6,7 @@ from ninja import Router, Status
 from accounts.limits import LimitError, limits_of
 from accounts.models import ApiToken, Membership
 from accounts.policy import visible_projects
-from accounts.services import SlugTaken, create_project, revoke_token
+from accounts.services import SlugTaken, create_project
 from collab import access
 from collab.errors import Conflict, Invalid, NotFound
 from collab.schemas import (
@@ -49,7 +49,7 @@ from collab.services.archive import check_can_archive, do_archive_branch
 from collab.services.cancel import do_execution_command
 from collab.services.projects import do_set_limits, do_update_project
 from collab.services.watch import access_hold, do_decide_hold
-from collab.services.members import do_add_member, do_change_role, do_remove_member
+from collab.services.members import do_add_member, do_change_role, do_remove_member, do_revoke_token
 from collab.tools.registry import run_tool
 from collab.services.sessions import do_create_session
 from collab.services.specs import do_create_agent_spec
@@ -208,7 +208,8 @@ def _member_out(m) -> dict:
 
 @router.get("projects/{slug}/members", response={200: list[MemberOut], **ERRORS}, tags=["members"])
 def list_members(request: HttpRequest, slug: str):
-    project = access.access_project(request.auth, slug, "project.members")
+    """Every member sees who else is in the project (as on the project page); owners change it."""
+    project = access.access_project(request.auth, slug)
     return [_member_out(m) for m in project.memberships.select_related("user").order_by("user__username")]
 
 
@@ -253,7 +254,7 @@ def delete_token(request: HttpRequest, token_id: int):
     token = ApiToken.objects.filter(pk=token_id, user=request.auth).first()
     if token is None:
         raise NotFound()
-    revoke_token(token)
+    do_revoke_token(token)
     return Status(204, None)
 
 

@@ -91,3 +91,8 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             await database_sync_to_async(access_session)(self.scope.get("user"), self.sid)
         except DomainError:
             await self.close(code=4403)
+
+    async def collab_token_revoked(self, message):
+        """The bearer token this socket was opened with was revoked: close at once."""
+        if self.scope.get("api_token_id") == message.get("token"):
+            await self.close(code=4401)

@@ -9,7 +9,6 @@ from django.views.decorators.http import require_GET, require_POST
 from accounts.limits import FIELDS as LIMIT_FIELDS
 from accounts.limits import LimitError, limits_of
 from accounts.models import ApiToken, Membership
-from accounts.services import revoke_token
 import json
 import uuid
 from urllib.parse import urlencode
@@ -19,7 +18,7 @@ from django.http import StreamingHttpResponse
 
 from collab import access
 from collab.errors import DomainError, Invalid, NotFound
-from collab.services.members import do_add_member, do_change_role, do_remove_member
+from collab.services.members import do_add_member, do_change_role, do_remove_member, do_revoke_token
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.selectors import pages
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
@@ -177,7 +176,7 @@ def revoke_token_view(request, token_id):
     token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
     if token is None:
         raise NotFound()
-    revoke_token(token)
+    do_revoke_token(token)
     return redirect("collab:tokens")
 
 

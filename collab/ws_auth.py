@@ -4,7 +4,7 @@ from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
 
-from accounts.policy import user_for_token
+from accounts.policy import token_for
 
 
 class BearerTokenMiddleware(BaseMiddleware):
@@ -13,9 +13,9 @@ class BearerTokenMiddleware(BaseMiddleware):
         auth = headers.get(b"authorization", b"").decode("latin-1")
         scheme, _, token = auth.partition(" ")
         if scheme.lower() == "bearer" and token.strip():
-            user = await database_sync_to_async(user_for_token)(token.strip())
-            if user is not None:
-                scope = dict(scope, user=user)
+            found = await database_sync_to_async(token_for)(token.strip())
+            if found is not None:
+                scope = dict(scope, user=found.user, api_token_id=found.pk)
         return await super().__call__(scope, receive, send)
 
 

@@ -157,7 +157,7 @@ class Job(models.Model):
 class ExecutionCommand(models.Model):
     """An idempotent control command (SPEC §7): repeating ``command_id`` returns the first answer."""
 
-    command_id = models.CharField(max_length=100, primary_key=True)
+    command_id = models.CharField(max_length=120, primary_key=True, help_text="EXECUTION_ID:client command id")
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="commands")
     action = models.CharField(max_length=32)
     expected_version = models.PositiveIntegerField()

@@ -21,6 +21,12 @@ CANCEL = "execution.cancel"
 MAX_CASCADE_LEVELS = 64
 
 
+def command_key(job: Job, command_id: str) -> str:
+    """Command ids are scoped to their execution: the same id on another execution is another
+    command (and says nothing about executions the caller cannot see)."""
+    return f"{job.pk}:{command_id}"
+
+
 def check_can_cancel(user, job: Job) -> None:
     """Maintainers cancel any execution; members the ones they started (SPEC §8)."""
     role = role_of(user, job.project_id)
@@ -40,16 +46,15 @@ def do_execution_command(user, job: Job, *, command_id: str, action: str, expect
     command_id = (command_id or "").strip()
     if not command_id or len(command_id) > 100:
         raise Invalid("command_id must be 1–100 characters", code="invalid_command_id")
-    previous = ExecutionCommand.objects.filter(pk=command_id).first()
+    check_can_cancel(user, job)  # before the replay: knowing a command id grants no control either
+    key = command_key(job, command_id)
+    previous = ExecutionCommand.objects.filter(pk=key).first()
     if previous is not None:
-        if previous.job_id != job.pk:
-            raise Conflict("this command_id was already used for another execution", code="command_id_reused")
         return previous.response_status, previous.response
     if action != CANCEL:
         raise Invalid(f"unknown action {action!r}; the only action is {CANCEL!r}", code="invalid_action")
     if payload:
         raise Invalid("payload must be empty for execution.cancel", code="invalid_payload")
-    check_can_cancel(user, job)
     try:
         with transaction.atomic():
             locked = Job.objects.select_for_update().get(pk=job.pk)
@@ -63,13 +68,13 @@ def do_execution_command(user, job: Job, *, command_id: str, action: str, expect
             answer = {"execution_id": locked.pk, "status": locked.status, "version": locked.version,
                       "command_id": command_id, "cascaded": cascaded}
             ExecutionCommand.objects.create(
-                command_id=command_id, job=locked, action=action, expected_version=expected_version,
+                command_id=key, job=locked, action=action, expected_version=expected_version,
                 payload=payload or {}, response_status=202, response=answer, issued_by=user,
             )
             send_event_on_commit(locked.session_id, "execution.cancel_requested",
                                  {"job": locked.pk, "command_id": command_id, "cascaded": cascaded}, actor=user)
     except IntegrityError:  # the same command_id raced in: answer like the first one
-        first = ExecutionCommand.objects.get(pk=command_id)
+        first = ExecutionCommand.objects.get(pk=key)
         return first.response_status, first.response
     return 202, answer
 
