@@ -16,10 +16,10 @@ urlpatterns = [
     path("account/tokens", views.tokens, name="tokens"),
     path("account/tokens/<int:token_id>/revoke", views.revoke_token_view, name="revoke_token"),
     path("s/<str:sid>/", views.session, name="session"),
-    path("s/<str:sid>/transcript", views.session_transcript, name="session_transcript"),
-    path("s/<str:sid>/jobs", views.session_jobs, name="session_jobs"),
-    path("s/<str:sid>/branches", views.session_branches, name="session_branches"),
-    path("s/<str:sid>/activity", views.session_activity, name="session_activity"),
+    *[
+        path(f"s/<str:sid>/{part}", views.session_partial, {"part": part}, name=f"session_{part}")
+        for part in sorted(views.SESSION_PARTIALS)
+    ],
     path("s/<str:sid>/turns", views.post_turn, name="post_turn"),
     path("s/<str:sid>/m/<str:mid>/fork", views.fork, name="fork"),
     path("s/<str:sid>/jobs/<str:job_id>/cancel", views.cancel_job, name="cancel_job"),

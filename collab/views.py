@@ -97,32 +97,15 @@ def session(request, sid):
     return render(request, "collab/session.html", _session_context(request, session))
 
 
-@login_required
-@require_GET
-def session_transcript(request, sid):
-    session = access.access_session(request.user, sid)
-    return render(request, "collab/session.html#transcript", _session_context(request, session))
+SESSION_PARTIALS = frozenset({"transcript", "jobs", "activity", "branches"})
 
 
 @login_required
 @require_GET
-def session_jobs(request, sid):
+def session_partial(request, sid, part):
+    """One live-refreshed piece of the session page (htmx re-fetches it on each event)."""
     session = access.access_session(request.user, sid)
-    return render(request, "collab/session.html#jobs", _session_context(request, session))
-
-
-@login_required
-@require_GET
-def session_activity(request, sid):
-    session = access.access_session(request.user, sid)
-    return render(request, "collab/session.html#activity", _session_context(request, session))
-
-
-@login_required
-@require_GET
-def session_branches(request, sid):
-    session = access.access_session(request.user, sid)
-    return render(request, "collab/session.html#branches", _session_context(request, session))
+    return render(request, f"collab/session.html#{part}", _session_context(request, session))
 
 
 @login_required

@@ -28,21 +28,28 @@ INBOX_CAP = 50
 DUPLICATE_WINDOW = timedelta(seconds=60)
 
 
-def _caller(actor: Actor) -> Caller:
-    return Caller(user=actor.user, session_id=actor.session.pk, branch_id=actor.branch.pk)
+def check_delivery(actor: Actor, text: str) -> None:
+    """What every delivery checks before anything is written: the text, the role, the budget."""
+    check_prompt(text)
+    actor.require("turn.start")
+    check_topology(actor, spawn=False)
+
+
+def delivery_target(actor: Actor, to: str) -> Branch:
+    """The live target of a delivery, through the one resolver; call inside its transaction."""
+    target = resolve_target(Caller(user=actor.user, session_id=actor.session.pk, branch_id=actor.branch.pk), to)
+    actor.require("turn.start", target.session.project_id)
+    return target
 
 
 @retry_on_deadlock
 def do_delegate(actor: Actor, *, to: str, prompt: str, gate: bool = True):
     """Admit a task on an existing branch; it runs now or after the target's current turn.
     Under the watch policy it is held instead (returns the HeldDelivery)."""
-    check_prompt(prompt)
-    actor.require("turn.start")
-    check_topology(actor, spawn=False)
+    check_delivery(actor, prompt)
     messages, generations = actor.chain
     with transaction.atomic():
-        target = resolve_target(_caller(actor), to)
-        actor.require("turn.start", target.session.project_id)
+        target = delivery_target(actor, to)
         if gate and is_watched(actor):
             return hold_delivery(actor, target, "task", prompt)
         job = admit_job(
@@ -69,13 +76,10 @@ class Receipt:
 def do_send_message(actor: Actor, *, to: str, message: str, gate: bool = True) -> Receipt:
     if (to or "").strip().lower() == "new":
         raise Invalid('to="new" is not valid: create an agent with agent(prompt=…, start_from=…)', code="invalid_target")
-    check_prompt(message)
-    actor.require("turn.start")
-    check_topology(actor, spawn=False)
+    check_delivery(actor, message)
     messages, generations = actor.chain
     with transaction.atomic():
-        target = resolve_target(_caller(actor), to)
-        actor.require("turn.start", target.session.project_id)
+        target = delivery_target(actor, to)
         if gate and is_watched(actor):
             return Receipt(target=target, delivered=False, hold=hold_delivery(actor, target, "message", message))
         target = Branch.objects.select_for_update(of=("self",)).select_related("session", "tip").get(pk=target.pk)
