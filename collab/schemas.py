@@ -98,6 +98,7 @@ class ExecutionOut(Schema):
     prompt_msg: str | None
     tokens_in: int
     tokens_out: int
+    cost: str
     model_calls: int
     tool_calls: int
     created_at: Any

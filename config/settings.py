@@ -9,6 +9,7 @@ Scaled (P-RUN-2): ``DATABASE_URL`` (postgres://… or sqlite:///path),
 ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS``.
 """
 
+import json
 import os
 import secrets
 import sys
@@ -218,7 +219,53 @@ else:
 
 # --- Trellis ---------------------------------------------------------------
 TRELLIS_MAX_TOOL_CALLS = env_int("TRELLIS_MAX_TOOL_CALLS", 50, minimum=1)
+# Which worker environment variables an AgentSpec's api_key_env may name: key-like names,
+# never the server's own DJANGO_* settings.
+TRELLIS_API_KEY_ENV_PATTERN = env_str("TRELLIS_API_KEY_ENV_PATTERN", r"(?!DJANGO_)[A-Z][A-Z0-9_]*_(API_KEY|KEY|TOKEN)")
 TRELLIS_LEASE_SECONDS = env_int("TRELLIS_LEASE_SECONDS", 30, minimum=5)
+
+# --- model providers (openai, anthropic) -------------------------------------------
+# Per request: seconds to wait (while streaming: between chunks); bounded retries on
+# 429 / 5xx / connection errors with exponential backoff from the base delay.
+TRELLIS_MODEL_TIMEOUT = env_int("TRELLIS_MODEL_TIMEOUT", 120, minimum=1)
+TRELLIS_MODEL_RETRIES = env_int("TRELLIS_MODEL_RETRIES", 3, minimum=0)
+TRELLIS_MODEL_RETRY_BASE_MS = env_int("TRELLIS_MODEL_RETRY_BASE_MS", 1000, minimum=0)
+TRELLIS_MODEL_MAX_TOKENS = env_int("TRELLIS_MODEL_MAX_TOKENS", 4096, minimum=1)  # Anthropic requires one
+
+
+def _model_prices() -> dict:
+    """Model → (input $/Mtok, output $/Mtok). ``TRELLIS_MODEL_PRICES`` (a JSON object of
+    the same shape) adds to and overrides these; a model matches its longest listed prefix."""
+    prices = {
+        "gpt-4o-mini": (0.15, 0.60),
+        "gpt-4o": (2.50, 10.00),
+        "gpt-4.1-nano": (0.10, 0.40),
+        "gpt-4.1-mini": (0.40, 1.60),
+        "gpt-4.1": (2.00, 8.00),
+        "o4-mini": (1.10, 4.40),
+        "claude-3-5-haiku": (0.80, 4.00),
+        "claude-haiku-4": (1.00, 5.00),
+        "claude-sonnet-4": (3.00, 15.00),
+        "claude-opus-4": (15.00, 75.00),
+        "claude-opus-4-5": (5.00, 25.00),
+    }
+    raw = env_str("TRELLIS_MODEL_PRICES")
+    if raw:
+        try:
+            extra = json.loads(raw)
+            if not isinstance(extra, dict):
+                raise ValueError("not an object")
+            for model, pair in extra.items():
+                if (not isinstance(pair, (list, tuple)) or len(pair) != 2
+                        or not all(isinstance(p, (int, float)) and not isinstance(p, bool) and p >= 0 for p in pair)):
+                    raise ValueError(f"{model!r} must map to [input, output] non-negative numbers")
+                prices[model] = (float(pair[0]), float(pair[1]))
+        except ValueError as exc:
+            raise ImproperlyConfigured(f'TRELLIS_MODEL_PRICES must be a JSON object like {{"model": [in, out]}} ($ per million tokens): {exc}') from None
+    return prices
+
+
+TRELLIS_MODEL_PRICES = _model_prices()
 
 LOGGING = {
     "version": 1,

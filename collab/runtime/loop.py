@@ -8,6 +8,7 @@ a stop request or an error, and ends the job in one completion transaction.
 import logging
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -58,6 +59,7 @@ class TurnContext:
     tool_calls: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
+    cost: Decimal = Decimal(0)
     _last_check: float = 0.0
     _started: float = field(default_factory=time.monotonic)
     _last_progress: float = field(default_factory=time.monotonic)
@@ -132,6 +134,7 @@ class TurnContext:
             "tool_calls": self.tool_calls,
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
+            "cost": self.cost.quantize(Decimal("0.000001")),
         }
 
 
@@ -198,10 +201,14 @@ def drive(ctx: TurnContext) -> str:
         ctx.model_calls += 1
         ctx.tokens_in += response.tokens_in
         ctx.tokens_out += response.tokens_out
+        ctx.cost += Decimal(str(getattr(response, "cost", 0) or 0))
         ctx.progressed()
         limit_tokens = ctx.project.max_tokens_per_job
         if limit_tokens and ctx.tokens_in + ctx.tokens_out > limit_tokens:
             raise LimitExceeded("quota.tokens_exhausted", f"the turn used more than {limit_tokens} tokens (max_tokens_per_job)")
+        limit_cost = ctx.project.max_cost_per_job
+        if limit_cost and ctx.cost > limit_cost:
+            raise LimitExceeded("quota.cost_exhausted", f"the turn cost more than ${limit_cost} (max_cost_per_job)")
         if not response.tool_calls:
             return response.text
         if ctx.tool_calls + len(response.tool_calls) > limit:

@@ -34,6 +34,7 @@ def execution_shape(job: Job) -> dict:
         "prompt_msg": job.prompt_msg_id,
         "tokens_in": job.tokens_in,
         "tokens_out": job.tokens_out,
+        "cost": str(job.cost),
         "model_calls": job.model_calls,
         "tool_calls": job.tool_calls,
         "created_at": job.created_at,

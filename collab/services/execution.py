@@ -139,7 +139,7 @@ def finish_job(
             error_reason=error_reason,
             lease_expires_at=None,
             followup_state=FollowupState.OWED if owed else FollowupState.NONE,
-            **{k: usage[k] for k in ("model_calls", "tool_calls", "tokens_in", "tokens_out") if k in usage},
+            **{k: usage[k] for k in ("model_calls", "tool_calls", "tokens_in", "tokens_out", "cost") if k in usage},
         )
         if final_text is not None:
             final = append_message(

@@ -3,6 +3,7 @@ from django.db import IntegrityError, transaction
 from collab.errors import Conflict, Invalid
 from collab.models import AgentRole, AgentSpec, FollowupMode, Toolset
 from collab.runtime.providers import IMPLEMENTED_PROVIDERS
+from collab.runtime.providers.remote import key_env_allowed
 from collab.runtime.providers.scripted import check_script
 
 SPEC_FIELDS = (
@@ -19,6 +20,15 @@ def _choice(value, allowed, field):
 def do_create_agent_spec(project, **data) -> AgentSpec:
     """Validate and save an AgentSpec. Only providers this server implements are accepted."""
     _choice(data.get("provider", "scripted"), IMPLEMENTED_PROVIDERS, "provider")
+    if data.get("provider", "scripted") != "scripted" and not (data.get("model") or "").strip():
+        raise Invalid(f"provider {data['provider']!r} needs a model name", code="invalid_model")
+    key_env = (data.get("api_key_env") or "").strip()
+    if key_env and not key_env_allowed(key_env):
+        raise Invalid(
+            f"api_key_env {key_env!r} is not allowed: name a variable like OPENAI_API_KEY "
+            "(the server's own settings can never be used as model keys)",
+            code="invalid_api_key_env",
+        )
     _choice(data.get("toolset", Toolset.COLLAB), Toolset.values, "toolset")
     _choice(data.get("role", AgentRole.GENERAL), AgentRole.values, "role")
     _choice(data.get("followup_mode", FollowupMode.TURN), FollowupMode.values, "followup_mode")

@@ -77,7 +77,9 @@ def run_tool(ctx: ToolContext, name: str, arguments: Any, *, toolset: str, allow
     if tool is None:
         return ToolResult.error("unknown_tool", f"no tool named {name!r} is available here", tool=name)
     if not isinstance(arguments, dict):
-        return ToolResult.error("invalid_arguments", "arguments must be a JSON object", tool=name)
+        # a model's unparseable arguments arrive as text that says why (runtime/providers/mapping.py)
+        problem = getattr(arguments, "problem", None) or "arguments must be a JSON object"
+        return ToolResult.error("invalid_arguments", problem, tool=name)
     try:
         params = tool.params.model_validate(arguments)
     except ValidationError as exc:

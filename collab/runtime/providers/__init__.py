@@ -9,9 +9,17 @@ def get_provider(spec):
         from collab.runtime.providers.scripted import ScriptedProvider
 
         return ScriptedProvider(getattr(spec, "script", None) or [])
+    if provider == "openai":
+        from collab.runtime.providers.openai_provider import OpenAIProvider
+
+        return OpenAIProvider(spec)
+    if provider == "anthropic":
+        from collab.runtime.providers.anthropic_provider import AnthropicProvider
+
+        return AnthropicProvider(spec)
     raise ProviderError(f"provider {provider!r} is not available on this server", code="provider_unavailable")
 
 
-IMPLEMENTED_PROVIDERS = ("scripted",)
+IMPLEMENTED_PROVIDERS = ("scripted", "openai", "anthropic")
 
 __all__ = ["IMPLEMENTED_PROVIDERS", "ModelResponse", "ProviderError", "ToolCall", "get_provider"]

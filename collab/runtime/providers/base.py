@@ -1,4 +1,5 @@
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 
 @dataclass
@@ -16,6 +17,7 @@ class ModelResponse:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tokens_in: int = 0
     tokens_out: int = 0
+    cost: Decimal = Decimal(0)  # $ for this call, from settings.TRELLIS_MODEL_PRICES
 
 
 class ProviderError(Exception):
