@@ -182,9 +182,40 @@ def worker_process(process_env, tmp_path_factory):
 
 @pytest.fixture
 def worker(transactional_db, worker_process):
-    """A real django-q2 worker process serving this test (rows must be committed)."""
+    """A real django-q2 worker process serving this test (rows must be committed).
+
+    On teardown everything the test left running is cancelled and the worker is given time
+    to go quiet, so the database flush never races a turn still writing (a deadlock on
+    PostgreSQL, stray rows on SQLite)."""
     assert worker_process.poll() is None, worker_process.log.read_text()[-3000:]
-    return worker_process
+    yield worker_process
+    settle_worker()
+
+
+def settle_worker(timeout: float = 20.0) -> None:
+    from django.db import transaction
+
+    from collab.models import OPEN_STATUSES, FollowupState, Job
+    from collab.services.cancel import request_cancel_tree
+
+    deadline = time.monotonic() + timeout
+    quiet_since = None
+    while time.monotonic() < deadline:
+        open_jobs = list(Job.objects.filter(status__in=OPEN_STATUSES))
+        owed = Job.objects.filter(followup_state=FollowupState.OWED).exclude(followup_mode="mailbox").exists()
+        if not open_jobs and not owed:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since > 0.3:
+                return
+        else:
+            quiet_since = None
+            for job in open_jobs:
+                try:
+                    with transaction.atomic():
+                        request_cancel_tree(Job.objects.select_for_update().get(pk=job.pk))
+                except Exception:  # it ended meanwhile: fine
+                    pass
+        time.sleep(0.1)
 
 
 def free_port() -> int:
