@@ -48,3 +48,17 @@ def test_bad_settings_stop_the_process_with_a_message_naming_the_problem(tmp_pat
     r = load_settings(tmp_path, **env)
     assert r.returncode != 0
     assert "ImproperlyConfigured" in r.stderr and message in r.stderr, r.stderr
+
+
+def test_p_sec_cookies_are_secure_unless_debugging_or_serving_loopback_only(tmp_path):
+    code = "import config.settings as s; print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SESSION_COOKIE_HTTPONLY)"
+
+    def flags(**env):
+        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                           env={**CLEAN, "TRELLIS_VAR_DIR": str(tmp_path), **env})
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()
+
+    assert flags() == ["False", "False", "True"]  # the embedded default on 127.0.0.1
+    assert flags(DJANGO_ALLOWED_HOSTS="trellis.example.com") == ["True", "True", "True"]
+    assert flags(DJANGO_ALLOWED_HOSTS="trellis.example.com", DJANGO_DEBUG="1") == ["False", "False", "True"]
