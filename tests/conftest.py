@@ -166,6 +166,19 @@ def _stop(proc) -> None:
         proc.wait(5)
 
 
+_background_worker_started = False
+
+
+@pytest.fixture
+def transactional_db(transactional_db):
+    """pytest-django's fixture, plus: once a worker process is running in this test session, any
+    job a transactional test enqueued may still be running at its end (the test need not have
+    asked for ``worker``), so let it go quiet before the database is flushed."""
+    yield transactional_db
+    if _background_worker_started:
+        settle_worker()
+
+
 @pytest.fixture(scope="session")
 def worker_process(process_env, tmp_path_factory):
     log = tmp_path_factory.mktemp("worker") / "qcluster.log"
@@ -176,6 +189,8 @@ def worker_process(process_env, tmp_path_factory):
         )
     _wait_for_output(log, "running.", proc, 60)
     proc.log = log
+    global _background_worker_started
+    _background_worker_started = True
     yield proc
     _stop(proc)
 
@@ -184,12 +199,11 @@ def worker_process(process_env, tmp_path_factory):
 def worker(transactional_db, worker_process):
     """A real django-q2 worker process serving this test (rows must be committed).
 
-    On teardown everything the test left running is cancelled and the worker is given time
-    to go quiet, so the database flush never races a turn still writing (a deadlock on
-    PostgreSQL, stray rows on SQLite)."""
+    On teardown (see ``transactional_db``) everything the test left running is cancelled and
+    the worker is given time to go quiet, so the database flush never races a turn still
+    writing (a deadlock on PostgreSQL, stray rows on SQLite)."""
     assert worker_process.poll() is None, worker_process.log.read_text()[-3000:]
-    yield worker_process
-    settle_worker()
+    return worker_process
 
 
 def settle_worker(timeout: float = 20.0) -> None:
