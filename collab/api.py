@@ -56,7 +56,7 @@ from collab.services.specs import do_create_agent_spec
 from collab.services.turns import do_start_user_turn
 
 router = Router()
-ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
+ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut, 429: ErrorOut}
 
 
 def _project_out(project, role=None) -> dict:

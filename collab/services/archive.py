@@ -13,6 +13,9 @@ from collab.events import send_event_on_commit
 from collab.models import Branch
 
 
+AUTOMATIC_REASON = "archive_when_done"
+
+
 def do_archive_branch(branch: Branch, *, user=None, reason: str = "", automatic: bool = False) -> Branch:
     """Archive idempotently. Authorization is the caller's job (``check_can_archive``)."""
     reason = (reason or "").strip()[:500]
@@ -22,7 +25,8 @@ def do_archive_branch(branch: Branch, *, user=None, reason: str = "", automatic:
             archived=True, archived_at=now, archive_reason=reason, archived_by=user
         )
         if not first and reason and not automatic:
-            Branch.objects.filter(Q(archive_reason="") | Q(archive_reason__isnull=True), pk=branch.pk).update(
+            # the first *manual* reason is kept: it fills an empty or automatic reason, never another manual one
+            Branch.objects.filter(Q(archive_reason="") | Q(archive_reason=AUTOMATIC_REASON), pk=branch.pk).update(
                 archive_reason=reason
             )
         branch.refresh_from_db()

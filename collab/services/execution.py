@@ -15,7 +15,7 @@ from django.utils import timezone
 from collab.events import send_event_on_commit
 from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageRole, Session
 from collab.services.admission import enqueue_job, follow_head, job_wire, write_prompt_node
-from collab.services.archive import do_archive_branch
+from collab.services.archive import AUTOMATIC_REASON, do_archive_branch
 from collab.services.artifacts import store_result
 from collab.services.deliver import drain_inbox_locked
 from collab.services.followup import deliver_owed_after_commit, deliver_owed_locked, owes_followup
@@ -154,7 +154,7 @@ def finish_job(
         job.refresh_from_db()
         send_event_on_commit(job.session_id, f"job.{status}", job_wire(job))
         if job.archive_when_done:
-            do_archive_branch(branch, user=job.started_by, reason="archive_when_done", automatic=True)
+            do_archive_branch(branch, user=job.started_by, reason=AUTOMATIC_REASON, automatic=True)
         if ran:  # the branch's turn is over: what waited for it may go now
             drain_inbox_locked(branch)
             deliver_owed_locked(branch)

@@ -1040,3 +1040,21 @@ def test_p_spec_10_nested_foreground_agents_run_inline_without_deadlock(team, ap
         assert child.worker == root.worker  # inline: the very same worker process
         assert child.started_at >= parent.started_at and child.finished_at <= parent.finished_at
     assert [j.agent_spec.agent_id for j in chain[1:]] == ["lvl1", "lvl2", "lvl3"]
+
+
+def test_op_c4_a_manual_reason_fills_in_after_an_automatic_archive_but_never_replaces_a_manual_one(team):
+    """OP §2.6/C4: automatic archiving only fills unset fields; the first manual reason is kept,
+    and the first archived_at never changes."""
+    from collab.models import Branch
+    from collab.services.archive import do_archive_branch
+    from collab.services.sessions import do_create_session
+
+    session = do_create_session(team.owner, team.alpha, title="t")
+    branch = Branch.objects.get(session=session)
+    do_archive_branch(branch, user=team.owner, reason="archive_when_done", automatic=True)
+    first_at = Branch.objects.get(pk=branch.pk).archived_at
+    do_archive_branch(branch, user=team.owner, reason="done with it")
+    do_archive_branch(branch, user=team.owner, reason="a later reason")
+    do_archive_branch(branch, user=team.owner, reason="archive_when_done", automatic=True)
+    branch.refresh_from_db()
+    assert branch.archive_reason == "done with it" and branch.archived_at == first_at
