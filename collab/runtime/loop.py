@@ -16,6 +16,7 @@ from django.db import transaction
 
 from collab.models import JobStatus, Message, MessageRole
 from collab.runtime.providers import ProviderError, get_provider
+from collab.events import send_event_on_commit
 from collab.services.acting import Actor
 from collab.services.execution import claim_job, finish_job, heartbeat
 from collab.services.followup import drain_mailbox
@@ -25,6 +26,8 @@ from collab.tools.registry import ToolResult, run_tool
 log = logging.getLogger(__name__)
 
 STOP_CHECK_SECONDS = 0.2
+DELTA_FLUSH_SECONDS = 0.25
+DELTA_FLUSH_CHARS = 400
 
 
 class TurnStopped(Exception):
@@ -61,6 +64,8 @@ class TurnContext:
     tokens_out: int = 0
     cost: Decimal = Decimal(0)
     _last_check: float = 0.0
+    _delta: list = field(default_factory=list)
+    _delta_flushed: float = 0.0
     _started: float = field(default_factory=time.monotonic)
     _last_progress: float = field(default_factory=time.monotonic)
 
@@ -106,6 +111,25 @@ class TurnContext:
 
     def progressed(self) -> None:
         self._last_progress = time.monotonic()
+
+    def on_text_delta(self, text: str) -> None:
+        """A streaming provider's text fragment. Fragments are batched into ``message.delta``
+        events (about four a second, or every 400 characters), never one event per token."""
+        self._delta.append(text)
+        now = time.monotonic()
+        if now - self._delta_flushed >= DELTA_FLUSH_SECONDS or sum(map(len, self._delta)) >= DELTA_FLUSH_CHARS:
+            self.flush_delta()
+
+    def flush_delta(self) -> None:
+        if not self._delta:
+            return
+        chunk, self._delta = "".join(self._delta), []
+        self._delta_flushed = time.monotonic()
+        with transaction.atomic():
+            send_event_on_commit(
+                self.job.session_id, "message.delta",
+                {"job": self.job.pk, "branch": self.branch.pk, "call": self.model_calls, "text": chunk},
+            )
 
     def available_tools(self):
         """The tools offered to the model this turn: the toolset narrowed by the spec's
@@ -198,6 +222,7 @@ def drive(ctx: TurnContext) -> str:
         ctx.check_stop(force=ctx.model_calls > 0)
         drain(ctx)
         response = provider.complete(ctx)
+        ctx.flush_delta()
         ctx.model_calls += 1
         ctx.tokens_in += response.tokens_in
         ctx.tokens_out += response.tokens_out

@@ -1,6 +1,6 @@
 """What the pages show, already limited to what the viewer may see (callers authorize the session)."""
 
-from collab.models import ACTIVE_STATUSES, Branch, Job, Message, MessageKind, Session
+from collab.models import ACTIVE_STATUSES, Branch, Event, Job, Message, MessageKind, Session
 from collab.selectors.transcript import lineage
 
 TRANSCRIPT_WINDOW = 200
@@ -29,12 +29,22 @@ def transcript(session: Session, branch_id: str | None = None, head_id: str | No
             attaches.setdefault(pointer.predecessor_id, []).append(pointer)
     for m in messages:
         m.attaches = attaches.get(m.pk, [])
-    running = (
-        Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).values_list("status", flat=True).first()
-        if branch else None
-    )
+    running = Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).first() if branch else None
     return {"branch": branch, "messages": messages, "clipped": bool(messages) and messages[0].depth > 0,
-            "selected": head_id, "running": running}
+            "selected": head_id, "running": running.status if running else None,
+            "generating": generating_text(running) if running else ""}
+
+
+def generating_text(job: Job) -> str:
+    """What a streaming model has said so far in the running job's current model call."""
+    deltas = list(
+        Event.objects.filter(session_id=job.session_id, type="message.delta", payload__job=job.pk)
+        .order_by("seq").values_list("payload", flat=True)
+    )
+    if not deltas:
+        return ""
+    current = deltas[-1].get("call")
+    return "".join(d.get("text", "") for d in deltas if d.get("call") == current)
 
 
 def recent_jobs(session: Session, limit: int = 20) -> list[Job]:

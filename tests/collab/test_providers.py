@@ -687,3 +687,38 @@ def test_p_sec_an_agent_spec_cannot_name_the_servers_own_secrets_as_its_key(team
         "agent_id": "thief", "provider": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1", "api_key_env": name,
     })
     assert r.status_code == 400 and r.json()["code"] == "invalid_api_key_env", r.content
+
+
+@pytest.mark.slow
+def test_streamed_tokens_reach_the_page_in_batches_while_the_model_generates(fake, llm_session, dialect, worker, client):
+    """Issue: real models, item 4 — tokens appear on the session page as they arrive, batched into
+    a few ``message.delta`` events (never one per token), under a visible "generating" state; the
+    final answer replaces it."""
+    words = [f"w{i}" for i in range(60)]
+    fake.add(dialect.text(" ".join(words), stream=True, pieces=60, delay=0.05))  # ~3 s of streaming
+    api, sid, _ = llm_session(dialect)
+    execution = start_turn(api, sid, "stream to me")
+    client.force_login(team_member(api))
+    seen = ""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and api.get(f"/api/executions/{execution}").json()["status"] != "succeeded":
+        html = client.get(f"/s/{sid}/transcript").content.decode()
+        if "generating…" in html and "w5" in html:
+            seen = html
+        time.sleep(0.1)
+    assert seen, "the page never showed the text while the model was generating"
+    assert 'class="msg role-assistant generating"' in seen
+    done = api.wait(execution)
+    assert done["status"] == "succeeded"
+    deltas = events(api, sid, "message.delta")
+    assert 2 <= len(deltas) < 30, len(deltas)  # batched: far fewer events than the 60 fragments
+    assert "".join(d["payload"]["text"] for d in deltas) == " ".join(words)
+    final = client.get(f"/s/{sid}/transcript").content.decode()
+    assert "generating…" not in final and "w59" in final
+
+
+def team_member(api):
+    """The user behind an API client's bearer token."""
+    from accounts.policy import user_for_token
+
+    return user_for_token(api.headers["HTTP_AUTHORIZATION"].split()[1])
