@@ -18,7 +18,7 @@ from collab.errors import DomainError
 from collab.events import send_event_on_commit
 from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageKind, MessageRole
 from collab.services.messages import append_message
-from collab.services.results import bound_text
+from collab.services.results import bound_text, result_limit_for
 from collab.services.retry import retry_on_deadlock
 
 log = logging.getLogger(__name__)
@@ -28,12 +28,21 @@ def owes_followup(job: Job) -> bool:
     return bool(job.caller_branch_id) and job.kind in (JobKind.SPAWN, JobKind.TASK) and job.run_in_background
 
 
+def reader_spec(job: Job):
+    """The AgentSpec of the model that will read ``job``'s result: the caller branch's."""
+    caller = job.caller_branch
+    if caller is None:
+        return None
+    return caller.agent_spec or caller.session.agent_spec
+
+
 def result_notice(job: Job) -> str:
     """What the caller reads: where the result comes from, how the job ended, the bounded result."""
     source = f"{job.session_id}:{job.branch.tip_id}" if job.branch.tip_id else job.session_id
     who = job.branch.display_name
     if job.status == JobStatus.SUCCEEDED:
-        body, _ = bound_text(job.result_text) if job.result_text.strip() else ("(the agent finished with an empty reply)", False)
+        limit = result_limit_for(reader_spec(job))
+        body, _ = bound_text(job.result_text, limit) if job.result_text.strip() else ("(the agent finished with an empty reply)", False)
         return f"[result from {source}]\nAgent {who!r} finished execution {job.pk}:\n\n{body}"
     reason = job.error_reason or job.status
     return (

@@ -2,6 +2,7 @@
 inline follow-ups and API answers all go through ``bound_text``."""
 
 RESULT_LIMIT = 30_000
+MIN_RESULT_LIMIT = 2_000
 MARKER = "\n\n[… {omitted} characters omitted …]\n\n"
 
 
@@ -16,3 +17,17 @@ def bound_text(text: str, limit: int = RESULT_LIMIT) -> tuple[str, bool]:
     tail = keep - head
     omitted = len(text) - head - tail
     return text[:head] + MARKER.format(omitted=omitted) + (text[-tail:] if tail else ""), True
+
+
+def result_limit_for(spec) -> int:
+    """The bound for results a model reads: 30,000 characters, lower when the spec declares a
+    small context window (``limits.context_window`` in tokens): a result may take about a
+    quarter of it (~4 characters a token), never less than 2,000 characters."""
+    window = (getattr(spec, "limits", None) or {}).get("context_window") if spec is not None else None
+    try:
+        window = int(window)
+    except (TypeError, ValueError):
+        return RESULT_LIMIT
+    if window <= 0:
+        return RESULT_LIMIT
+    return max(MIN_RESULT_LIMIT, min(RESULT_LIMIT, window))

@@ -21,12 +21,17 @@ from collab.selectors.transcript import DEFAULT_MAX_CHARS, render_transcript
 from collab.services.addressing import Caller, find_branch
 from collab.services.archive import check_can_archive, do_archive_branch
 from collab.services.deliver import do_delegate, do_send_message
-from collab.services.results import bound_text
+from collab.services.results import bound_text, result_limit_for
 from collab.services.spawn import do_spawn
 from collab.services.todos import do_create_todo, do_update_todo
 from collab.tools.registry import ToolParams, ToolResult, register
 
 COLLAB = ("collab",)
+
+
+def reading_spec(ctx):
+    """The spec of the model that reads this tool's result (bounds it to its context window)."""
+    return ctx.branch.agent_spec or ctx.session.agent_spec
 
 
 def _job_line(job: Job) -> str:
@@ -89,7 +94,7 @@ def agent(ctx, p: AgentParams) -> ToolResult:
                      "address": f"{branch.session_id}:{job.prompt_msg_id}", "session_id": branch.session_id},
         )
     branch.refresh_from_db()
-    summary, truncated = bound_text(job.result_text)
+    summary, truncated = bound_text(job.result_text, result_limit_for(reading_spec(ctx)))
     return ToolResult(
         text=summary if job.status == "succeeded" else f"agent {branch.display_name!r} {job.status}: {job.error_reason or summary}",
         details={"execution_id": job.pk, "status": job.status, "is_error": job.is_error, "error_code": job.error_code,
@@ -305,7 +310,7 @@ def job_output(ctx, p: JobOutputParams) -> ToolResult:
                 break  # the calling turn was asked to stop
         time.sleep(0.1)
         job.refresh_from_db()
-    summary, truncated = bound_text(job.result_text)
+    summary, truncated = bound_text(job.result_text, result_limit_for(reading_spec(ctx)))
     done = job.status in TERMINAL_STATUSES
     if not done:
         text = f"job {job.pk} is still {job.status}"

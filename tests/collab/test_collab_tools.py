@@ -1058,3 +1058,34 @@ def test_op_c4_a_manual_reason_fills_in_after_an_automatic_archive_but_never_rep
     do_archive_branch(branch, user=team.owner, reason="archive_when_done", automatic=True)
     branch.refresh_from_db()
     assert branch.archive_reason == "done with it" and branch.archived_at == first_at
+
+
+def test_spec_9_a_small_context_window_lowers_the_result_bound(team, api_as):
+    """SPEC §9: results are bounded at 30,000 characters, lower when the reading model's context
+    is small (AgentSpec.limits.context_window): job_output through the gateway is cut to it."""
+    from collab.models import Job
+    from collab.runtime.loop import run_job
+
+    owner = api_as(team.owner)
+    long_answer = "x" * 12_000 + "THE-END"
+    for agent_id, window in (("small", 4_000), ("large", None)):
+        limits = {"context_window": window} if window else {}
+        assert owner.post("/api/projects/alpha/agent-specs", {
+            "agent_id": agent_id, "script": {"spawn": [{"text": long_answer}]}, "limits": limits}).status_code == 201
+        sid = owner.post("/api/projects/alpha/sessions", {"title": agent_id, "agent_id": agent_id}).json()["id"]
+        main = owner.get(f"/api/sessions/{sid}/branches").json()
+        address = main[0]["address"] if main and main[0]["address"] else None
+        if address is None:
+            first = owner.post(f"/api/sessions/{sid}/turns", {"prompt": "hi"}).json()["execution_id"]
+            run_job(first)
+            address = owner.get(f"/api/sessions/{sid}/branches").json()[0]["address"]
+        spawned = owner.post(f"/api/branches/{address}/tools/agent",
+                             {"arguments": {"prompt": "answer long", "run_in_background": True}}).json()
+        job_id = spawned["details"]["execution_id"]
+        run_job(job_id)
+        out = owner.post(f"/api/branches/{address}/tools/job_output", {"arguments": {"job_id": job_id}}).json()
+        assert out["details"]["job_id"] == job_id and Job.objects.get(pk=job_id).status == "succeeded"
+        if window:
+            assert len(out["text"]) <= 4_000 and out["details"]["truncated"] and out["text"].endswith("THE-END")
+        else:
+            assert len(out["text"]) == len(long_answer) and not out["details"]["truncated"]
