@@ -41,7 +41,7 @@ from collab.schemas import (
 )
 from collab.selectors.events import PAGE, events_after
 from collab.selectors.agents import branch_rows, is_busy
-from collab.selectors.shapes import branch_shape, execution_shape, session_shape
+from collab.selectors.shapes import branch_shape, branch_usage, execution_shape, session_shape, usage_totals
 from collab.selectors.transcript import DEFAULT_MAX_CHARS, render_transcript
 from collab.services.acting import Actor
 from collab.services.addressing import Caller, find_branch
@@ -141,7 +141,8 @@ def get_branches(request: HttpRequest, sid: str, scope: str = "session", limit: 
     if scope not in ("session", "archived"):
         raise Invalid('scope must be "session" or "archived"', code="invalid_scope")
     rows = branch_rows([session.pk], archived=(scope == "archived"), limit=max(1, min(limit, 1000)), previews=False)
-    return [branch_shape(b, b.busy) for b in rows]
+    totals = branch_usage([b.pk for b in rows])
+    return [{**branch_shape(b, b.busy), "usage": totals.get(b.pk)} for b in rows]
 
 
 def _branch(request, address: str, capability: str = "project.read"):
@@ -175,6 +176,14 @@ def post_tool(request: HttpRequest, address: str, tool: str, payload: ToolCallIn
     result = run_tool(actor, tool, payload.arguments, toolset=getattr(spec, "toolset", "collab") or "collab",
                       allow=list(getattr(spec, "tools", None) or []))
     return result.as_dict()
+
+
+@router.get("projects/{slug}", response={200: ProjectOut, **ERRORS}, tags=["projects"])
+def get_project(request: HttpRequest, slug: str):
+    """The project, with token and cost totals over all its executions."""
+    project = access.access_project(request.auth, slug)
+    role = Membership.objects.filter(user=request.auth, project=project).values_list("role", flat=True).first()
+    return {**_project_out(project, role), "usage": usage_totals(project.jobs.all())}
 
 
 @router.get("projects/{slug}/limits", response={200: LimitsOut, **ERRORS}, tags=["projects"])

@@ -10,12 +10,19 @@ class StrictIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
 
+class UsageOut(Schema):
+    tokens_in: int
+    tokens_out: int
+    cost: str
+
+
 class ProjectIn(StrictIn):
     slug: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")
     name: str = Field(default="", max_length=200)
 
 
 class ProjectOut(Schema):
+    usage: UsageOut | None = None
     slug: str
     name: str
     role: str | None = None
@@ -59,6 +66,7 @@ class SessionIn(StrictIn):
 
 
 class SessionOut(Schema):
+    usage: UsageOut | None = None
     id: str
     project: str
     title: str
@@ -126,6 +134,7 @@ ExecutionStatus = Literal["queued", "running", "stopping", "succeeded", "failed"
 
 
 class BranchOut(Schema):
+    usage: UsageOut | None = None
     id: str
     session: str
     address: str | None

@@ -21,6 +21,7 @@ from collab.errors import DomainError, Invalid, NotFound
 from collab.services.members import do_add_member, do_change_role, do_remove_member, do_revoke_token
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.selectors import pages
+from collab.selectors.shapes import usage_totals
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import event_record, project_events
 from collab.services.projects import do_set_limits, do_update_project
@@ -83,6 +84,7 @@ def _session_context(request, session):
         "session": session,
         "t": pages.transcript(session, request.GET.get("branch"), request.GET.get("head")),
         "jobs": pages.recent_jobs(session),
+        "usage": usage_totals(session.jobs.all()),
         "events": pages.recent_events(session),
         "holds": session.held_deliveries.filter(status="pending").select_related("target_branch"),
         "branches": pages.branches(session),

@@ -3,8 +3,18 @@
 from collab.models import Job, Session
 
 
+def usage_totals(jobs) -> dict:
+    """Token and cost totals of a job queryset (one aggregate query)."""
+    from django.db.models import Sum
+
+    totals = jobs.aggregate(tokens_in=Sum("tokens_in"), tokens_out=Sum("tokens_out"), cost=Sum("cost"))
+    return {"tokens_in": totals["tokens_in"] or 0, "tokens_out": totals["tokens_out"] or 0,
+            "cost": str(totals["cost"] or 0)}
+
+
 def session_shape(session: Session) -> dict:
     return {
+        "usage": usage_totals(session.jobs.all()),
         "id": session.pk,
         "project": session.project.slug,
         "title": session.title,
@@ -61,3 +71,15 @@ def branch_shape(branch, busy: bool) -> dict:
         "created_at": branch.created_at,
         "last_active_at": branch.last_active_at,
     }
+
+
+def branch_usage(branch_ids) -> dict:
+    """Per-branch token and cost totals (one grouped query)."""
+    from django.db.models import Sum
+
+    from collab.models import Job
+
+    rows = Job.objects.filter(branch_id__in=branch_ids).values("branch_id").annotate(
+        tokens_in=Sum("tokens_in"), tokens_out=Sum("tokens_out"), cost=Sum("cost"))
+    return {r["branch_id"]: {"tokens_in": r["tokens_in"] or 0, "tokens_out": r["tokens_out"] or 0,
+                             "cost": str(r["cost"] or 0)} for r in rows}

@@ -722,3 +722,24 @@ def team_member(api):
     from accounts.policy import user_for_token
 
     return user_for_token(api.headers["HTTP_AUTHORIZATION"].split()[1])
+
+
+def test_tokens_and_cost_are_summed_per_branch_session_and_project(fake, llm_session, dialect, fast):
+    """Issue: real models, item 6 — accounting on the Job, summed per branch/session/project in the
+    API and shown on the page."""
+    fake.add(dialect.text("one", stream=True, usage=(11, 7)), dialect.text("two", stream=True, usage=(5, 3)))
+    api, sid, _ = llm_session(dialect)
+    jobs = [run_inline(start_turn(api, sid, "first")), run_inline(start_turn(api, sid, "second"))]
+    assert [(j.tokens_in, j.tokens_out) for j in jobs] == [(11, 7), (5, 3)], [(j.status, j.error_reason) for j in jobs]
+    session = api.get(f"/api/sessions/{sid}").json()
+    assert session["usage"]["tokens_in"] == 16 and session["usage"]["tokens_out"] == 10
+    assert float(session["usage"]["cost"]) > 0
+    branch = api.get(f"/api/sessions/{sid}/branches").json()[0]
+    assert branch["usage"] == session["usage"]
+    project = api.get("/api/projects/alpha").json()
+    assert project["usage"]["tokens_in"] >= 16
+    from django.test import Client
+
+    page = Client()
+    page.force_login(team_member(api))
+    assert "tokens 16 in / 10 out" in page.get(f"/s/{sid}/jobs").content.decode()
