@@ -21,6 +21,7 @@ from collab.models import (
     Branch,
     Event,
     ExecutionCommand,
+    HeldDelivery,
     InboxEntry,
     Job,
     Message,
@@ -139,6 +140,14 @@ class ExecutionCommandAdmin(ReadOnlyAdmin):
 @admin.register(InboxEntry)
 class InboxEntryAdmin(ReadOnlyAdmin):
     list_display = ["id", "target_branch", "kind", "sender_address", "created_at"]
+
+
+@admin.register(HeldDelivery)
+class HeldDeliveryAdmin(ReadOnlyAdmin):
+    """Deliveries held by a watch policy; decided on the session page or through the API."""
+
+    list_display = ["id", "project", "kind", "status", "sender_session", "target_branch", "created_at", "decided_by"]
+    list_filter = ["status", "kind", "project"]
 
 
 @admin.register(Todo)
