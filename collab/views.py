@@ -79,17 +79,21 @@ def new_session(request, slug):
     return redirect("collab:session", sid=session.pk)
 
 
-def _session_context(request, session):
-    return {
-        "session": session,
-        "t": pages.transcript(session, request.GET.get("branch"), request.GET.get("head")),
-        "jobs": pages.recent_jobs(session),
-        "usage": usage_totals(session.jobs.all()),
-        "events": pages.recent_events(session),
-        "holds": session.held_deliveries.filter(status="pending").select_related("target_branch"),
-        "branches": pages.branches(session),
-        "can_post": access.can(request.user, session.project_id, "turn.start"),
-    }
+# What each live piece of the session page needs; a partial refresh computes only its own.
+_PART_CONTEXT = {
+    "transcript": lambda request, session: {
+        "t": pages.transcript(session, request.GET.get("branch"), request.GET.get("head"))},
+    "jobs": lambda request, session: {"jobs": pages.recent_jobs(session), "usage": usage_totals(session.jobs.all())},
+    "activity": lambda request, session: {"events": pages.recent_events(session), "holds": pages.pending_holds(session)},
+    "branches": lambda request, session: {"branches": pages.branches(session)},
+}
+
+
+def _session_context(request, session, parts=tuple(_PART_CONTEXT)):
+    context = {"session": session, "can_post": access.can(request.user, session.project_id, "turn.start")}
+    for part in parts:
+        context.update(_PART_CONTEXT[part](request, session))
+    return context
 
 
 @login_required
@@ -99,7 +103,7 @@ def session(request, sid):
     return render(request, "collab/session.html", _session_context(request, session))
 
 
-SESSION_PARTIALS = frozenset({"transcript", "jobs", "activity", "branches"})
+SESSION_PARTIALS = frozenset(_PART_CONTEXT)
 
 
 @login_required
@@ -107,7 +111,7 @@ SESSION_PARTIALS = frozenset({"transcript", "jobs", "activity", "branches"})
 def session_partial(request, sid, part):
     """One live-refreshed piece of the session page (htmx re-fetches it on each event)."""
     session = access.access_session(request.user, sid)
-    return render(request, f"collab/session.html#{part}", _session_context(request, session))
+    return render(request, f"collab/session.html#{part}", _session_context(request, session, [part]))
 
 
 @login_required
@@ -117,7 +121,7 @@ def post_turn(request, sid):
     do_start_user_turn(request.user, session, request.POST.get("prompt", ""), branch=request.POST.get("branch") or None)
     if request.htmx:
         session.refresh_from_db()
-        return render(request, "collab/session.html#transcript", _session_context(request, session))
+        return render(request, "collab/session.html#transcript", _session_context(request, session, ["transcript"]))
     return redirect("collab:session", sid=sid)
 
 
@@ -141,7 +145,7 @@ def cancel_job(request, sid, job_id):
     )
     session = access.access_session(request.user, sid)
     if request.htmx:
-        return render(request, "collab/session.html#jobs", _session_context(request, session))
+        return render(request, "collab/session.html#jobs", _session_context(request, session, ["jobs"]))
     return redirect("collab:session", sid=sid)
 
 

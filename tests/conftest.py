@@ -83,6 +83,18 @@ class ApiClient:
             time.sleep(0.05)
 
 
+def poll(fn, *, timeout=20.0, interval=0.05, what="condition"):
+    """Call ``fn`` until it returns something truthy; fail with the last value after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {value!r}")
+        time.sleep(interval)
+
+
 @pytest.fixture
 def api_as(client):
     from accounts.models import ApiToken

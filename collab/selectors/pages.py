@@ -65,3 +65,7 @@ def top_level_sessions(project) -> list[Session]:
 
 def recent_events(session: Session, limit: int = 25):
     return list(session.events.order_by("-seq")[:limit])
+
+
+def pending_holds(session: Session):
+    return list(session.held_deliveries.filter(status="pending").select_related("target_branch"))

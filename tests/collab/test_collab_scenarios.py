@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from tests.conftest import poll as _poll
+
 from tests.conftest import TERMINAL
 
 pytestmark = pytest.mark.slow
@@ -22,15 +24,7 @@ WAIT = 60.0  # seconds; generous for slow CI machines, never hit when things wor
 
 
 def poll(fn, *, timeout=WAIT, interval=0.05, what="condition"):
-    """Call ``fn`` until it returns something truthy; fail with the last value after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {value!r}")
-        time.sleep(interval)
+    return _poll(fn, timeout=timeout, interval=interval, what=what)
 
 
 def events(api, sid, after=0):

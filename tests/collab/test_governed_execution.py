@@ -29,6 +29,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import poll as _poll
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
@@ -81,15 +83,7 @@ def _stop_leftovers(transactional_db):
 
 
 def poll(fn, *, timeout=WAIT, interval=0.05, what="condition"):
-    """Call ``fn`` until it returns something truthy; fail with the last value after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {value!r}")
-        time.sleep(interval)
+    return _poll(fn, timeout=timeout, interval=interval, what=what)
 
 
 def make_spec(api, agent_id, script, project="alpha", **fields):

@@ -1,20 +1,11 @@
 """The watch policy (SPEC §7, OP §3 and §5.8): deliveries held for a member's confirmation."""
 
-import time
 
 import pytest
 
+from tests.conftest import poll as _poll
+
 pytestmark = pytest.mark.slow
-
-
-def _poll(fn, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def _two_branches(team, scripted_session, api_as):
