@@ -51,6 +51,7 @@ from collab.services.projects import do_set_limits, do_update_project
 from collab.services.watch import access_hold, do_decide_hold
 from collab.services.members import do_add_member, do_change_role, do_remove_member, do_revoke_token
 from collab.tools.registry import run_tool
+from collab.tools.surface import branch_tools
 from collab.services.sessions import do_create_session
 from collab.services.specs import do_create_agent_spec
 from collab.services.turns import do_start_user_turn
@@ -169,13 +170,11 @@ def post_archive(request: HttpRequest, address: str, payload: ArchiveIn):
 
 @router.post("branches/{address}/tools/{tool}", response={200: ToolResultOut, **ERRORS}, tags=["tools"])
 def post_tool(request: HttpRequest, address: str, tool: str, payload: ToolCallIn):
-    """The tool gateway: run a collab tool as that branch (for external agents and black-box tests)."""
+    """The tool gateway: run one of that branch's tools as that branch (for external agents and
+    black-box tests); the branch's surface decides what exists (its toolset, role, workspace)."""
     branch = _branch(request, address, "turn.start")
-    spec = branch.agent_spec or branch.session.agent_spec
     actor = Actor(user=request.auth, session=branch.session, branch=branch)
-    result = run_tool(actor, tool, payload.arguments, toolset=getattr(spec, "toolset", "collab") or "collab",
-                      allow=list(getattr(spec, "tools", None) or []))
-    return result.as_dict()
+    return run_tool(actor, tool, payload.arguments, tools=branch_tools(branch)).as_dict()
 
 
 @router.get("projects/{slug}", response={200: ProjectOut, **ERRORS}, tags=["projects"])

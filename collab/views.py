@@ -18,6 +18,7 @@ from django.http import StreamingHttpResponse
 
 from collab import access
 from collab.errors import DomainError, Invalid, NotFound
+from collab.selectors.children import child_rail
 from collab.services.members import do_add_member, do_change_role, do_remove_member, do_revoke_token
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.selectors import pages
@@ -86,11 +87,14 @@ _PART_CONTEXT = {
     "jobs": lambda request, session: {"jobs": pages.recent_jobs(session), "usage": usage_totals(session.jobs.all())},
     "activity": lambda request, session: {"events": pages.recent_events(session), "holds": pages.pending_holds(session)},
     "branches": lambda request, session: {"branches": pages.branches(session)},
+    "agents": lambda request, session: {"agents": child_rail(session)},
 }
 
 
 def _session_context(request, session, parts=tuple(_PART_CONTEXT)):
-    context = {"session": session, "can_post": access.can(request.user, session.project_id, "turn.start")}
+    # a sub-agent's session is a read-only transcript: no composer, no fork, no cancel (OW acc. 21)
+    context = {"session": session, "readonly": session.is_child,
+               "can_post": not session.is_child and access.can(request.user, session.project_id, "turn.start")}
     for part in parts:
         context.update(_PART_CONTEXT[part](request, session))
     return context

@@ -26,6 +26,10 @@ class Session(models.Model):
     parent_session = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="child_sessions"
     )
+    agent_role = models.CharField(
+        max_length=16, null=True, blank=True,
+        help_text="for an OpenWork child session: its role (explorer); null for a root session",
+    )
     last_event_seq = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
     last_active_at = models.DateTimeField(default=timezone.now)
@@ -33,6 +37,19 @@ class Session(models.Model):
     class Meta:
         ordering = ["-last_active_at"]
         indexes = [models.Index(fields=["project", "-last_active_at"], name="session_project_recent")]
+        constraints = [
+            # OW §3: a root has neither; a child session has both (its task_name is on its branch)
+            models.CheckConstraint(
+                condition=Q(parent_session__isnull=True, agent_role__isnull=True)
+                | Q(parent_session__isnull=False, agent_role__isnull=False),
+                name="session_child_fields_consistent",
+            ),
+            models.CheckConstraint(condition=~Q(parent_session=models.F("id")), name="session_parent_not_self"),
+        ]
+
+    @property
+    def is_child(self) -> bool:
+        return self.parent_session_id is not None
 
     def __str__(self):
         return f"{self.id} {self.title}"

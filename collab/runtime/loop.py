@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from collab.models import JobStatus, Message, MessageRole
+from collab.models import JobKind, JobStatus, Message, MessageRole
 from collab.runtime.providers import ProviderError, get_provider
 from collab.events import send_event_on_commit
 from collab.services.acting import Actor
@@ -22,10 +22,14 @@ from collab.services.execution import claim_job, finish_job, heartbeat
 from collab.services.followup import drain_mailbox
 from collab.services.messages import append_message
 from collab.tools.registry import ToolResult, run_tool
+from collab.tools.surface import branch_tools, role_of
 
 log = logging.getLogger(__name__)
 
 STOP_CHECK_SECONDS = 0.2
+EXPLORER_MAX_MODEL_CALLS = 15
+OPENWORK_MAX_MODEL_CALLS = 20
+DOOM_LOOP_THRESHOLD = 3
 DELTA_FLUSH_SECONDS = 0.25
 DELTA_FLUSH_CHARS = 400
 
@@ -63,6 +67,9 @@ class TurnContext:
     tokens_in: int = 0
     tokens_out: int = 0
     cost: Decimal = Decimal(0)
+    wait_timeouts: int = 0
+    _tools: list | None = None
+    _recent_calls: list = field(default_factory=list)
     _last_check: float = 0.0
     _delta: list = field(default_factory=list)
     _delta_flushed: float = 0.0
@@ -86,8 +93,59 @@ class TurnContext:
         return getattr(self.spec, "toolset", "collab") or "collab"
 
     @property
-    def allowed_tools(self) -> list[str]:
-        return list(getattr(self.spec, "tools", None) or [])
+    def role(self) -> str:
+        return role_of(self.branch)
+
+    @property
+    def policy(self) -> tuple[int | None, int | None]:
+        """(max model calls, doom-loop threshold) of this turn (OW §4, §5.1): an explorer has
+        15 and 3; an OpenWork root 20 (``limits.max_model_calls`` overrides) and 3; collab none."""
+        if self.role == "explorer":
+            return EXPLORER_MAX_MODEL_CALLS, DOOM_LOOP_THRESHOLD
+        if self.toolset == "openwork":
+            limits = getattr(self.spec, "limits", None) or {}
+            value = limits.get("max_model_calls") if isinstance(limits, dict) else None
+            return (value if isinstance(value, int) and value > 0 else OPENWORK_MAX_MODEL_CALLS), DOOM_LOOP_THRESHOLD
+        return None, None
+
+    @property
+    def system_prompt(self) -> str:
+        """The spec's prompt; an explorer's role prompt; an OpenWork root's ends with the
+        delegation rules (OW §5.3) carrying the project's ``max_active_turns``."""
+        from collab.runtime.prompts import delegation_rules, explorer_prompt
+
+        base = (getattr(self.spec, "system_prompt", "") or "").strip()
+        if self.role == "explorer":
+            return explorer_prompt()
+        if self.toolset == "openwork" and any(t.name == "spawn_agent" for t in self.tools):
+            return "\n\n".join(part for part in (base, delegation_rules(self.project.max_active_turns)) if part)
+        return base
+
+    @property
+    def tools(self):
+        """The branch's tool surface: offered and dispatched (collab.tools.surface)."""
+        if self._tools is None:
+            self._tools = branch_tools(self.branch)
+        return self._tools
+
+    def count_wait(self, delivered: bool) -> None:
+        """wait_agent's timeout streak (OW §5.1): a delivery resets it."""
+        self.wait_timeouts = 0 if delivered else self.wait_timeouts + 1
+
+    def check_doom_loop(self, calls) -> None:
+        """Three timeouts of wait_agent in a row, or the same tool call (not wait_agent) three
+        times in a row, end the turn as ``doom_loop`` (OW §4, §5.1)."""
+        _, threshold = self.policy
+        if not threshold:
+            return
+        if self.wait_timeouts >= threshold:
+            raise LimitExceeded("doom_loop", f"wait_agent timed out {self.wait_timeouts} times in a row")
+        for call in calls:
+            if call.name == "wait_agent":
+                continue
+            self._recent_calls = (self._recent_calls + [(call.name, repr(call.arguments))])[-threshold:]
+            if len(self._recent_calls) == threshold and len(set(self._recent_calls)) == 1:
+                raise LimitExceeded("doom_loop", f"the same {call.name} call was repeated {threshold} times in a row")
 
     def history(self) -> list[Message]:
         """The branch's messages from the root to the tip (for providers that send history)."""
@@ -135,9 +193,8 @@ class TurnContext:
         """The tools offered to the model this turn: the toolset narrowed by the spec's
         allow-list, without delegation tools once the chain's message budget is spent."""
         from collab.services.limits import DELEGATION_TOOLS, messages_left
-        from collab.tools.registry import tools_for
 
-        tools = tools_for(self.toolset, self.allowed_tools)
+        tools = self.tools
         if not messages_left(self.project, self.job.chain_messages):
             tools = [t for t in tools if t.name not in DELEGATION_TOOLS]
         return tools
@@ -218,9 +275,12 @@ def drive(ctx: TurnContext) -> str:
     provider = get_provider(ctx.spec)
     limit = settings.TRELLIS_MAX_TOOL_CALLS
     ctx._last_check = time.monotonic()  # the claim just renewed the lease and saw "running"
+    max_calls, _ = ctx.policy
     while True:
         ctx.check_stop(force=ctx.model_calls > 0)
         drain(ctx)
+        if max_calls and ctx.model_calls >= max_calls:
+            raise LimitExceeded("max_model_calls", f"the turn used its {max_calls} model calls without a final answer")
         response = provider.complete(ctx)
         ctx.flush_delta()
         ctx.model_calls += 1
@@ -243,7 +303,8 @@ def drive(ctx: TurnContext) -> str:
 
 def drain(ctx: TurnContext) -> None:
     """Before every model call, after all tool results: results owed to this branch join the turn."""
-    for message in drain_mailbox(ctx.branch, ctx.job):
+    reconciling = ctx.model_calls == 0 and ctx.job.kind == JobKind.USER
+    for message in drain_mailbox(ctx.branch, ctx.job, reconciling=reconciling):
         ctx.mailbox_text += (("\n\n" if ctx.mailbox_text else "") + message.text)
 
 
@@ -254,10 +315,10 @@ def run_tool_step(ctx: TurnContext, response) -> None:
             ctx.branch, role=MessageRole.ASSISTANT, text=response.text, job=ctx.job, tool_calls=calls,
             metadata={"job": ctx.job.pk},
         )
-    tool_ctx = Actor(user=ctx.job.started_by, session=ctx.job.session, branch=ctx.branch, job=ctx.job)
+    tool_ctx = Actor(user=ctx.job.started_by, session=ctx.job.session, branch=ctx.branch, job=ctx.job, turn=ctx)
     first = None
     for call in response.tool_calls:
-        result = run_tool(tool_ctx, call.name, call.arguments, toolset=ctx.toolset, allow=ctx.allowed_tools)
+        result = run_tool(tool_ctx, call.name, call.arguments, tools=ctx.tools)
         ctx.tool_calls += 1
         ctx.progressed()
         first = first or result
@@ -267,3 +328,4 @@ def run_tool_step(ctx: TurnContext, response) -> None:
                 metadata={"tool": call.name, "details": result.details, "is_error": result.is_error},
             )
     ctx.last_result = first
+    ctx.check_doom_loop(response.tool_calls)

@@ -16,6 +16,7 @@ class Actor:
     session: Any
     branch: Any
     job: Any = None
+    turn: Any = None  # the running TurnContext, when a turn (not the gateway) calls the tool
 
     @property
     def calling_node(self):

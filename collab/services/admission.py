@@ -36,6 +36,17 @@ def job_wire(job: Job) -> dict:
     }
 
 
+def send_job_event(job: Job, type_: str, session: Session | None = None, actor=None) -> None:
+    """A job's state change, on its session's log — and, for an OpenWork child, on the parent
+    session's too (``child.job``), so the parent's agent rail updates live."""
+    send_event_on_commit(job.session_id, type_, job_wire(job), actor=actor)
+    session = session if session is not None else job.session
+    if session.parent_session_id:
+        send_event_on_commit(
+            session.parent_session_id, "child.job", {**job_wire(job), "state": type_, "session": job.session_id},
+        )
+
+
 def admit_job(
     *,
     session: Session,
@@ -77,7 +88,7 @@ def admit_job(
     )
     if not Job.objects.filter(branch=locked, status__in=OPEN_STATUSES).exclude(pk=job.pk).exists():
         write_prompt_node(job, locked)
-    send_event_on_commit(session.pk, "job.queued", job_wire(job), actor=started_by)
+    send_job_event(job, "job.queued", session, actor=started_by)
     if enqueue:
         enqueue_job(job.pk)
     return job

@@ -14,7 +14,7 @@ from accounts.policy import role_allows, role_of
 from collab.errors import Conflict, Forbidden, Invalid, NotFound
 from collab.events import send_event_on_commit
 from collab.models import ExecutionCommand, Job, JobStatus, TERMINAL_STATUSES
-from collab.services.admission import job_wire
+from collab.services.admission import job_wire, send_job_event
 from collab.services.retry import retry_on_deadlock
 
 CANCEL = "execution.cancel"
@@ -103,7 +103,7 @@ def request_cancel(job: Job) -> bool:
         status=JobStatus.STOPPING, version=F("version") + 1, cancel_requested_at=timezone.now()
     ):
         job.refresh_from_db()
-        send_event_on_commit(job.session_id, "job.stopping", job_wire(job))
+        send_job_event(job, "job.stopping")
         return True
     if Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).exists():
         finish_job(

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from collab.events import send_event_on_commit
 from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageRole, Session
-from collab.services.admission import enqueue_job, follow_head, job_wire, write_prompt_node
+from collab.services.admission import enqueue_job, follow_head, job_wire, send_job_event, write_prompt_node
 from collab.services.archive import AUTOMATIC_REASON, do_archive_branch
 from collab.services.artifacts import store_result
 from collab.services.deliver import drain_inbox_locked
@@ -76,7 +76,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
                 Session.objects.select_for_update().filter(pk=job.session_id).first()
                 if Job.objects.filter(session_id=job.session_id, status__in=ACTIVE_STATUSES).count() > limit:
                     raise _NoLiveSlot
-            send_event_on_commit(job.session_id, "job.running", job_wire(job))
+            send_job_event(job, "job.running", job.session)
             return job
     except _NoLiveSlot:  # rolled back; the job that holds the slot wakes the next one when it ends
         return None
@@ -152,7 +152,7 @@ def finish_job(
             Branch.objects.filter(pk=branch.pk).update(turns=F("turns") + 1)
             branch.turns += 1
         job.refresh_from_db()
-        send_event_on_commit(job.session_id, f"job.{status}", job_wire(job))
+        send_job_event(job, f"job.{status}", branch.session)
         if job.archive_when_done:
             do_archive_branch(branch, user=job.started_by, reason=AUTOMATIC_REASON, automatic=True)
         if ran:  # the branch's turn is over: what waited for it may go now

@@ -51,11 +51,53 @@ def result_notice(job: Job) -> str:
     )
 
 
+INTERRUPTED_LIVE = "Sub-agent turn was interrupted."
+INTERRUPTED_RESTART = (
+    "Sub-agent was interrupted by a process restart and is no longer available. "
+    "Spawn a new explorer if this result is still needed."
+)
+CANCELLED_RECONCILED = "cancelled: Sub-agent turn was cancelled."
+EMPTY_FINAL = "Sub-agent completed without a persisted final response."
+
+
+def envelope(job: Job, *, reconciling: bool) -> tuple[str, str]:
+    """(kind, text) of the OpenWork ``<agent_message>`` for a child's finished turn (OW §6.2, §6.4, §8).
+
+    A cancel seen live (the parent's turn is running: ``interrupt_agent``) reads ``interrupted``;
+    found by the reconciliation at the parent's next user turn it reads ``failed: cancelled``."""
+    if job.status == JobStatus.SUCCEEDED:
+        kind = "final_answer"
+        body = bound_text(job.result_text, result_limit_for(reader_spec(job)))[0] if job.result_text.strip() else EMPTY_FINAL
+    elif job.status == JobStatus.INTERRUPTED:
+        kind, body = "interrupted", INTERRUPTED_RESTART
+    elif job.status == JobStatus.CANCELLED:
+        kind, body = ("failed", CANCELLED_RECONCILED) if reconciling else ("interrupted", INTERRUPTED_LIVE)
+    else:
+        kind, body = "failed", f"{job.error_code or 'failed'}: {job.error_reason or job.result_text or job.status}"
+    text = (
+        f"<agent_message>\n<task>{job.branch.task_name}</task>\n<kind>{kind}</kind>\n"
+        f"<body>\n{body}\n</body>\n</agent_message>"
+    )
+    return kind, text
+
+
+def mailbox_entry(debt: Job, *, reconciling: bool) -> dict:
+    """What a settled debt writes into the caller branch: text, dedupe key, metadata."""
+    meta = {"result_of": debt.pk, "status": debt.status, "is_error": debt.is_error}
+    if debt.branch.task_name:
+        kind, text = envelope(debt, reconciling=reconciling)
+        return {"text": text, "dedupe_key": f"agent-msg:{debt.session_id}:{debt.pk}:{kind}",
+                "metadata": {**meta, "task_name": debt.branch.task_name, "agent_message_kind": kind}}
+    return {"text": result_notice(debt), "dedupe_key": f"result:{debt.pk}", "metadata": meta}
+
+
 @retry_on_deadlock
-def drain_mailbox(branch: Branch, job: Job | None) -> list:
+def drain_mailbox(branch: Branch, job: Job | None, *, reconciling: bool = False) -> list:
     """Append every result owed to ``branch`` as an ``agent_message`` node (SPEC §6, P-FLW-1).
 
     Called by the running turn before each model call, after all tool results.
+    ``reconciling``: the first drain of a user turn, which settles what finished while the
+    branch was idle (OW §8).
     """
     if not Job.objects.filter(caller_branch=branch, followup_state=FollowupState.OWED).exists():
         return []
@@ -74,9 +116,8 @@ def drain_mailbox(branch: Branch, job: Job | None) -> list:
                 continue
             written.append(
                 append_message(
-                    branch, role=MessageRole.USER, kind=MessageKind.AGENT_MESSAGE, text=result_notice(debt), job=job,
-                    dedupe_key=f"result:{debt.pk}",
-                    metadata={"result_of": debt.pk, "status": debt.status, "is_error": debt.is_error},
+                    branch, role=MessageRole.USER, kind=MessageKind.AGENT_MESSAGE, job=job,
+                    **mailbox_entry(debt, reconciling=reconciling),
                 )
             )
             send_event_on_commit(branch.session_id, "followup.drained", {"job": debt.pk, "into": getattr(job, "pk", None)})

@@ -36,3 +36,29 @@ def do_update_project(actor, project, *, name=None, watch_policy=None):
             project.save(update_fields=list(changes))
             record_project_event(project.pk, "project.updated", changes, actor=actor)
     return project
+
+
+def do_set_workspace(actor, project, path: str):
+    """An operator points a project at a directory on the workers (OW §4): its explorers read it.
+
+    Not offered to project owners through the API or pages: a path on the workers is a
+    server-side decision. The filesystem root is refused (it would expose the whole disk)."""
+    from pathlib import Path
+
+    from collab.errors import Invalid
+
+    path = (path or "").strip()
+    if path:
+        resolved = Path(path).expanduser().resolve()
+        if not resolved.is_dir():
+            raise Invalid(f"{path!r} is not a directory on this machine", code="invalid_workspace")
+        if resolved == Path(resolved.anchor):
+            raise Invalid("the filesystem root cannot be a workspace", code="invalid_workspace")
+        path = str(resolved)
+    with transaction.atomic():
+        before = project.workspace
+        project.workspace = path
+        project.save(update_fields=["workspace"])
+        if before != path:
+            record_project_event(project.pk, "workspace.changed", {"from": before, "to": path}, actor=actor)
+    return project

@@ -2,7 +2,7 @@
 
 from django.db import transaction
 
-from collab.errors import Invalid, NotFound
+from collab.errors import Conflict, Invalid, NotFound
 from collab.models import AgentSpec, Branch, Job, JobKind, Session
 from collab.services.addressing import Caller, find_branch
 from collab.services.admission import admit_job
@@ -18,6 +18,15 @@ def check_prompt(prompt: str) -> str:
     return prompt
 
 
+def check_not_child(session: Session) -> None:
+    """A sub-agent's session is read-only for people (OW acc. 21): its parent directs it."""
+    if session.parent_session_id:
+        raise Conflict(
+            "this is a sub-agent's session: it is read-only; its parent agent directs it with followup_task",
+            code="child_session_read_only",
+        )
+
+
 def selected_branch(session: Session) -> Branch:
     """The branch a person's turn goes to by default: the selected HEAD's, else the first one."""
     if session.head_id:
@@ -31,6 +40,7 @@ def selected_branch(session: Session) -> Branch:
 def do_start_user_turn(user, session: Session, prompt: str, *, branch: str | None = None, agent_id: str | None = None) -> Job:
     """Admit a user turn. Preconditions: ``session`` came from ``access_session(…, "turn.start")``."""
     check_prompt(prompt)
+    check_not_child(session)
     spec = None
     if agent_id:
         spec = AgentSpec.objects.filter(project_id=session.project_id, agent_id=agent_id).first()
@@ -53,6 +63,7 @@ def do_fork_and_start(user, session: Session, message, prompt: str) -> Job:
     from collab.services.branches import create_branch, name_for
 
     check_prompt(prompt)
+    check_not_child(session)
     with transaction.atomic():
         name, stage = name_for("", prompt)
         branch = create_branch(

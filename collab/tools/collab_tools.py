@@ -27,6 +27,7 @@ from collab.services.todos import do_create_todo, do_update_todo
 from collab.tools.registry import ToolParams, ToolResult, register
 
 COLLAB = ("collab",)
+BOTH = ("collab", "openwork")  # the plan tools: OpenWork roots have them too, explorers never
 
 
 def reading_spec(ctx):
@@ -229,7 +230,7 @@ class TodoCreateParams(ToolParams):
     blocked_by: list[int] = Field(default_factory=list)
 
 
-@register("todo_create", toolsets=COLLAB, params=TodoCreateParams, description="""
+@register("todo_create", toolsets=BOTH, params=TodoCreateParams, description="""
 Write a plan item for this session. It records intent only; nothing starts running.""")
 def todo_create(ctx, p: TodoCreateParams) -> ToolResult:
     todo = do_create_todo(ctx.session, ctx.branch, subject=p.subject, description=p.description, blocked_by=p.blocked_by, user=ctx.user)
@@ -244,7 +245,7 @@ class TodoUpdateParams(ToolParams):
     blocked_by: list[int] | None = None
 
 
-@register("todo_update", toolsets=COLLAB, params=TodoUpdateParams, description="""
+@register("todo_update", toolsets=BOTH, params=TodoUpdateParams, description="""
 Update a plan item: status ("pending", "in_progress", "completed"), subject, description, blocked_by.""")
 def todo_update(ctx, p: TodoUpdateParams) -> ToolResult:
     todo = do_update_todo(ctx.session, p.todo_id, status=p.status, subject=p.subject, description=p.description,
@@ -256,7 +257,7 @@ class TodoListParams(ToolParams):
     pass
 
 
-@register("todo_list", toolsets=COLLAB, params=TodoListParams, description="List this session's plan items.")
+@register("todo_list", toolsets=BOTH, params=TodoListParams, description="List this session's plan items.")
 def todo_list(ctx, p: TodoListParams) -> ToolResult:
     todos = list(ctx.session.todos.prefetch_related("blocked_by").order_by("created_at", "id"))
     lines = []

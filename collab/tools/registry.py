@@ -40,39 +40,44 @@ ToolContext = Actor
 @dataclass(frozen=True)
 class Tool:
     name: str
+    toolset: str
     description: str
     params: type[ToolParams]
     handler: Callable[[ToolContext, ToolParams], ToolResult]
-    toolsets: frozenset[str]
+    needs: str = ""  # "workspace" | "sandbox": offered only where the project's workspace (and bwrap) is there
 
     def json_schema(self) -> dict:
         return self.params.model_json_schema()
 
 
-REGISTRY: dict[str, Tool] = {}
+# Keyed by (toolset, name): both toolsets have a ``list_agents``, with different contracts.
+REGISTRY: dict[tuple[str, str], Tool] = {}
 
 
-def register(name: str, *, toolsets: tuple[str, ...], description: str, params: type[ToolParams]):
+def register(name: str, *, toolsets: tuple[str, ...], description: str, params: type[ToolParams], needs: str = ""):
     def decorator(fn):
-        if name in REGISTRY:
-            raise RuntimeError(f"tool {name!r} registered twice")
-        REGISTRY[name] = Tool(name, description.strip(), params, fn, frozenset(toolsets))
+        for toolset in toolsets:
+            if (toolset, name) in REGISTRY:
+                raise RuntimeError(f"tool {name!r} registered twice in toolset {toolset!r}")
+            REGISTRY[(toolset, name)] = Tool(name, toolset, description.strip(), params, fn, needs)
         return fn
 
     return decorator
 
 
 def tools_for(toolset: str, allow: list[str] | None = None) -> list[Tool]:
-    """The tools a branch of this toolset may call, narrowed by the spec's allow-list."""
+    """Every tool of a toolset, narrowed by a spec's allow-list (no per-branch conditions)."""
     _load_builtin_tools()
-    tools = [t for t in REGISTRY.values() if toolset in t.toolsets]
+    tools = [t for (ts, _), t in REGISTRY.items() if ts == toolset]
     if allow:
         tools = [t for t in tools if t.name in allow]
     return sorted(tools, key=lambda t: t.name)
 
 
-def run_tool(ctx: ToolContext, name: str, arguments: Any, *, toolset: str, allow: list[str] | None = None) -> ToolResult:
-    available = {t.name: t for t in tools_for(toolset, allow)}
+def run_tool(ctx: ToolContext, name: str, arguments: Any, *, tools: list[Tool]) -> ToolResult:
+    """Run ``name`` if it is among ``tools`` (the caller's surface: what is not offered is not
+    dispatched either); arguments are validated against the tool's strict schema."""
+    available = {t.name: t for t in tools}
     tool = available.get(name)
     if tool is None:
         return ToolResult.error("unknown_tool", f"no tool named {name!r} is available here", tool=name)
@@ -93,4 +98,4 @@ def run_tool(ctx: ToolContext, name: str, arguments: Any, *, toolset: str, allow
 
 def _load_builtin_tools() -> None:
     # Importing the modules registers their tools.
-    from collab.tools import collab_tools  # noqa: F401
+    from collab.tools import collab_tools, openwork_tools  # noqa: F401

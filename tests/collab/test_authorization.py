@@ -60,7 +60,7 @@ ROW_MODELS = (
     Project, Membership, ApiToken, AgentSpec, Session, Branch, Message, Job, Event,
     InboxEntry, Todo, Artifact, ExecutionCommand, HeldDelivery,
 )
-SECRET_BITS = ("alpha secret", "alpha-secret-plans", "Alpha")
+SECRET_BITS = ("alpha secret", "alpha-secret-plans", "alpha_secret", "Alpha")
 
 
 def row_counts() -> dict:
@@ -111,10 +111,33 @@ class Alpha:
     artifact_id: str
     hold_id: int
     token_id: int  # one of member's API tokens
+    task_name: str  # a sub-agent of alpha's OpenWork session
+    workspace_file: str  # a file in alpha's workspace
+
+
+def openwork_branch(api, sid) -> str:
+    """A turn on an OpenWork session (its first node), returning the branch address."""
+    assert api.post(f"/api/sessions/{sid}/turns", {"prompt": "openwork prompt"}).status_code == 202
+    return f"{sid}:{api.get(f'/api/sessions/{sid}').json()['head']}"
+
+
+def give_workspace(slug: str, root) -> None:
+    from django.core.management import call_command
+
+    root.mkdir(parents=True, exist_ok=True)
+    call_command("workspace", slug, str(root), stdout=StringIO())
 
 
 @pytest.fixture
-def alpha(team, api_as, scripted_session) -> Alpha:
+def alpha(team, api_as, scripted_session, tmp_path) -> Alpha:
+    secret_file = tmp_path / "alpha-ws" / "alpha-secret-notes.txt"
+    give_workspace("alpha", secret_file.parent)
+    secret_file.write_text("alpha secret workspace text\n")
+    ow_api, ow_sid = scripted_session(team.member, [], agent_id="alpha-ow", toolset="openwork")
+    ow_address = openwork_branch(ow_api, ow_sid)
+    r = ow_api.post(f"/api/branches/{ow_address}/tools/spawn_agent",
+                    {"arguments": {"task_name": "alpha_secret_child", "message": "alpha secret child task"}})
+    assert r.status_code == 200 and not r.json()["is_error"], r.content
     member_api, sid = scripted_session(team.member, [{"text": "alpha secret answer"}])
     owner_api = api_as(team.owner)
     turn = member_api.post(f"/api/sessions/{sid}/turns", {"prompt": "alpha secret prompt"})
@@ -143,6 +166,7 @@ def alpha(team, api_as, scripted_session) -> Alpha:
         sid=sid, head=head, address=address, name="alpha-secret-plans", named_address=named["address"],
         job_id=turn["execution_id"], job_version=turn["version"], named_job_id=named["execution_id"],
         todo_id=todo["todo_id"], artifact_id=artifact.pk, hold_id=held["hold_id"], token_id=token.pk,
+        task_name="alpha_secret_child", workspace_file=str(secret_file),
     )
 
 
@@ -151,14 +175,22 @@ class Beta:
     sid: str
     address: str
     token: str  # outsider's bearer token
+    openwork_address: str  # a branch of beta's OpenWork session (beta has a workspace too)
+
+    def branch_of(self, toolset: str) -> str:
+        return self.openwork_address if toolset == "openwork" else self.address
 
 
 @pytest.fixture
-def beta(team, api_as, scripted_session) -> Beta:
+def beta(team, api_as, scripted_session, tmp_path) -> Beta:
     outsider_api, sid = scripted_session(team.outsider, [{"text": "beta answer"}], project="beta", agent_id="beta-bot")
     assert outsider_api.post(f"/api/sessions/{sid}/turns", {"prompt": "beta prompt"}).status_code == 202
     head = outsider_api.get(f"/api/sessions/{sid}").json()["head"]
-    return Beta(sid=sid, address=f"{sid}:{head}", token=bearer_token(team.outsider))
+    give_workspace("beta", tmp_path / "beta-ws")
+    (tmp_path / "beta-ws" / "beta-notes.txt").write_text("beta's own notes\n")
+    ow_api, ow_sid = scripted_session(team.outsider, [], project="beta", agent_id="beta-ow", toolset="openwork")
+    return Beta(sid=sid, address=f"{sid}:{head}", token=bearer_token(team.outsider),
+                openwork_address=openwork_branch(ow_api, ow_sid))
 
 
 # --- 1a. the API matrix, generated from config.api.api ------------------------------------
@@ -455,7 +487,7 @@ def test_p_sec_caller_scoped_pages_show_an_outsider_nothing_of_alpha(team, alpha
 # Per tool, the ways it can name another tenant's rows: label -> arguments built from
 # targets (alpha's or missing ones). A tool with no target argument is listed with [] and
 # is checked by the differential test below. A tool missing here fails.
-TOOL_PROBES = {
+COLLAB_PROBES = {
     "agent": {
         "to-address": lambda t: {"prompt": "p", "to": t["address"]},
         "to-name": lambda t: {"prompt": "p", "to": t["name"]},
@@ -488,14 +520,40 @@ TOOL_PROBES = {
     "list_jobs": {},
     "todo_list": {},
 }
-NO_TARGET_CALLS = {
-    "list_agents": [{"scope": "session"}, {"scope": "all"}, {"scope": "archived"}],
-    "list_jobs": [{}],
-    "todo_list": [{}],
+# OpenWork: a task_name is looked up among the caller's own children only; paths must stay
+# inside the caller's project's workspace (alpha's file is outside beta's).
+OPENWORK_PROBES = {
+    "followup_task": {"alpha-child": lambda t: {"task_name": t["task_name"], "message": "m"}},
+    "interrupt_agent": {"alpha-child": lambda t: {"task_name": t["task_name"]}},
+    "read": {"alpha-file": lambda t: {"path": t["workspace_file"]}},
+    "list": {"alpha-dir": lambda t: {"path": t["workspace_dir"]}},
+    "glob": {"alpha-dir": lambda t: {"pattern": "*", "path": t["workspace_dir"]}},
+    "grep": {"alpha-dir": lambda t: {"pattern": "secret", "path": t["workspace_dir"]}},
+    "bash": {"alpha-file": lambda t: {"command": f"cat {t['workspace_file']}"}},
+    "todo_update": COLLAB_PROBES["todo_update"],
+    "todo_create": COLLAB_PROBES["todo_create"],
+    # no target: a new name is the caller's own (names are per parent — OW acc. 3); waiting
+    # and listing see only the caller's children (the differential test below)
+    "spawn_agent": {},
+    "wait_agent": {},
+    "list_agents": {},
+    "todo_list": {},
 }
+TOOL_PROBES = {"collab": COLLAB_PROBES, "openwork": OPENWORK_PROBES}
+NO_TARGET_CALLS = {
+    ("collab", "list_agents"): [{"scope": "session"}, {"scope": "all"}, {"scope": "archived"}],
+    ("collab", "list_jobs"): [{}],
+    ("collab", "todo_list"): [{}],
+    ("openwork", "list_agents"): [{}],
+    ("openwork", "todo_list"): [{}],
+    ("openwork", "glob"): [{"pattern": "**/*"}],
+    ("openwork", "grep"): [{"pattern": "notes|secret"}],
+}
+# Answers that mean "no such thing here", by code.
+NOT_FOUND_CODES = ("not_found", "unknown_todo", "unknown_agent", "path_outside_workspace")
 
 
-def registered_tools() -> list[str]:
+def registered_tools() -> list[tuple[str, str]]:
     from collab.tools.registry import REGISTRY, _load_builtin_tools
 
     _load_builtin_tools()
@@ -507,10 +565,13 @@ TOOLS = registered_tools()
 
 def tool_targets(a: Alpha, missing: bool) -> dict:
     if missing:
+        gone = f"/nonexistent-{new_id()}"
         return {"address": f"{new_id()}:{new_id()}", "name": "no-such-agent-here", "sid": new_id(), "mid": new_id(),
-                "job_id": new_id(), "named_job_id": new_id(), "todo_id": a.todo_id + 100_000}
+                "job_id": new_id(), "named_job_id": new_id(), "todo_id": a.todo_id + 100_000,
+                "task_name": "no_such_child_here", "workspace_file": f"{gone}/notes.txt", "workspace_dir": gone}
     return {"address": a.address, "name": a.name, "sid": a.sid, "mid": a.head, "job_id": a.job_id,
-            "named_job_id": a.named_job_id, "todo_id": a.todo_id}
+            "named_job_id": a.named_job_id, "todo_id": a.todo_id, "task_name": a.task_name,
+            "workspace_file": a.workspace_file, "workspace_dir": str(Path(a.workspace_file).parent)}
 
 
 def run_gateway(token, address, tool, arguments):
@@ -519,46 +580,48 @@ def run_gateway(token, address, tool, arguments):
     return r
 
 
-@pytest.mark.parametrize("tool", TOOLS)
-def test_p_sec_op_c8_every_tool_answers_a_beta_agent_about_alpha_exactly_like_about_nothing(team, alpha, beta, tool):
+@pytest.mark.parametrize("toolset,tool", TOOLS)
+def test_p_sec_op_c8_every_tool_answers_a_beta_agent_about_alpha_exactly_like_about_nothing(team, alpha, beta, toolset, tool):
     """P-SEC, OP §5.9, §5.10, OP C8: a beta branch runs every registered tool through the
     gateway against alpha's addresses, names, session ids, job ids and todo ids. Each
     answer is the answer for a target that does not exist ("not found" wording, no title,
     preview or count), and nothing is written anywhere."""
-    from collab.tools.registry import REGISTRY
-
-    if tool not in TOOL_PROBES:
-        pytest.fail(f"tool {tool!r}: the authorization matrix has no probe for it; add it to TOOL_PROBES in {__file__}")
-    if "collab" not in REGISTRY[tool].toolsets:
-        pytest.fail(f"tool {tool!r} is not in the collab toolset: give the matrix a beta branch of its toolset")
-    own_todo = run_gateway(beta.token, beta.address, "todo_create", {"subject": "beta's own"}).json()["details"]["todo_id"]
+    if tool not in TOOL_PROBES.get(toolset, ()):
+        pytest.fail(f"tool {toolset}:{tool}: the authorization matrix has no probe for it; add it to TOOL_PROBES in {__file__}")
+    address = beta.branch_of(toolset)
+    own_todo = run_gateway(beta.token, address, "todo_create", {"subject": "beta's own"}).json()["details"]["todo_id"]
     hidden, missing = tool_targets(alpha, False), tool_targets(alpha, True)
     hidden["own_todo_id"] = missing["own_todo_id"] = own_todo
     mask = {str(hidden[k]): k for k in hidden if k != "own_todo_id"} | {str(missing[k]): k for k in missing if k != "own_todo_id"}
-    for label, build in TOOL_PROBES[tool].items():
+    for label, build in TOOL_PROBES[toolset][tool].items():
         before = row_counts()
-        seen = run_gateway(beta.token, beta.address, tool, build(hidden))
+        seen = run_gateway(beta.token, address, tool, build(hidden))
         body = seen.json()
         assert body["is_error"], (tool, label, body)
-        assert "not found" in body["text"].lower() or body["details"].get("code") in ("not_found", "unknown_todo"), body
-        unseen = run_gateway(beta.token, beta.address, tool, build(missing))
+        text = body["text"].lower()
+        assert "not found" in text or "no such file" in text or body["details"].get("code") in NOT_FOUND_CODES, body
+        unseen = run_gateway(beta.token, address, tool, build(missing))
         assert masked(seen, mask) == masked(unseen, mask), (tool, label)
         assert row_counts() == before, f"{tool} ({label}) wrote rows for a beta agent aimed at alpha"
         for bit in SECRET_BITS + ("turns", "chars"):
             assert bit not in masked(seen, mask)[2], (tool, label, bit)
 
 
-@pytest.mark.parametrize("tool", sorted(NO_TARGET_CALLS))
-def test_p_sec_op_c8_tools_without_a_target_answer_a_beta_agent_as_if_alpha_did_not_exist(team, beta, request, tool):
+@pytest.mark.parametrize("toolset,tool", sorted(NO_TARGET_CALLS))
+def test_p_sec_op_c8_tools_without_a_target_answer_a_beta_agent_as_if_alpha_did_not_exist(team, beta, request, toolset, tool):
     """P-SEC, OP C8: listing tools run as a beta branch answer the same before and after all of
-    alpha's sessions, branches, jobs, todos and holds exist."""
-    calls = NO_TARGET_CALLS[tool]
+    alpha's sessions, branches, jobs, todos, holds, sub-agents and workspace files exist."""
+    calls = NO_TARGET_CALLS[(toolset, tool)]
+    address = beta.branch_of(toolset)
     # beta has something of its own to list
-    run_gateway(beta.token, beta.address, "todo_create", {"subject": "beta's plan"})
-    run_gateway(beta.token, beta.address, "agent", {"prompt": "beta task", "description": "beta-helper", "run_in_background": True})
-    first = [run_gateway(beta.token, beta.address, tool, args).json() for args in calls]
+    run_gateway(beta.token, address, "todo_create", {"subject": "beta's plan"})
+    if toolset == "collab":
+        run_gateway(beta.token, address, "agent", {"prompt": "beta task", "description": "beta-helper", "run_in_background": True})
+    else:
+        run_gateway(beta.token, address, "spawn_agent", {"task_name": "beta_helper", "message": "beta task"})
+    first = [run_gateway(beta.token, address, tool, args).json() for args in calls]
     alpha_rows = request.getfixturevalue("alpha")
-    then = [run_gateway(beta.token, beta.address, tool, args).json() for args in calls]
+    then = [run_gateway(beta.token, address, tool, args).json() for args in calls]
     assert then == first
     assert "beta" in json.dumps(first)
     text = json.dumps(then)

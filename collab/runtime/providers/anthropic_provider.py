@@ -40,7 +40,7 @@ class AnthropicProvider(RemoteProvider):
             "max_tokens": self.max_tokens or settings.TRELLIS_MODEL_MAX_TOKENS,
             "messages": anthropic_messages(ctx.history(), fallback_user_text=ctx.prompt),
         }
-        system = getattr(self.spec, "system_prompt", "") or ""
+        system = ctx.system_prompt
         if system:
             kwargs["system"] = system
         tools = anthropic_tools(ctx.available_tools())

@@ -1,0 +1,190 @@
+"""OpenWork sub-agents (SPEC §5, OW §2–§8): children as child sessions of a root session.
+
+A child is a Session with ``parent_session`` (the root) and ``agent_role``
+(``explorer``) whose one branch carries the ``task_name`` and the parent
+branch that spawned it. Creating it — session, branch and its first Job — is
+one transaction: a refused or failed spawn writes nothing, so the name and the
+slot are released by the rollback (OW §5). The concurrency limit
+(``Project.max_active_turns``) counts the open child jobs of one root session,
+checked with the root session row locked so two spawns cannot both take the
+last slot (OW §7.1). Results travel back through the ordinary follow-up debt
+(``Job.followup_state``) in mode ``mailbox``: drained into the parent's running
+turn, or held for its next user turn; never a new parent turn (OW §6).
+"""
+
+import re
+import time
+
+from django.db import IntegrityError, transaction
+
+from collab.errors import DomainError
+from collab.events import send_event_on_commit
+from collab.models import (
+    OPEN_STATUSES,
+    AgentRole,
+    Branch,
+    FollowupState,
+    Job,
+    JobKind,
+    NameStage,
+    Session,
+)
+from collab.selectors.children import children_of
+from collab.services.acting import Actor
+from collab.services.admission import admit_job
+from collab.services.branches import create_branch
+from collab.services.cancel import check_can_cancel, request_cancel_tree
+from collab.services.retry import retry_on_deadlock
+
+TASK_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+WAIT_DEFAULT_MS = 60_000
+WAIT_MIN_MS = 10_000
+WAIT_MAX_MS = 600_000
+WAIT_POLL_SECONDS = 0.2
+MAILBOX = "mailbox"
+
+
+
+def ow_error(code: str, message: str) -> DomainError:
+    return DomainError(message, code=code)
+
+
+def check_task_name(task_name: str) -> None:
+    if not TASK_NAME.match(task_name or ""):
+        raise ow_error(
+            "invalid_task_name",
+            f"{task_name!r} is not a valid task_name: use lowercase letters, digits and underscores, "
+            "starting with a letter, at most 48 characters (^[a-z][a-z0-9_]{0,47}$)",
+        )
+
+
+def root_of(session: Session) -> Session:
+    return session.parent_session if session.parent_session_id else session
+
+
+def find_child(actor: Actor, task_name: str) -> Branch:
+    child = children_of(actor.branch).select_related("session").filter(task_name=task_name).first()
+    if child is None:
+        raise ow_error("unknown_agent", f"no sub-agent named {task_name!r}; list_agents shows yours")
+    return child
+
+
+def active_child_turns(root: Session) -> int:
+    return Job.objects.filter(session__parent_session=root, status__in=OPEN_STATUSES).count()
+
+
+def _take_slot(actor: Actor) -> Session:
+    """Lock the root session row and check a child turn slot is free (OW §7.1)."""
+    root = Session.objects.select_for_update().select_related("project").get(pk=root_of(actor.session).pk)
+    limit = root.project.max_active_turns
+    if active_child_turns(root) >= limit:
+        raise ow_error(
+            "agent_limit_reached",
+            f"{limit} sub-agent turns are already running (max_active_turns); wait_agent for one to finish "
+            "or do the work yourself",
+        )
+    return root
+
+
+def _child_job_fields(actor: Actor) -> dict:
+    messages, generations = actor.chain
+    return dict(
+        caller_session=actor.session, caller_msg=actor.calling_node, caller_branch=actor.branch,
+        caller_job=actor.job, parent_job=actor.job, run_in_background=True, followup_mode=MAILBOX,
+        chain_messages=messages, chain_generations=generations,
+    )
+
+
+@retry_on_deadlock
+def spawn_child(actor: Actor, *, task_name: str, message: str) -> Job:
+    """``spawn_agent``: a new explorer child with its first turn; returns that turn's Job."""
+    actor.require("turn.start")
+    check_task_name(task_name)
+    if actor.session.parent_session_id:
+        raise ow_error("agent_start_failed", "a sub-agent cannot start sub-agents (one level only)")
+    spec = actor.branch.agent_spec or actor.session.agent_spec
+    try:
+        with transaction.atomic():
+            _take_slot(actor)
+            if children_of(actor.branch).filter(task_name=task_name).exists():
+                raise ow_error("duplicate_task_name", f"you already have a sub-agent named {task_name!r}")
+            child_session = Session.objects.create(
+                project_id=actor.session.project_id, title=task_name, agent_spec=spec, created_by=actor.user,
+                parent_session=actor.session, agent_role=AgentRole.EXPLORER,
+            )
+            branch = create_branch(
+                child_session, name=task_name, name_stage=NameStage.MANUAL, agent_spec=spec, created_by=actor.user,
+                created_by_job=actor.job, parent_branch=actor.branch, task_name=task_name,
+            )
+            Session.objects.filter(pk=child_session.pk).update(selected_branch=branch)
+            job = admit_job(session=child_session, branch=branch, kind=JobKind.SPAWN, prompt=message,
+                            started_by=actor.user, agent_spec=spec, **_child_job_fields(actor))
+            send_event_on_commit(
+                actor.session.pk, "agent.spawned",
+                {"job": job.pk, "session": child_session.pk, "branch": branch.pk, "name": task_name,
+                 "task_name": task_name, "background": True, "toolset": "openwork"},
+                actor=actor.user,
+            )
+    except IntegrityError:  # the unique (parent_branch, task_name) index: a concurrent spawn took the name
+        raise ow_error("duplicate_task_name", f"you already have a sub-agent named {task_name!r}") from None
+    except DomainError as exc:
+        if exc.code in ("agent_limit_reached", "duplicate_task_name"):
+            raise
+        raise ow_error("agent_start_failed", f"could not start {task_name!r}: {exc.detail}") from None
+    return job
+
+
+@retry_on_deadlock
+def followup_child(actor: Actor, *, task_name: str, message: str) -> Job:
+    """``followup_task``: a new turn on an idle child, sharing the concurrency limit."""
+    actor.require("turn.start")
+    child = find_child(actor, task_name)
+    try:
+        with transaction.atomic():
+            _take_slot(actor)
+            if Job.objects.filter(branch=child, status__in=OPEN_STATUSES).exists():
+                raise ow_error("agent_turn_start_failed", f"{task_name!r} is still running; wait_agent for its result first")
+            job = admit_job(session=child.session, branch=child, kind=JobKind.TASK, prompt=message,
+                            started_by=actor.user, **_child_job_fields(actor))
+    except DomainError as exc:
+        if exc.code in ("agent_limit_reached", "agent_turn_start_failed"):
+            raise
+        raise ow_error("agent_turn_start_failed", f"could not start a turn on {task_name!r}: {exc.detail}") from None
+    return job
+
+
+def interrupt_child(actor: Actor, *, task_name: str) -> Job:
+    """``interrupt_agent``: cancel the child's open turn through the cancel service (SPEC §7)."""
+    child = find_child(actor, task_name)
+    job = Job.objects.filter(branch=child, status__in=OPEN_STATUSES).order_by("-created_at").first()
+    if job is None:
+        raise ow_error("agent_interrupt_failed", f"{task_name!r} has no running turn to interrupt")
+    try:
+        check_can_cancel(actor.user, job)
+    except DomainError as exc:
+        raise ow_error("agent_interrupt_failed", exc.detail) from None
+    with transaction.atomic():
+        request_cancel_tree(job, actor.user)
+        send_event_on_commit(actor.session.pk, "agent.interrupted", {"job": job.pk, "task_name": task_name},
+                             actor=actor.user)
+    return job
+
+
+def mail_waiting(branch: Branch) -> bool:
+    return Job.objects.filter(caller_branch=branch, followup_state=FollowupState.OWED).exists()
+
+
+def wait_for_mail(actor: Actor, timeout_ms: int) -> bool:
+    """Block until a result is owed to the acting branch (True) or the timeout passes (False).
+    A running turn checks its stop flag while waiting, so a cancel ends the wait at once."""
+    if not WAIT_MIN_MS <= timeout_ms <= WAIT_MAX_MS:
+        raise ow_error("invalid_arguments", f"timeout_ms must be between {WAIT_MIN_MS} and {WAIT_MAX_MS}")
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        if mail_waiting(actor.branch):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        if actor.turn is not None:
+            actor.turn.check_stop()
+        time.sleep(WAIT_POLL_SECONDS)

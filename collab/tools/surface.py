@@ -1,0 +1,58 @@
+"""Which tools a branch is offered — and may call (what is not offered is not dispatched).
+
+One function for the turn loop and the tool gateway: the spec's toolset narrowed
+by its allow-list; an explorer (OW §4) gets only the read-only workspace tools and
+never more than its parent branch; workspace tools need the project's workspace,
+``bash`` also a working bubblewrap (never unsandboxed).
+"""
+
+from collab.models import AgentRole, Branch
+from collab.services.workspace import sandbox_status
+from collab.tools.registry import Tool, tools_for
+
+EXPLORER_TOOLS = frozenset({"read", "grep", "glob", "list", "bash"})
+
+
+def spec_of(branch: Branch):
+    return branch.agent_spec or branch.session.agent_spec
+
+
+def role_of(branch: Branch) -> str:
+    """A child session's role (set at spawn) wins over the spec's."""
+    session = branch.session
+    if session.agent_role:
+        return session.agent_role
+    return getattr(spec_of(branch), "role", "") or AgentRole.GENERAL
+
+
+def toolset_of(branch: Branch) -> str:
+    return getattr(spec_of(branch), "toolset", "") or "collab"
+
+
+def withheld_tools(project) -> dict[str, str]:
+    """Tools of the openwork toolset that this project cannot offer, with the reason (for pages)."""
+    reasons = {}
+    if not project.workspace:
+        for tool in tools_for("openwork"):
+            if tool.needs:
+                reasons[tool.name] = "the project has no workspace"
+        return reasons
+    ok, why = sandbox_status()
+    if not ok:
+        for tool in tools_for("openwork"):
+            if tool.needs == "sandbox":
+                reasons[tool.name] = f"sandbox unavailable: {why}"
+    return reasons
+
+
+def branch_tools(branch: Branch) -> list[Tool]:
+    spec = spec_of(branch)
+    tools = tools_for(toolset_of(branch), list(getattr(spec, "tools", None) or []))
+    withheld = withheld_tools(branch.session.project) if any(t.needs for t in tools) else {}
+    tools = [t for t in tools if t.name not in withheld]
+    if role_of(branch) == AgentRole.EXPLORER:
+        tools = [t for t in tools if t.name in EXPLORER_TOOLS]
+        if branch.parent_branch_id:  # never wider than the parent that spawned it
+            parent = {t.name for t in branch_tools(branch.parent_branch)}
+            tools = [t for t in tools if t.name in parent]
+    return tools
