@@ -17,8 +17,9 @@ def _choice(value, allowed, field):
         raise Invalid(f"{field} must be one of {', '.join(allowed)}; got {value!r}", code=f"invalid_{field}")
 
 
-def do_create_agent_spec(project, **data) -> AgentSpec:
-    """Validate and save an AgentSpec. Only providers this server implements are accepted."""
+def do_create_agent_spec(project, *, replace: bool = False, **data) -> AgentSpec:
+    """Validate and save an AgentSpec. Only providers this server implements are accepted.
+    ``replace`` (operators' commands) overwrites a spec with the same ``agent_id``."""
     _choice(data.get("provider", "scripted"), IMPLEMENTED_PROVIDERS, "provider")
     if data.get("provider", "scripted") != "scripted" and not (data.get("model") or "").strip():
         raise Invalid(f"provider {data['provider']!r} needs a model name", code="invalid_model")
@@ -37,6 +38,10 @@ def do_create_agent_spec(project, **data) -> AgentSpec:
     except ValueError as exc:
         raise Invalid(str(exc), code="invalid_script") from None
     fields = {k: v for k, v in data.items() if k in SPEC_FIELDS and v is not None}
+    if replace:
+        agent_id = fields.pop("agent_id")
+        spec, _ = AgentSpec.objects.update_or_create(project=project, agent_id=agent_id, defaults=fields)
+        return spec
     try:
         with transaction.atomic():
             return AgentSpec.objects.create(project=project, **fields)

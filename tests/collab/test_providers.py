@@ -469,11 +469,11 @@ def test_the_openai_mapping():
         {"role": "user", "content": "[result from s2:9] 42"},
         {"role": "assistant", "content": "done: 42"},
         {"role": "user", "content": "again\n\nand a message"},
-        {"role": "assistant", "content": None, "tool_calls": [
+        {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_2", "type": "function", "function": {"name": "todo_list", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "call_2", "content": "error: no result (the turn ended before this tool call finished)"},
         {"role": "user", "content": "new prompt"},
-        {"role": "assistant", "content": None, "tool_calls": [
+        {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_3", "type": "function", "function": {"name": "bad_name_", "arguments": "{oops"}}]},
         {"role": "tool", "tool_call_id": "call_3", "content": "invalid_arguments: …"},
     ]

@@ -166,7 +166,8 @@ def openai_messages(history, system_prompt: str = "", *, fallback_user_text: str
             if turn.texts:
                 out.append({"role": "user", "content": turn.text})
             continue
-        message: dict = {"role": "assistant", "content": turn.text or None}
+        # "" rather than null beside tool calls: llama.cpp's server refuses a null content
+        message: dict = {"role": "assistant", "content": turn.text or ""}
         if turn.calls:
             message["tool_calls"] = [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments_json(c.arguments)}}

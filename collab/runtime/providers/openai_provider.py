@@ -11,7 +11,7 @@ so a cancel closes the stream promptly.
 
 import openai
 
-from collab.runtime.providers.base import ModelResponse, ToolCall
+from collab.runtime.providers.base import ModelResponse, ProviderError, ToolCall
 from collab.runtime.providers.mapping import TITLE_SYSTEM, openai_messages, openai_tools, parse_arguments, title_request
 from collab.runtime.providers.remote import RemoteProvider
 
@@ -29,20 +29,39 @@ class OpenAIProvider(RemoteProvider):
 
     def request(self, ctx) -> dict:
         """The Chat Completions request for this model call (without ``stream``)."""
-        spec = self.spec
         kwargs = {
             "model": self.model,
-            "messages": openai_messages(ctx.history(), getattr(spec, "system_prompt", "") or "", fallback_user_text=ctx.prompt),
+            "messages": openai_messages(ctx.history(), ctx.system_prompt, fallback_user_text=ctx.prompt),
         }
         tools = openai_tools(ctx.available_tools())
         if tools:
             kwargs["tools"] = tools
             kwargs["parallel_tool_calls"] = True
+            choice = self.tool_choice(ctx, tools)
+            if choice is not None:
+                kwargs["tool_choice"] = choice
         if self.max_tokens:
             kwargs["max_tokens"] = self.max_tokens
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
         return kwargs
+
+    def tool_choice(self, ctx, tools: list[dict]):
+        """``limits.tool_choice`` ("auto", "required" or a tool's name) for the first model call of
+        a turn, later calls left to the model; after ``limits.tool_rounds`` model calls the model
+        must answer in text ("none"). Small local models need both: forced, they call tools
+        well (llama.cpp's chatml-function-calling format); unforced, they call them forever."""
+        rounds = self.option("tool_rounds", None, int)
+        if rounds is not None and ctx.model_calls >= rounds:
+            return "none"
+        wanted = self.option("tool_choice", None)
+        if wanted is None or ctx.model_calls > 0:
+            return None
+        if wanted in ("auto", "required", "none"):
+            return wanted
+        if any(t["function"]["name"] == wanted for t in tools):
+            return {"type": "function", "function": {"name": wanted}}
+        raise ProviderError(f"limits.tool_choice names {wanted!r}, which this agent is not offered", code="provider_config")
 
     def _complete(self, client, ctx) -> ModelResponse:
         kwargs = self.request(ctx)
