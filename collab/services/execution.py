@@ -122,10 +122,12 @@ def finish_job(
     usage = usage or {}
     owed = owes_followup(job)
     with transaction.atomic():
-        branch = Branch.objects.select_for_update(of=("self",)).select_related("tip", "session").get(pk=job.branch_id)
+        branch = Branch.objects.select_for_update(of=("self",)).select_related("tip", "session").filter(pk=job.branch_id).first()
+        if branch is None:  # its session was deleted while the turn ran: nothing is left to finish
+            return job
         current = Job.objects.select_for_update().filter(pk=job.pk, status__in=from_statuses).first()
         if current is None:
-            return Job.objects.get(pk=job.pk)
+            return Job.objects.filter(pk=job.pk).first() or job
         ran = current.started_at is not None
         summary, artifact = store_result(current, result_text)
         Job.objects.filter(pk=job.pk).update(

@@ -397,6 +397,7 @@ PAGES = {
     "session_jobs": ("GET", None),
     "session_branches": ("GET", None),
     "session_activity": ("GET", None),
+    "session_agents": ("GET", None),
     "new_session": ("POST", lambda a: {"title": "probe"}),
     "project_limits": ("POST", lambda a: {"max_messages": "3"}),
     "project_members": ("POST", lambda a: {"action": "add", "username": "outsider", "role": "owner"}),
