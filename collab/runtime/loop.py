@@ -148,10 +148,14 @@ class TurnContext:
                 raise LimitExceeded("doom_loop", f"the same {call.name} call was repeated {threshold} times in a row")
 
     def history(self) -> list[Message]:
-        """The branch's messages from the root to the tip (for providers that send history)."""
+        """The branch's messages from the root to the tip (for providers that send history),
+        cut to fit the model's context window when the spec declares one (runtime/compaction.py)."""
+        from collab.runtime.compaction import compacted, history_budget
         from collab.selectors.transcript import lineage
 
-        return lineage(self.branch.tip)
+        limits = getattr(self.spec, "limits", None) or {}
+        window = limits.get("context_window") if isinstance(limits, dict) else None
+        return compacted(lineage(self.branch.tip), history_budget(window if isinstance(window, int) else None))
 
     def check_stop(self, force: bool = False) -> None:
         now = time.monotonic()

@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from collab.runtime.compaction import CONTEXTUAL_KINDS
+
 EMPTY_TEXT = "(empty message)"
 EMPTY_RESULT = "(empty result)"
 MISSING_RESULT = "error: no result (the turn ended before this tool call finished)"
@@ -252,7 +254,8 @@ def title_request(messages) -> str:
     """The conversation excerpt a title is asked for: user and assistant text, headers skipped."""
     lines = []
     for m in messages:
-        if m.kind == "attach" or m.role == "tool" or not (m.text or "").strip():
+        # delivered results and notices are context, not the conversation a title describes
+        if m.kind in CONTEXTUAL_KINDS or m.role == "tool" or not (m.text or "").strip():
             continue
         text = m.text
         header = (m.metadata or {}).get("header") or ""
