@@ -45,6 +45,8 @@ def list_agents(user, session: Session, *, scope: str = "session", limit: int = 
         sessions_qs = Session.objects.filter(project__memberships__user=user)
         if source:
             sessions_qs = sessions_qs.filter(pk=source)
+        else:  # sub-agents' sessions are listed by their parents, not at the top level (OW acc. 2)
+            sessions_qs = sessions_qs.filter(parent_session__isnull=True)
         sessions = list(
             sessions_qs.select_related("agent_spec")
             .annotate(active=Count("jobs", filter=Q(jobs__status__in=ACTIVE_STATUSES)))

@@ -39,6 +39,12 @@ def delivery_target(actor: Actor, to: str) -> Branch:
     """The live target of a delivery, through the one resolver; call inside its transaction."""
     target = resolve_target(Caller(user=actor.user, session_id=actor.session.pk, branch_id=actor.branch.pk), to)
     actor.require("turn.start", target.session.project_id)
+    if target.session.parent_session_id:
+        # an OpenWork sub-agent is directed by its parent only (followup_task), never by others
+        raise Invalid(
+            f"{target.display_name!r} is a sub-agent of another agent: only its parent may give it work",
+            code="sub_agent_read_only",
+        )
     return target
 
 
