@@ -19,6 +19,7 @@ from django.http import StreamingHttpResponse
 from collab import access
 from collab.errors import DomainError, Invalid, NotFound
 from collab.selectors.children import child_rail
+from collab.tools.surface import withheld_tools
 from collab.services.members import do_add_member, do_change_role, do_remove_member, do_revoke_token
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.selectors import pages
@@ -49,6 +50,7 @@ def _project_context(request, project, errors=None):
         "roles": ["viewer", "member", "maintainer", "owner"],
         "can_audit": access.can(request.user, project.pk, "project.audit"),
         "limit_errors": errors or {},
+        "withheld_tools": withheld_tools(project) if project.workspace else {},
     }
 
 

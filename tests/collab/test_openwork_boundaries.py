@@ -48,3 +48,30 @@ def test_ow_02_sub_agents_are_not_listed_at_the_top_level_but_by_their_parent(te
     parent = f"{ow_sid}:{Branch.objects.get(session_id=ow_sid, task_name__isnull=True).tip_id}"
     rows = api.post(f"/api/branches/{parent}/tools/list_agents", {"arguments": {}}).json()["details"]["agents"]
     assert [(r["task_name"], r["status"]) for r in rows] == [("scout", "running")]
+
+
+def test_ow_where_bubblewrap_cannot_start_bash_is_not_offered_and_the_page_says_why(team, scripted_session, client, tmp_path, monkeypatch):
+    """Issue 7 §5: bash never runs unsandboxed — without a working bwrap it is neither offered
+    nor dispatched, and the project page shows the reason; the other workspace tools stay."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    import collab.tools.surface as surface
+
+    call_command("workspace", "alpha", str(tmp_path), stdout=StringIO())
+    client.force_login(team.member)
+    page = client.get("/p/alpha/").content.decode()
+    assert str(tmp_path) in page and "not offered" not in page  # bwrap works on this machine
+
+    monkeypatch.setattr(surface, "sandbox_status", lambda: (False, "bubblewrap is not installed"))
+    page = client.get("/p/alpha/").content.decode()
+    assert "<code>bash</code> not offered: sandbox unavailable: bubblewrap is not installed" in page
+    api, sid, child = ow_child(scripted_session, team)
+    body = api.post(f"/api/branches/{child.address}/tools/bash", {"arguments": {"command": "echo hi"}}).json()
+    assert body["is_error"] and body["details"]["code"] == "unknown_tool", body
+    body = api.post(f"/api/branches/{child.address}/tools/list", {"arguments": {}}).json()
+    assert not body["is_error"], body
+    out = StringIO()
+    call_command("workspace", "alpha", stdout=out)  # the operator's command probes bwrap for real
+    assert out.getvalue() == f"workspace = {tmp_path}\nbash: sandboxed with bubblewrap\n"
