@@ -60,7 +60,15 @@ def branches(session: Session) -> list[Branch]:
 
 
 def top_level_sessions(project) -> list[Session]:
-    return list(project.sessions.filter(parent_session__isnull=True).order_by("-last_active_at")[:200])
+    """The project's root sessions (at most 200, most recent first), each with ``sub_agents``:
+    its OpenWork children, listed under it rather than at the top level (OW acc. 2). Two queries."""
+    sessions = list(project.sessions.filter(parent_session__isnull=True).order_by("-last_active_at")[:200])
+    children: dict[str, list] = {}
+    for child in Session.objects.filter(parent_session__in=[s.pk for s in sessions]).order_by("title"):
+        children.setdefault(child.parent_session_id, []).append(child)
+    for s in sessions:
+        s.sub_agents = children.get(s.pk, [])
+    return sessions
 
 
 def recent_events(session: Session, limit: int = 25):

@@ -64,7 +64,8 @@ def test_ow_21_the_agent_rail_lists_children_live_and_a_child_page_is_read_only(
     child_sid = page.url.rstrip("/").split("/")[-1]
     r = api.post(f"/api/sessions/{child_sid}/turns", {"prompt": "hi"})
     assert (r.status_code, r.json()["code"]) == (409, "child_session_read_only")
-    # the child is not listed among the project's sessions
+    # the child is not a session of its own in the project's list, it is listed under its parent
     page.goto(f"{server.url}/p/alpha/")
     expect(page.locator(f'a[href="/s/{sid}/"]').first).to_be_visible()
-    expect(page.locator(f'a[href="/s/{child_sid}/"]')).to_have_count(0)
+    expect(page.locator(f'a[href="/s/{child_sid}/"]')).to_have_count(1)
+    expect(page.locator(f'li:has(a[href="/s/{sid}/"]) .sub-agents a[href="/s/{child_sid}/"]')).to_have_text("find_auth")

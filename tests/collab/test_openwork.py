@@ -297,8 +297,8 @@ def test_ow_01_child_session_records_parent_task_name_and_role(team, api_as, wor
 
 
 def test_ow_02_children_are_hidden_from_the_session_list_but_listed_by_their_parent(team, api_as, worker, client):
-    """OW acc. 2: the project's session list page shows root sessions only; the parent lists its
-    children with list_agents, sorted by task_name."""
+    """OW acc. 2: the project's session list shows root sessions only, each child listed under its
+    parent; the parent lists its children with list_agents, sorted by task_name."""
     owner, api = api_as(team.owner), api_as(team.member)
     sid, main, _ = root_with_address(api, owner, "ow2", SIMPLE)
     kids = {name: gateway_spawn(api, main, name, f"question {name}") for name in ("zeta", "beta", "scout")}
@@ -310,8 +310,11 @@ def test_ow_02_children_are_hidden_from_the_session_list_but_listed_by_their_par
     assert page.status_code == 200
     html = page.content.decode()
     assert f"/s/{sid}/" in html
-    for job in kids.values():
-        assert job["session"] not in html, job["session"]
+    for job in kids.values():  # not a row of its own: only a link under its parent's row
+        child = job["session"]
+        assert html.count(f"/s/{child}/") == 1 and f'href="/s/{child}/" data-child="{child}"' in html, child
+    sub = html[html.index('class="small sub-agents"'):]
+    assert sub.index(">beta<") < sub.index(">scout<") < sub.index(">zeta<")
 
     listed = ok(tool(api, main, "list_agents"))
     agents = json.loads(listed["text"])

@@ -34,8 +34,8 @@ def test_ow_a_collab_agent_cannot_deliver_work_to_someone_elses_sub_agent(team, 
 
 
 def test_ow_02_sub_agents_are_not_listed_at_the_top_level_but_by_their_parent(team, scripted_session, client):
-    """OW acc. 2: collab list_agents(scope="all") and the project page list the parent session,
-    not the child; the parent's list_agents lists the child."""
+    """OW acc. 2: collab list_agents(scope="all") lists the parent session, not the child; the
+    project page lists the child under its parent only; the parent's list_agents lists it."""
     api, ow_sid, child = ow_child(scripted_session, team)
     collab_api, sid = scripted_session(team.member, [], agent_id="plain")
     assert collab_api.post(f"/api/sessions/{sid}/turns", {"prompt": "hi"}).status_code == 202
@@ -44,7 +44,8 @@ def test_ow_02_sub_agents_are_not_listed_at_the_top_level_but_by_their_parent(te
     assert ow_sid in listed and child.session_id not in listed
     client.force_login(team.member)
     page = client.get("/p/alpha/").content.decode()
-    assert f"/s/{ow_sid}/" in page and f"/s/{child.session_id}/" not in page
+    assert f"/s/{ow_sid}/" in page  # the child only under its parent's row
+    assert page.count(f"/s/{child.session_id}/") == 1 and f'data-child="{child.session_id}"' in page
     parent = f"{ow_sid}:{Branch.objects.get(session_id=ow_sid, task_name__isnull=True).tip_id}"
     rows = api.post(f"/api/branches/{parent}/tools/list_agents", {"arguments": {}}).json()["details"]["agents"]
     assert [(r["task_name"], r["status"]) for r in rows] == [("scout", "running")]
