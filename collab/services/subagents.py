@@ -35,6 +35,7 @@ from collab.services.admission import admit_job
 from collab.services.branches import create_branch
 from collab.services.cancel import check_can_cancel, request_cancel_tree
 from collab.services.retry import retry_on_deadlock
+from collab.services.turns import check_prompt
 
 TASK_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 WAIT_DEFAULT_MS = 60_000
@@ -100,6 +101,7 @@ def spawn_child(actor: Actor, *, task_name: str, message: str) -> Job:
     """``spawn_agent``: a new explorer child with its first turn; returns that turn's Job."""
     actor.require("turn.start")
     check_task_name(task_name)
+    check_prompt(message)
     if actor.session.parent_session_id:
         raise ow_error("agent_start_failed", "a sub-agent cannot start sub-agents (one level only)")
     spec = actor.branch.agent_spec or actor.session.agent_spec
@@ -139,6 +141,7 @@ def followup_child(actor: Actor, *, task_name: str, message: str) -> Job:
     """``followup_task``: a new turn on an idle child, sharing the concurrency limit."""
     actor.require("turn.start")
     child = find_child(actor, task_name)
+    check_prompt(message)
     try:
         with transaction.atomic():
             _take_slot(actor)

@@ -2,7 +2,7 @@
 OW §3) — other agents can read it, not give it work — and it is not listed at the top level
 (OW acc. 2), through the collab tools as through the pages."""
 
-from collab.models import Branch, Job
+from collab.models import Branch, Job, Message
 
 
 def ow_child(scripted_session, team):
@@ -76,3 +76,59 @@ def test_ow_where_bubblewrap_cannot_start_bash_is_not_offered_and_the_page_says_
     out = StringIO()
     call_command("workspace", "alpha", stdout=out)  # the operator's command probes bwrap for real
     assert out.getvalue() == f"workspace = {tmp_path}\nbash: sandboxed with bubblewrap\n"
+
+
+def test_ow_01_03_04_the_database_refuses_inconsistent_child_rows_on_its_own(team, scripted_session):
+    """OW §3, acc. 1, 3, 4 (the gaps the seed lists): with the services bypassed, CHECKs and the
+    unique index still refuse a malformed task_name, a duplicate under one parent, half-filled
+    topology columns and a session that is its own parent."""
+    from django.db import DataError, IntegrityError, transaction
+
+    from collab.models import Session
+
+    api, ow_sid, child = ow_child(scripted_session, team)
+    parent = child.parent_branch
+    attempts = {
+        "malformed task_name": lambda: Branch.objects.create(session=child.session, parent_branch=parent, task_name="Bad-Name"),
+        "49 characters": lambda: Branch.objects.create(session=child.session, parent_branch=parent, task_name="a" * 49),
+        "duplicate under one parent": lambda: Branch.objects.create(session=child.session, parent_branch=parent, task_name="scout"),
+        "parent without role": lambda: Session.objects.create(project_id=child.session.project_id, parent_session_id=ow_sid),
+        "role without parent": lambda: Session.objects.create(project_id=child.session.project_id, agent_role="explorer"),
+        "own parent": lambda: Session.objects.filter(pk=child.session_id).update(parent_session_id=child.session_id),
+    }
+    for label, attempt in attempts.items():
+        try:
+            with transaction.atomic():
+                attempt()
+        except (IntegrityError, DataError):  # PostgreSQL refuses 49 characters as too long for the column
+            continue
+        raise AssertionError(f"the database accepted: {label}")
+    # the same name under another parent branch is fine
+    other = Branch.objects.create(session=child.session, name="other")
+    with transaction.atomic():
+        Branch.objects.create(session=child.session, parent_branch=other, task_name="scout")
+
+
+def test_ow_a_huge_child_result_reaches_the_parent_bounded_with_its_full_text_kept(team, scripted_session):
+    """Issue 7 §4: where OpenWork refuses envelopes over 4,000 tokens, Trellis bounds the body
+    with the SPEC §9 summary (head + tail, at most 30,000 characters) and keeps the full text as
+    an artifact readable by the parent's members — no result is lost. Turns run in-process as a
+    worker runs them."""
+    from collab.runtime.loop import run_job
+
+    huge = "".join(f"line {n}: the explorer found something\n" for n in range(4000))  # ~150k characters
+    api, sid = scripted_session(team.member, {"user": [{"text": "{{mailbox}}"}], "spawn": [{"text": "{{prompt}}"}]},
+                                agent_id="ow-huge", toolset="openwork")
+    parent_job = api.post(f"/api/sessions/{sid}/turns", {"prompt": "go"}).json()["execution_id"]
+    address = f"{sid}:{api.get(f'/api/sessions/{sid}').json()['head']}"
+    r = api.post(f"/api/branches/{address}/tools/spawn_agent", {"arguments": {"task_name": "big", "message": huge}})
+    child_job = r.json()["details"]["execution_id"]
+    assert run_job(child_job) == "succeeded"
+    assert run_job(parent_job) == "succeeded"  # its first drain settles the owed result
+    [envelope] = Message.objects.filter(session_id=sid, kind="agent_message")
+    assert envelope.text.startswith("<agent_message>\n<task>big</task>\n<kind>final_answer</kind>\n<body>\nline 0:")
+    assert len(envelope.text) <= 30_000 + 200 and "line 3999:" in envelope.text
+    artifact_id = Job.objects.get(pk=child_job).result_artifact_id
+    assert f"[full text: artifact {artifact_id}," in envelope.text
+    full = api.get(f"/api/artifacts/{artifact_id}")
+    assert full.status_code == 200 and full.content.decode() == huge
