@@ -50,7 +50,7 @@ class AgentSpecAdmin(admin.ModelAdmin):
 
 @admin.register(Session)
 class SessionAdmin(admin.ModelAdmin):
-    list_display = ["id", "title", "project", "created_by", "parent_session", "last_active_at"]
+    list_display = ["id", "title", "project", "created_by", "parent_session", "agent_role", "last_active_at"]
     list_filter = ["project"]
     search_fields = ["id", "title"]
     raw_id_fields = ["head", "parent_session", "agent_spec", "created_by"]

@@ -73,6 +73,7 @@ class SessionOut(Schema):
     agent_id: str | None
     head: str | None
     parent_session: str | None
+    agent_role: str | None = None
     created_at: Any
     last_active_at: Any
     last_event_seq: int

@@ -21,6 +21,7 @@ def session_shape(session: Session) -> dict:
         "agent_id": session.agent_spec.agent_id if session.agent_spec_id else None,
         "head": session.head_id,
         "parent_session": session.parent_session_id,
+        "agent_role": session.agent_role,  # "explorer" for an OpenWork sub-agent's session
         "created_at": session.created_at,
         "last_active_at": session.last_active_at,
         "last_event_seq": session.last_event_seq,

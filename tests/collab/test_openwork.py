@@ -275,8 +275,9 @@ def test_ow_01_child_session_records_parent_task_name_and_role(team, api_as, wor
     # through the API
     root_api = api.get(f"/api/sessions/{sid}").json()
     child_api = api.get(f"/api/sessions/{child_sid}").json()
-    assert root_api["parent_session"] is None
+    assert (root_api["parent_session"], root_api["agent_role"]) == (None, None)
     assert child_api["parent_session"] == sid and child_api["project"] == "alpha"
+    assert child_api["agent_role"] == "explorer"
     (child_branch_row,) = api.get(f"/api/sessions/{child_sid}/branches").json()
     assert child_branch_row["name"] == "scout"
     assert [j["id"] for j in executions(api, child_sid)] == [child_job["id"]]
