@@ -127,8 +127,10 @@ def spawn_child(actor: Actor, *, task_name: str, message: str) -> Job:
                  "task_name": task_name, "background": True, "toolset": "openwork"},
                 actor=actor.user,
             )
-    except IntegrityError:  # the unique (parent_branch, task_name) index: a concurrent spawn took the name
-        raise ow_error("duplicate_task_name", f"you already have a sub-agent named {task_name!r}") from None
+    except IntegrityError as exc:  # the database's own refusals (the unique name index, the CHECKs)
+        if children_of(actor.branch).filter(task_name=task_name).exists():
+            raise ow_error("duplicate_task_name", f"you already have a sub-agent named {task_name!r}") from None
+        raise ow_error("agent_start_failed", f"could not start {task_name!r}: {exc}") from None
     except DomainError as exc:
         if exc.code in ("agent_limit_reached", "duplicate_task_name"):
             raise
