@@ -97,7 +97,7 @@ def _child_job_fields(actor: Actor) -> dict:
 
 
 @retry_on_deadlock
-def spawn_child(actor: Actor, *, task_name: str, message: str) -> Job:
+def do_spawn_child(actor: Actor, *, task_name: str, message: str) -> Job:
     """``spawn_agent``: a new explorer child with its first turn; returns that turn's Job."""
     actor.require("turn.start")
     check_task_name(task_name)
@@ -139,7 +139,7 @@ def spawn_child(actor: Actor, *, task_name: str, message: str) -> Job:
 
 
 @retry_on_deadlock
-def followup_child(actor: Actor, *, task_name: str, message: str) -> Job:
+def do_followup_child(actor: Actor, *, task_name: str, message: str) -> Job:
     """``followup_task``: a new turn on an idle child, sharing the concurrency limit."""
     actor.require("turn.start")
     child = find_child(actor, task_name)
@@ -158,7 +158,7 @@ def followup_child(actor: Actor, *, task_name: str, message: str) -> Job:
     return job
 
 
-def interrupt_child(actor: Actor, *, task_name: str) -> Job:
+def do_interrupt_child(actor: Actor, *, task_name: str) -> Job:
     """``interrupt_agent``: cancel the child's open turn through the cancel service (SPEC §7)."""
     child = find_child(actor, task_name)
     job = Job.objects.filter(branch=child, status__in=OPEN_STATUSES).order_by("-created_at").first()

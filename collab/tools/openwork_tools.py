@@ -65,7 +65,7 @@ research should stay out of your context; at most max_active_turns (default 3) s
 run at once. Do not use it for a single small question, for critical-path research your next
 step depends on, or to repeat a question already delegated.""")
 def spawn_agent(ctx, p: SpawnParams) -> ToolResult:
-    job = subagents.spawn_child(ctx, task_name=p.task_name, message=p.message)
+    job = subagents.do_spawn_child(ctx, task_name=p.task_name, message=p.message)
     return ToolResult(text=json.dumps({"task_name": p.task_name}), details={"task_name": p.task_name, "execution_id": job.pk})
 
 
@@ -97,7 +97,7 @@ an <agent_message> like the first one. Fails with agent_turn_start_failed while 
 running. Shares the limit of max_active_turns (default 3) concurrent sub-agent turns. Reuse an
 explorer when its context helps; do not re-ask a question it could not answer.""")
 def followup_task(ctx, p: FollowupParams) -> ToolResult:
-    job = subagents.followup_child(ctx, task_name=p.task_name, message=p.message)
+    job = subagents.do_followup_child(ctx, task_name=p.task_name, message=p.message)
     return ToolResult(text="Follow-up task started", details={"task_name": p.task_name, "execution_id": job.pk})
 
 
@@ -105,7 +105,7 @@ def followup_task(ctx, p: FollowupParams) -> ToolResult:
 Cancel a sub-agent's running turn (it reports back as interrupted). Fails with
 agent_interrupt_failed when it has no running turn.""")
 def interrupt_agent(ctx, p: InterruptParams) -> ToolResult:
-    job = subagents.interrupt_child(ctx, task_name=p.task_name)
+    job = subagents.do_interrupt_child(ctx, task_name=p.task_name)
     return ToolResult(text="Interrupt requested", details={"task_name": p.task_name, "execution_id": job.pk})
 
 

@@ -132,3 +132,36 @@ def test_ow_a_huge_child_result_reaches_the_parent_bounded_with_its_full_text_ke
     assert f"[full text: artifact {artifact_id}," in envelope.text
     full = api.get(f"/api/artifacts/{artifact_id}")
     assert full.status_code == 200 and full.content.decode() == huge
+
+
+def test_ow_listing_children_costs_the_same_queries_for_two_or_eight(team, scripted_session, api_as):
+    """STYLE (no N+1): OpenWork's list_agents and the session page's agent rail read a constant
+    number of queries however many children there are."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from collab.models import Session
+    from collab.selectors.children import child_rail, list_children
+
+    assert api_as(team.owner).patch("/api/projects/alpha/limits", {"max_active_turns": 20}).status_code == 200
+    api, ow_sid, first = ow_child(scripted_session, team)
+    parent = first.parent_branch
+
+    def queries() -> tuple[int, int]:
+        with CaptureQueriesContext(connection) as listing:
+            rows = list_children(parent)
+        with CaptureQueriesContext(connection) as rail:
+            tiles = child_rail(Session.objects.get(pk=ow_sid))
+        assert len(rows) == len(tiles)
+        return len(listing), len(rail) - 1  # minus the session lookup
+
+    def spawn(n):
+        r = api.post(f"/api/branches/{parent.session_id}:{parent.tip_id}/tools/spawn_agent",
+                     {"arguments": {"task_name": f"kid_{n}", "message": "look"}})
+        assert not r.json()["is_error"], r.content
+
+    spawn(1)
+    two = queries()
+    for n in range(2, 8):
+        spawn(n)
+    assert queries() == two and two[0] == 1
