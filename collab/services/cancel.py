@@ -14,7 +14,7 @@ from accounts.policy import role_allows, role_of
 from collab.errors import Conflict, Forbidden, Invalid, NotFound
 from collab.events import send_event_on_commit
 from collab.models import ExecutionCommand, Job, JobStatus, TERMINAL_STATUSES
-from collab.services.admission import job_wire, send_job_event
+from collab.services.admission import send_job_event
 from collab.services.retry import retry_on_deadlock
 
 CANCEL = "execution.cancel"
@@ -96,20 +96,29 @@ def request_cancel_tree(root: Job, user=None) -> list[str]:
 
 
 def request_cancel(job: Job) -> bool:
-    """Queued → cancelled now; running → stopping (the worker confirms). True if it changed."""
+    """Queued → cancelled now; running → stopping (the worker confirms). True if it changed.
+
+    A worker may claim a queued job between the two checks; then it is running and is
+    asked to stop, so a cancel accepted for an open job is never lost."""
     from collab.services.execution import finish_job
 
-    if Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING).update(
-        status=JobStatus.STOPPING, version=F("version") + 1, cancel_requested_at=timezone.now()
-    ):
-        job.refresh_from_db()
-        send_job_event(job, "job.stopping")
-        return True
-    if Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).exists():
-        finish_job(
+    for _ in range(3):
+        if Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING).update(
+            status=JobStatus.STOPPING, version=F("version") + 1, cancel_requested_at=timezone.now()
+        ):
+            job.refresh_from_db()
+            send_job_event(job, "job.stopping")
+            return True
+        status = Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
+        if status == JobStatus.RUNNING:
+            continue  # claimed since the update above: ask it to stop
+        if status != JobStatus.QUEUED:
+            return False  # stopping or ended already
+        ended = finish_job(
             job, status=JobStatus.CANCELLED, final_text=None, result_text="cancelled before it started",
             is_error=True, error_code="cancelled", error_reason="the execution was cancelled before it started",
             from_statuses=(JobStatus.QUEUED,),
         )
-        return True
+        if ended.status == JobStatus.CANCELLED:
+            return True
     return False
