@@ -83,6 +83,19 @@ class ApiClient:
             time.sleep(0.05)
 
 
+def make_git_repo(root: Path, text: str, message: str) -> Path:
+    """A real git repository at ``root`` with one commit of ``hello.txt`` (workspace tests)."""
+    root.mkdir(parents=True)
+    git = ["git", "-C", str(root)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "config", "user.name", "Test"], check=True)
+    subprocess.run([*git, "config", "user.email", "test@example.com"], check=True)
+    (root / "hello.txt").write_text(text)
+    subprocess.run([*git, "add", "hello.txt"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", message], check=True)
+    return root
+
+
 def poll(fn, *, timeout=20.0, interval=0.05, what="condition"):
     """Call ``fn`` until it returns something truthy; fail with the last value after ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -32,7 +32,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from tests.collab.test_governed_execution import settle
-from tests.conftest import TERMINAL
+from tests.conftest import TERMINAL, make_git_repo
 from tests.conftest import poll as _poll
 
 pytestmark = pytest.mark.slow
@@ -666,18 +666,7 @@ def test_ow_14_idle_children_hold_no_slot_and_followup_task_reuses_them(team, ap
 
 @pytest.fixture
 def git_repo(tmp_path):
-    import subprocess
-
-    root = tmp_path / "repo"
-    root.mkdir()
-    git = ["git", "-C", str(root)]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "config", "user.name", "Test"], check=True)
-    subprocess.run([*git, "config", "user.email", "test@example.com"], check=True)
-    (root / "hello.txt").write_text("hello from the workspace\n")
-    subprocess.run([*git, "add", "hello.txt"], check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "first commit of the workspace"], check=True)
-    return root
+    return make_git_repo(tmp_path / "repo", "hello from the workspace\n", "first commit of the workspace")
 
 
 def test_ow_15_16_17_explorer_reads_and_runs_git_but_cannot_write_the_workspace(team, api_as, worker, git_repo):
@@ -810,6 +799,20 @@ def test_ow_18_cancelling_the_parent_ends_wait_agent_at_once(team, api_as, worke
 # --- OW acc. 19, 20: reconciliation after a dead worker ---------------------------------------------
 
 
+def one_idle_one_busy(api, owner, agent_id, script, idle, busy):
+    """A root whose two children finished their first turn; then ``busy`` got a follow-up turn
+    that runs for LONG_MS. Returns (sid, main address, root job, idle child job, busy child job,
+    the running follow-up job)."""
+    sid, main, first = root_with_address(
+        api, owner, agent_id, {**script, "task": [{"sleep_ms": LONG_MS}, {"text": "never reached"}]})
+    jobs = [gateway_spawn(api, main, name, message) for name, message in (idle, busy)]
+    for job in jobs:
+        assert api.wait(job["id"], timeout=WAIT)["status"] == "succeeded"
+    r = ok(tool(api, main, "followup_task", task_name=busy[0], message="a long one"))
+    running = api.wait(r["details"]["execution_id"], {"running"}, timeout=WAIT)
+    return sid, main, first, jobs[0], jobs[1], running
+
+
 def test_ow_19_20_reconciliation_reports_interrupted_children_once_and_starts_no_parent_turn(team, api_as, worker):
     """OW acc. 19, 20 (OW §8, SPEC §7 P-REL-1): a child turn whose worker died (its lease ran out)
     becomes ``interrupted`` through ``manage.py reconcile``; that starts no parent turn and never
@@ -818,17 +821,9 @@ def test_ow_19_20_reconciliation_reports_interrupted_children_once_and_starts_no
     from collab.models import Job, Message
 
     owner, api = api_as(team.owner), api_as(team.member)
-    sid, main, first = root_with_address(api, owner, "ow19", {
-        "user": [{"text": "mail=[{{mailbox}}]"}],
-        "spawn": [{"text": "done: {{prompt}}"}],
-        "task": [{"sleep_ms": LONG_MS}, {"text": "never reached"}],
-    })
-    finished = gateway_spawn(api, main, "finished", "question one")
-    crashed = gateway_spawn(api, main, "crashed", "question two")
-    for job in (finished, crashed):
-        assert api.wait(job["id"], timeout=WAIT)["status"] == "succeeded"
-    r = ok(tool(api, main, "followup_task", task_name="crashed", message="a long one"))
-    long_turn = api.wait(r["details"]["execution_id"], {"running"}, timeout=WAIT)
+    sid, main, first, finished, crashed, long_turn = one_idle_one_busy(
+        api, owner, "ow19", {"user": [{"text": "mail=[{{mailbox}}]"}], "spawn": [{"text": "done: {{prompt}}"}]},
+        ("finished", "question one"), ("crashed", "question two"))
 
     # the worker running it "dies": its lease runs out (a live worker renews it every ~0.2 s, so
     # expire and reconcile until the reconciler saw it expired)
@@ -880,17 +875,9 @@ def test_ow_22_deleting_the_parent_session_deletes_its_children(team, api_as, wo
     from collab.models import Branch, Event, Job, Message, Session
 
     owner, api = api_as(team.owner), api_as(team.member)
-    sid, main, _ = root_with_address(api, owner, "ow22", {
-        "user": [{"text": "ok"}],
-        "spawn": [{"text": "idle now"}],
-        "task": [{"sleep_ms": LONG_MS}, {"text": "never reached"}],
-    })
-    idle = gateway_spawn(api, main, "idle_kid", "quick")
-    busy = gateway_spawn(api, main, "busy_kid", "quick too")
-    for job in (idle, busy):
-        assert api.wait(job["id"], timeout=WAIT)["status"] == "succeeded"
-    r = ok(tool(api, main, "followup_task", task_name="busy_kid", message="long"))
-    api.wait(r["details"]["execution_id"], {"running"}, timeout=WAIT)
+    sid, main, _, idle, busy, _ = one_idle_one_busy(
+        api, owner, "ow22", {"user": [{"text": "ok"}], "spawn": [{"text": "idle now"}]},
+        ("idle_kid", "quick"), ("busy_kid", "quick too"))
     children = [idle["session"], busy["session"]]
     everything = [sid, *children]
     for model in (Branch, Job, Message, Event):

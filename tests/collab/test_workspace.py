@@ -3,7 +3,6 @@
 import os
 import shutil
 import socket
-import subprocess
 import time
 import uuid
 
@@ -11,6 +10,7 @@ import pytest
 
 from collab.services import workspace as ws
 from collab.services.workspace import MAX_OUTPUT_CHARS, MAX_READ_BYTES, Workspace, WorkspaceError, open_workspace, run_bash
+from tests.conftest import make_git_repo
 
 
 @pytest.fixture
@@ -237,18 +237,9 @@ def test_grep_refuses_invalid_regex(tree):
 @pytest.fixture
 def repo(tmp_path):
     """A real git repository as the workspace, with a secret directory beside it."""
-    root = tmp_path / "repo"
-    root.mkdir()
     (tmp_path / "sibling").mkdir()
     (tmp_path / "sibling" / "secret.txt").write_text("sibling secret\n")
-    git = ["git", "-C", str(root)]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "config", "user.name", "Test"], check=True)
-    subprocess.run([*git, "config", "user.email", "test@example.com"], check=True)
-    (root / "hello.txt").write_text("hello\n")
-    subprocess.run([*git, "add", "hello.txt"], check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "first commit"], check=True)
-    return Workspace(root)
+    return Workspace(make_git_repo(tmp_path / "repo", "hello\n", "first commit"))
 
 
 @pytest.fixture
