@@ -20,30 +20,39 @@ def children_of(branch: Branch):
     return Branch.objects.filter(parent_branch=branch, task_name__isnull=False)
 
 
+def with_last_turn(branches):
+    """Annotate child branches with their latest job's status and creation time (one subquery each)."""
+    latest = Job.objects.filter(branch=OuterRef("pk")).order_by("-created_at")
+    return branches.annotate(
+        last_status=Subquery(latest.values("status")[:1]), last_created=Subquery(latest.values("created_at")[:1])
+    )
+
+
+def status_of(last_status: str | None) -> str:
+    return _STATUS.get(last_status, "idle")
+
+
 def list_children(branch: Branch) -> list[dict]:
     """``list_agents`` (OW): the direct children, by name, with the status of their latest turn."""
-    latest = Job.objects.filter(branch=OuterRef("pk")).order_by("-created_at")
     rows = (
-        children_of(branch)
-        .annotate(last_status=Subquery(latest.values("status")[:1]), started=Subquery(latest.values("created_at")[:1]))
+        with_last_turn(children_of(branch))
         .order_by("task_name")
-        .values("task_name", "last_status", "started", "created_at")
+        .values("task_name", "last_status", "last_created", "created_at")
     )
     return [
         {
             "task_name": row["task_name"],
-            "status": _STATUS.get(row["last_status"], "idle"),
-            "started_at": (row["started"] or row["created_at"]).isoformat(),
+            "status": status_of(row["last_status"]),
+            "started_at": (row["last_created"] or row["created_at"]).isoformat(),
         }
         for row in rows
     ]
 
 
 def child_rail(session: Session) -> list[dict]:
-    """The session page's agent rail: direct child sessions with status, duration and tokens."""
+    """The session page's agent rail: direct child sessions with status, duration and tokens (one query)."""
     children = (
-        Branch.objects.filter(session__parent_session=session, task_name__isnull=False)
-        .select_related("session", "parent_branch")
+        with_last_turn(Branch.objects.filter(session__parent_session=session, task_name__isnull=False))
         .annotate(
             tokens=Sum("jobs__tokens_in") + Sum("jobs__tokens_out"),
             first_start=Min("jobs__started_at"),
@@ -51,19 +60,12 @@ def child_rail(session: Session) -> list[dict]:
         )
         .order_by("task_name")
     )
-    latest = {
-        row["branch_id"]: row["status"]
-        for row in Job.objects.filter(session__parent_session=session).order_by("branch_id", "created_at")
-        .values("branch_id", "status")
-    }
     out = []
     for child in children:
-        status = _STATUS.get(latest.get(child.pk), "idle")
+        status = status_of(child.last_status)
         duration = None
         if child.first_start and child.last_finish and status != "running":
             duration = (child.last_finish - child.first_start).total_seconds()
-        out.append({
-            "task_name": child.task_name, "session_id": child.session_id, "status": status,
-            "duration": duration, "tokens": child.tokens or 0, "parent": child.parent_branch.display_name,
-        })
+        out.append({"task_name": child.task_name, "session_id": child.session_id, "status": status,
+                    "duration": duration, "tokens": child.tokens or 0})
     return out

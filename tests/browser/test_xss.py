@@ -10,19 +10,12 @@ none of the payloads runs: ``window.__xss`` stays undefined.
 import pytest
 from playwright.sync_api import expect
 
+from tests.browser.test_session_page import log_in
+
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
-PASSWORD = "pw-secret-123"
 XSS = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2">'
 TITLE_XSS = '<img src=x onerror="window.__xss=3">title'
-
-
-def log_in(page, server, user):
-    page.goto(f"{server.url}/accounts/login/")
-    page.fill("input[name=username]", user.username)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    expect(page.locator("header.top .who")).to_have_text(user.username)
 
 
 def strings_in(value) -> list[str]:

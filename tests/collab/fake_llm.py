@@ -164,7 +164,19 @@ def _args_text(arguments) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
-class OpenAIDialect:
+class _Shorthands:
+    """``text`` and ``tools`` replies, in terms of each dialect's ``answer``."""
+
+    @classmethod
+    def text(cls, text: str, *, stream: bool = False, usage=(11, 7), delay: float = 0.0, pieces: int = 3) -> Reply:
+        return cls.answer(text=text, stream=stream, usage=usage, delay=delay, pieces=pieces)
+
+    @classmethod
+    def tools(cls, calls, *, text: str = "", stream: bool = False, usage=(11, 7)) -> Reply:
+        return cls.answer(text=text, calls=calls, stream=stream, usage=usage)
+
+
+class OpenAIDialect(_Shorthands):
     """Chat Completions replies. Tool calls are ``(id, name, arguments)``; arguments are a
     dict, or a string sent verbatim (for malformed JSON)."""
 
@@ -174,14 +186,6 @@ class OpenAIDialect:
     @staticmethod
     def base_url(server: FakeLLM) -> str:
         return server.url + "/v1"
-
-    @staticmethod
-    def text(text: str, *, stream: bool = False, usage=(11, 7), delay: float = 0.0, pieces: int = 3) -> Reply:
-        return OpenAIDialect.answer(text=text, stream=stream, usage=usage, delay=delay, pieces=pieces)
-
-    @staticmethod
-    def tools(calls, *, text: str = "", stream: bool = False, usage=(11, 7)) -> Reply:
-        return OpenAIDialect.answer(text=text, calls=calls, stream=stream, usage=usage)
 
     @staticmethod
     def answer(text="", calls=(), *, stream=False, usage=(11, 7), delay=0.0, pieces=3) -> Reply:
@@ -283,7 +287,7 @@ class OpenAIDialect:
         return {m["tool_call_id"]: m["content"] for m in OpenAIDialect.messages(request) if m["role"] == "tool"}
 
 
-class AnthropicDialect:
+class AnthropicDialect(_Shorthands):
     """Messages API replies. Tool uses are ``(id, name, input)``; a string input is streamed
     verbatim as ``partial_json`` (for malformed JSON)."""
 
@@ -293,14 +297,6 @@ class AnthropicDialect:
     @staticmethod
     def base_url(server: FakeLLM) -> str:
         return server.url
-
-    @staticmethod
-    def text(text: str, *, stream: bool = False, usage=(11, 7), delay: float = 0.0, pieces: int = 3) -> Reply:
-        return AnthropicDialect.answer(text=text, stream=stream, usage=usage, delay=delay, pieces=pieces)
-
-    @staticmethod
-    def tools(calls, *, text: str = "", stream: bool = False, usage=(11, 7)) -> Reply:
-        return AnthropicDialect.answer(text=text, calls=calls, stream=stream, usage=usage)
 
     @staticmethod
     def answer(text="", calls=(), *, stream=False, usage=(11, 7), delay=0.0, pieces=3) -> Reply:

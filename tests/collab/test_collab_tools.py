@@ -19,6 +19,7 @@ import pytest
 from django.utils import timezone
 
 from collab.models import Branch, Job, Message, Session, Todo
+from tests.conftest import poll
 
 TERMINAL = {"succeeded", "failed", "cancelled", "interrupted"}
 _spec_ids = itertools.count()
@@ -107,17 +108,6 @@ def parse_dt(value: str):
     from datetime import datetime
 
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def wait_for(predicate, timeout=30.0, interval=0.1, message="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {message}")
-        time.sleep(interval)
 
 
 # === 1. the address resolver (SPEC §3, OP §1/§2.1/§5.9) =====================================
@@ -957,9 +947,9 @@ def test_op_2_4_stage_2_renames_label_named_branches_after_the_first_turn(team, 
                 and not jobs.exclude(status__in=TERMINAL).exists()
                 and not jobs.filter(followup_state="owed").exists())
 
-    wait_for(settled, message="the children and their follow-ups to finish")
+    poll(settled, timeout=30.0, interval=0.1, what="the children and their follow-ups to finish")
     title = "Investigate the flaky login test on"
-    rows = wait_for(lambda: (rows := by_name()) and title in rows and rows, message=f"rename to {title!r}")
+    rows = poll(lambda: (rows := by_name()) and title in rows and rows, timeout=30.0, interval=0.1, what=f"rename to {title!r}")
     assert rows[title]["name_stage"] == 2 and rows[title]["turns"] == 1
     assert rows["billing-auditor"]["name_stage"] == 3 and rows["billing-auditor"]["turns"] == 1
     assert "main" in rows and rows["main"]["name_stage"] == 3

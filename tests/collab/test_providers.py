@@ -25,7 +25,7 @@ from collab.models import Branch, Job, Message, Todo
 from collab.runtime.providers.mapping import TITLE_SYSTEM, anthropic_messages, openai_messages
 from collab.tools.registry import tools_for
 from tests.collab.fake_llm import DIALECTS, AnthropicDialect, FakeLLM, OpenAIDialect, Reply
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, poll
 
 # The worker is a session-wide subprocess that copies os.environ when it starts, after
 # collection: keys set while this module is imported are in its environment.
@@ -607,17 +607,6 @@ def helper_responder(dialect):
     return respond
 
 
-def wait_for(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached after {timeout}s")
-        time.sleep(0.1)
-
-
 @pytest.mark.slow
 def test_a_full_turn_in_the_worker_spawns_a_helper_and_answers_after_its_follow_up(fake, llm_session, dialect, worker):
     """OP §2.5 / OW 8 with a real model API: the model calls ``agent`` in the background, the
@@ -631,7 +620,7 @@ def test_a_full_turn_in_the_worker_spawns_a_helper_and_answers_after_its_follow_
         jobs = api.get("/api/executions", session=sid).json()
         return next((j for j in jobs if j["result"].startswith("final:") and j["status"] == "succeeded"), None)
 
-    final = wait_for(final_job, what="the final answer")
+    final = poll(final_job, timeout=30.0, interval=0.1, what="the final answer")
     assert final["branch"] == first["branch"] and final["result"] == "final: the helper found 42"
     main = Branch.objects.get(pk=first["branch"])
     tip = Message.objects.get(pk=main.tip_id)
