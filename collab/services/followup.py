@@ -91,6 +91,11 @@ def mailbox_entry(debt: Job, *, reconciling: bool) -> dict:
     return {"text": result_notice(debt), "dedupe_key": f"result:{debt.pk}", "metadata": meta}
 
 
+def results_owed(branch: Branch) -> bool:
+    """Whether any finished job's result waits to be delivered to ``branch`` (its mailbox)."""
+    return Job.objects.filter(caller_branch=branch, followup_state=FollowupState.OWED).exists()
+
+
 @retry_on_deadlock
 def drain_mailbox(branch: Branch, job: Job | None, *, reconciling: bool = False) -> list:
     """Append every result owed to ``branch`` as an ``agent_message`` node (SPEC §6, P-FLW-1).
@@ -99,7 +104,7 @@ def drain_mailbox(branch: Branch, job: Job | None, *, reconciling: bool = False)
     ``reconciling``: the first drain of a user turn, which settles what finished while the
     branch was idle (OW §8).
     """
-    if not Job.objects.filter(caller_branch=branch, followup_state=FollowupState.OWED).exists():
+    if not results_owed(branch):
         return []
     written = []
     with transaction.atomic():

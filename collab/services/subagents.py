@@ -23,7 +23,6 @@ from collab.models import (
     OPEN_STATUSES,
     AgentRole,
     Branch,
-    FollowupState,
     Job,
     JobKind,
     NameStage,
@@ -34,6 +33,7 @@ from collab.services.acting import Actor
 from collab.services.admission import admit_job
 from collab.services.branches import create_branch
 from collab.services.cancel import check_can_cancel, request_cancel_tree
+from collab.services.followup import results_owed
 from collab.services.retry import retry_on_deadlock
 from collab.services.turns import check_prompt
 
@@ -175,10 +175,6 @@ def do_interrupt_child(actor: Actor, *, task_name: str) -> Job:
     return job
 
 
-def mail_waiting(branch: Branch) -> bool:
-    return Job.objects.filter(caller_branch=branch, followup_state=FollowupState.OWED).exists()
-
-
 def wait_for_mail(actor: Actor, timeout_ms: int) -> bool:
     """Block until a result is owed to the acting branch (True) or the timeout passes (False).
     A running turn checks its stop flag while waiting, so a cancel ends the wait at once."""
@@ -186,7 +182,7 @@ def wait_for_mail(actor: Actor, timeout_ms: int) -> bool:
         raise ow_error("invalid_arguments", f"timeout_ms must be between {WAIT_MIN_MS} and {WAIT_MAX_MS}")
     deadline = time.monotonic() + timeout_ms / 1000
     while True:
-        if mail_waiting(actor.branch):
+        if results_owed(actor.branch):
             return True
         if time.monotonic() >= deadline:
             return False
