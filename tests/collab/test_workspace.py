@@ -1,4 +1,6 @@
-"""The explorer workspace: confined file tools and bash under bubblewrap, on real files and a real bwrap."""
+"""The explorer workspace (OW §4, acc. 15, 16; issue 7 §5): confined file tools and bash under
+bubblewrap, on real files and a real bwrap. The same tools through real explorer turns are in
+test_openwork.py (test_ow_15_16_17_…)."""
 
 import os
 import shutil
