@@ -4,7 +4,7 @@ from collab.errors import Conflict, Invalid
 from collab.models import AgentRole, AgentSpec, FollowupMode, ModelConnection, Toolset
 from collab.runtime.providers import IMPLEMENTED_PROVIDERS
 from collab.runtime.providers.scripted import check_script
-from collab.services.connections import choose_connection
+from collab.services.connections import choose_connection, sync_settings_connections
 
 SPEC_FIELDS = (
     "agent_id", "provider", "model", "system_prompt",
@@ -26,6 +26,8 @@ def do_create_agent_spec(project, *, replace: bool = False, **data) -> AgentSpec
     connection_name = (data.pop("connection", None) or "").strip()
     base_url, api_key_env = data.pop("base_url", None) or "", data.pop("api_key_env", None) or ""
     if not data.get("provider"):
+        if connection_name:
+            sync_settings_connections()
         named = ModelConnection.objects.filter(name=connection_name).values_list("provider", flat=True).first()
         data["provider"] = named or "scripted"
     _choice(data["provider"], IMPLEMENTED_PROVIDERS, "provider")

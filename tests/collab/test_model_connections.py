@@ -238,18 +238,19 @@ def test_p_sec_0_a_keyless_connection_sends_no_key_at_all(team, api_as, worker, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("status", [302, 307])
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_p_sec_0_a_redirect_from_the_listed_host_is_not_followed(team, api_as, worker, connections, listed, elsewhere,
-                                                                  provider):
-    """P-SEC-0: a 302 from the connection's host to a second server ends the call with a
-    provider error code; the second server sees no request (so never the key)."""
+                                                                  provider, status):
+    """P-SEC-0: a redirect from the connection's host to a second server ends the call with a
+    provider error code; the second server sees no request of any method (so never the key)."""
     dialect = DIALECTS[provider]
-    listed.responder = lambda request: Reply(status=302, headers={"location": elsewhere.url + dialect.path}, body={})
+    listed.responder = lambda request: Reply(status=status, headers={"location": elsewhere.url + dialect.path}, body={})
     assert save_spec(api_as(team.owner), provider=provider, connection=f"listed-{provider}",
                      limits={"max_retries": 0}).status_code == 201
     sid, done = run_turn(api_as(team.member))
     assert done["status"] == "failed" and done["error_code"] == "provider_error", done
-    assert "redirect (HTTP 302)" in done["result"]
+    assert f"redirect (HTTP {status})" in done["result"]
     assert len(listed.requests) == 1 and elsewhere.requests == []
     assert elsewhere.url not in everything_said(api_as(team.member), sid, done)
 

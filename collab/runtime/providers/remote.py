@@ -214,7 +214,7 @@ class RemoteProvider:
             client = self._client(key, self.http_client())
             try:
                 return attempt(client)
-            except (self.sdk.APIError, httpx2.TransportError) as exc:
+            except (self.sdk.APIError, httpx2.TransportError, OffConnection) as exc:
                 failure = self.classify(exc)
             finally:
                 client.close()
@@ -247,8 +247,9 @@ class RemoteProvider:
         detail = self.scrub(error_detail(exc))
         if detail:
             log.info("%s: %s said: %s", self.name, self.endpoint, detail)
-        if isinstance(exc.__cause__, OffConnection):
-            return Failure("provider_config", f"refused {exc.__cause__}", False)
+        off = next((e for e in (exc, exc.__cause__, exc.__context__) if isinstance(e, OffConnection)), None)
+        if off is not None:
+            return Failure("provider_config", f"refused {off}", False)
         if isinstance(exc, (sdk.APITimeoutError, httpx2.TimeoutException)):
             return Failure("provider_timeout", f"{self.endpoint} did not answer within {self.timeout:g} s", True)
         if isinstance(exc, (sdk.APIConnectionError, httpx2.TransportError)):
