@@ -12,6 +12,8 @@ from django.contrib.admin.helpers import ActionForm
 from django.db import transaction
 
 from collab.events import send_event_on_commit
+from collab.services.connections import sync_settings_connections
+from config.model_connections import KEY_ENV_RE, check_base_url, check_prices
 from collab.services.archive import do_archive_branch
 from collab.services.cancel import request_cancel_tree
 
@@ -25,6 +27,7 @@ from collab.models import (
     InboxEntry,
     Job,
     Message,
+    ModelConnection,
     Session,
     Todo,
 )
@@ -46,6 +49,64 @@ class AgentSpecAdmin(admin.ModelAdmin):
     list_display = ["agent_id", "project", "provider", "model", "toolset", "role", "followup_mode"]
     list_filter = ["provider", "toolset", "role"]
     search_fields = ["agent_id", "project__slug"]
+
+
+class ModelConnectionForm(forms.ModelForm):
+    class Meta:
+        model = ModelConnection
+        fields = ["name", "provider", "base_url", "key_env", "allowed_models", "prices", "all_projects", "projects",
+                  "enabled"]
+
+    def clean_base_url(self):
+        url = (self.cleaned_data.get("base_url") or "").strip()
+        problem = check_base_url(url)
+        if problem:
+            raise forms.ValidationError(f"base URL {problem}")
+        return url
+
+    def clean_key_env(self):
+        name = (self.cleaned_data.get("key_env") or "").strip()
+        if name and not KEY_ENV_RE.fullmatch(name):
+            raise forms.ValidationError("an environment variable name (letters, digits, _)")
+        return name
+
+    def clean_allowed_models(self):
+        models = self.cleaned_data.get("allowed_models") or []
+        if not isinstance(models, list) or not all(isinstance(m, str) and m.strip() for m in models):
+            raise forms.ValidationError('a JSON list of model names, e.g. ["gpt-4.1-mini"]')
+        return [m.strip() for m in models]
+
+    def clean_prices(self):
+        prices = self.cleaned_data.get("prices") or {}
+        problem = check_prices(prices)
+        if problem:
+            raise forms.ValidationError(problem)
+        return prices
+
+
+@admin.register(ModelConnection)
+class ModelConnectionAdmin(admin.ModelAdmin):
+    """Operator-owned model endpoints (P-SEC-0). Connections from TRELLIS_MODEL_CONNECTIONS are
+    shown with source "settings" and are read-only here (edit the setting instead)."""
+
+    form = ModelConnectionForm
+    list_display = ["name", "provider", "base_url", "key_env", "all_projects", "enabled", "source"]
+    list_filter = ["provider", "source", "enabled"]
+    search_fields = ["name", "base_url"]
+    filter_horizontal = ["projects"]
+
+    def changelist_view(self, request, extra_context=None):
+        sync_settings_connections()
+        return super().changelist_view(request, extra_context)
+
+    def _from_settings(self, obj) -> bool:
+        return obj is not None and obj.source == "settings"
+
+    def has_change_permission(self, request, obj=None):
+        return not self._from_settings(obj) and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return not self._from_settings(obj) and super().has_delete_permission(request, obj)
 
 
 @admin.register(Session)

@@ -31,9 +31,14 @@ class ProjectOut(Schema):
 
 
 class AgentSpecIn(StrictIn):
+    """``connection`` names an operator-owned model connection; ``base_url``/``api_key_env``
+    are accepted only when they match one the project may use (SPEC §11.1). Without a
+    ``provider``, the connection's (or ``scripted``)."""
+
     agent_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    provider: str = "scripted"
+    provider: str | None = None
     model: str = Field(default="", max_length=200)
+    connection: str = Field(default="", max_length=64)
     base_url: str = Field(default="", max_length=500)
     api_key_env: str = Field(default="", pattern=r"^([A-Za-z_][A-Za-z0-9_]{0,99})?$")
     system_prompt: str = ""
@@ -46,9 +51,12 @@ class AgentSpecIn(StrictIn):
 
 
 class AgentSpecOut(Schema):
+    """``base_url``/``api_key_env`` are the connection's (empty without one); never a key."""
+
     agent_id: str
     provider: str
     model: str
+    connection: str | None
     base_url: str
     api_key_env: str
     system_prompt: str
@@ -58,6 +66,18 @@ class AgentSpecOut(Schema):
     script: Any
     followup_mode: str
     limits: dict[str, Any]
+
+    @staticmethod
+    def resolve_connection(spec) -> str | None:
+        return spec.connection.name if spec.connection_id else None
+
+    @staticmethod
+    def resolve_base_url(spec) -> str:
+        return spec.connection.base_url if spec.connection_id else ""
+
+    @staticmethod
+    def resolve_api_key_env(spec) -> str:
+        return spec.connection.key_env if spec.connection_id else ""
 
 
 class SessionIn(StrictIn):

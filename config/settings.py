@@ -19,6 +19,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_int, env_list, env_str
+from config.model_connections import model_connections_from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("TRELLIS_VAR_DIR", str(BASE_DIR / "var")))
@@ -219,9 +220,6 @@ else:
 
 # --- Trellis ---------------------------------------------------------------
 TRELLIS_MAX_TOOL_CALLS = env_int("TRELLIS_MAX_TOOL_CALLS", 50, minimum=1)
-# Which worker environment variables an AgentSpec's api_key_env may name: key-like names,
-# never the server's own DJANGO_* settings.
-TRELLIS_API_KEY_ENV_PATTERN = env_str("TRELLIS_API_KEY_ENV_PATTERN", r"(?!DJANGO_)[A-Z][A-Z0-9_]*_(API_KEY|KEY|TOKEN)")
 TRELLIS_LEASE_SECONDS = env_int("TRELLIS_LEASE_SECONDS", 30, minimum=5)
 
 # --- model providers (openai, anthropic) -------------------------------------------
@@ -266,6 +264,10 @@ def _model_prices() -> dict:
 
 
 TRELLIS_MODEL_PRICES = _model_prices()
+# Operator-owned model connections (collab.ModelConnection): besides those staff define in
+# the admin, a JSON list mirrored into the table on use (config/model_connections.py).
+# Give every process (web and workers) the same value.
+TRELLIS_MODEL_CONNECTIONS = model_connections_from_env("TRELLIS_MODEL_CONNECTIONS")
 
 LOGGING = {
     "version": 1,

@@ -1,5 +1,6 @@
 from collab.models.artifacts import Artifact
 from collab.models.branches import Branch, NameStage
+from collab.models.connections import ConnectionProvider, ConnectionSource, ModelConnection
 from collab.models.events import Event
 from collab.models.holds import HeldDelivery, HoldStatus
 from collab.models.inbox import InboxEntry, InboxKind
@@ -25,6 +26,8 @@ __all__ = [
     "AgentSpec",
     "Artifact",
     "Branch",
+    "ConnectionProvider",
+    "ConnectionSource",
     "Event",
     "ExecutionCommand",
     "FollowupMode",
@@ -39,6 +42,7 @@ __all__ = [
     "Message",
     "MessageKind",
     "MessageRole",
+    "ModelConnection",
     "NameStage",
     "Provider",
     "Session",

@@ -27,16 +27,18 @@ class FollowupMode(models.TextChoices):
 class AgentSpec(models.Model):
     """A saved, reusable agent configuration, selected by ``agent_id``.
 
-    ``agent_id`` never addresses a branch (OP §1). API keys are never stored:
-    ``api_key_env`` names an environment variable of the worker.
+    ``agent_id`` never addresses a branch (OP §1). A spec on a model API names an
+    operator-owned ``connection`` (endpoint and key variable) and a ``model``; a tenant
+    never types a URL or an environment variable (P-SEC-0). Keys are never stored.
     """
 
     project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="agent_specs")
     agent_id = models.SlugField(max_length=64)
     provider = models.CharField(max_length=16, choices=Provider.choices, default=Provider.SCRIPTED)
     model = models.CharField(max_length=200, blank=True, default="")
-    base_url = models.CharField(max_length=500, blank=True, default="")
-    api_key_env = models.CharField(max_length=100, blank=True, default="")
+    connection = models.ForeignKey(
+        "collab.ModelConnection", null=True, blank=True, on_delete=models.PROTECT, related_name="agent_specs",
+    )
     system_prompt = models.TextField(blank=True, default="")
     toolset = models.CharField(max_length=16, choices=Toolset.choices, default=Toolset.COLLAB)
     role = models.CharField(max_length=16, choices=AgentRole.choices, default=AgentRole.GENERAL)

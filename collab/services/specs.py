@@ -1,13 +1,13 @@
 from django.db import IntegrityError, transaction
 
 from collab.errors import Conflict, Invalid
-from collab.models import AgentRole, AgentSpec, FollowupMode, Toolset
+from collab.models import AgentRole, AgentSpec, FollowupMode, ModelConnection, Toolset
 from collab.runtime.providers import IMPLEMENTED_PROVIDERS
-from collab.runtime.providers.remote import key_env_allowed
 from collab.runtime.providers.scripted import check_script
+from collab.services.connections import choose_connection, sync_settings_connections
 
 SPEC_FIELDS = (
-    "agent_id", "provider", "model", "base_url", "api_key_env", "system_prompt",
+    "agent_id", "provider", "model", "system_prompt",
     "toolset", "role", "tools", "script", "followup_mode", "limits",
 )
 
@@ -19,17 +19,24 @@ def _choice(value, allowed, field):
 
 def do_create_agent_spec(project, *, replace: bool = False, **data) -> AgentSpec:
     """Validate and save an AgentSpec. Only providers this server implements are accepted.
-    ``replace`` (operators' commands) overwrites a spec with the same ``agent_id``."""
-    _choice(data.get("provider", "scripted"), IMPLEMENTED_PROVIDERS, "provider")
-    if data.get("provider", "scripted") != "scripted" and not (data.get("model") or "").strip():
+    A spec on a model API names a ``connection`` the project may use (or the older
+    ``base_url``/``api_key_env`` of one; services/connections.py); without a provider the
+    connection's is taken. ``replace`` (operators' commands) overwrites a spec with the
+    same ``agent_id``."""
+    connection_name = (data.pop("connection", None) or "").strip()
+    base_url, api_key_env = data.pop("base_url", None) or "", data.pop("api_key_env", None) or ""
+    if not data.get("provider"):
+        if connection_name:
+            sync_settings_connections()
+        named = ModelConnection.objects.filter(name=connection_name).values_list("provider", flat=True).first()
+        data["provider"] = named or "scripted"
+    _choice(data["provider"], IMPLEMENTED_PROVIDERS, "provider")
+    if data["provider"] != "scripted" and not (data.get("model") or "").strip():
         raise Invalid(f"provider {data['provider']!r} needs a model name", code="invalid_model")
-    key_env = (data.get("api_key_env") or "").strip()
-    if key_env and not key_env_allowed(key_env):
-        raise Invalid(
-            f"api_key_env {key_env!r} is not allowed: name a variable like OPENAI_API_KEY "
-            "(the server's own settings can never be used as model keys)",
-            code="invalid_api_key_env",
-        )
+    connection = choose_connection(
+        project, provider=data["provider"], model=(data.get("model") or "").strip(),
+        connection=connection_name, base_url=base_url, api_key_env=api_key_env,
+    )
     _choice(data.get("toolset", Toolset.COLLAB), Toolset.values, "toolset")
     _choice(data.get("role", AgentRole.GENERAL), AgentRole.values, "role")
     _choice(data.get("followup_mode", FollowupMode.TURN), FollowupMode.values, "followup_mode")
@@ -38,6 +45,7 @@ def do_create_agent_spec(project, *, replace: bool = False, **data) -> AgentSpec
     except ValueError as exc:
         raise Invalid(str(exc), code="invalid_script") from None
     fields = {k: v for k, v in data.items() if k in SPEC_FIELDS and v is not None}
+    fields["connection"] = connection
     if replace:
         agent_id = fields.pop("agent_id")
         spec, _ = AgentSpec.objects.update_or_create(project=project, agent_id=agent_id, defaults=fields)

@@ -35,6 +35,7 @@ class Request:
     headers: dict
     body: dict
     received_at: float
+    method: str = "POST"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -51,13 +52,16 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw or b"{}")
         except ValueError:
             body = {"_raw": raw.decode(errors="replace")}
-        request = Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body, time.monotonic())
+        request = Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body, time.monotonic(), self.command)
         reply = fake.reply_for(request)
         fake.record(request)
         try:
             self._send(fake, reply)
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
             fake.disconnected(request)
+
+    # every request is recorded, whatever its method (a followed 302 arrives as a GET)
+    do_GET = do_PUT = do_PATCH = do_DELETE = do_POST
 
     def _send(self, fake, reply: Reply):
         if reply.events is None:

@@ -25,6 +25,7 @@ from collab.models import (
     InboxEntry,
     Job,
     Message,
+    ModelConnection,
     Session,
     Todo,
 )
@@ -38,7 +39,7 @@ ERROR_KEYS = {"detail", "code"}
 SESSION_KEYS = {"id", "head", "project", "title", "agent_id", "parent_session", "created_at"}
 EXECUTION_KEYS = {"id", "status", "version", "kind", "result", "is_error", "error_code", "parent_job", "session", "branch"}
 SPEC_FIELDS = {
-    "agent_id", "provider", "model", "base_url", "api_key_env", "system_prompt",
+    "agent_id", "provider", "model", "connection", "base_url", "api_key_env", "system_prompt",
     "toolset", "role", "tools", "script", "followup_mode", "limits",
 }
 
@@ -268,10 +269,20 @@ def test_it_rejects_a_bad_project_body_and_creates_nothing(member_api, raw, stat
 
 # --- agent specs ----------------------------------------------------------------------------
 
+@pytest.fixture
+def planner_connection(team):
+    """An operator's connection bound to alpha (staff define these in the admin)."""
+    conn = ModelConnection.objects.create(name="planner-llm", provider="openai", base_url="https://llm.example.invalid/v1",
+                                          key_env="TRELLIS_TEST_PLANNER_KEY")
+    conn.projects.add(team.alpha)
+    return conn
+
+
 FULL_SPEC = {
     "agent_id": "planner",
-    "provider": "scripted",
+    "provider": "openai",
     "model": "gpt-imaginary",
+    "connection": "planner-llm",
     "base_url": "https://llm.example.invalid/v1",
     "api_key_env": "TRELLIS_TEST_PLANNER_KEY",
     "system_prompt": "You plan.",
@@ -284,7 +295,7 @@ FULL_SPEC = {
 }
 
 
-def test_post_agent_spec_answers_201_with_the_whole_spec(owner_api):
+def test_post_agent_spec_answers_201_with_the_whole_spec(owner_api, planner_connection):
     r = owner_api.post("/api/projects/alpha/agent-specs", FULL_SPEC)
     assert r.status_code == 201, r.content
     body = r.json()
@@ -298,9 +309,11 @@ def test_post_agent_spec_fills_defaults_for_a_minimal_spec(owner_api):
     body = r.json()
     assert body["provider"] == "scripted" and body["toolset"] == "collab" and body["followup_mode"] == "turn"
     assert body["api_key_env"] == "" and body["script"] == [] and body["tools"] == []
+    assert body["connection"] is None and body["base_url"] == ""
 
 
-def test_p_sec_api_key_env_is_only_a_name_and_no_key_is_ever_stored_or_returned(team, owner_api, monkeypatch):
+def test_p_sec_api_key_env_is_only_a_name_and_no_key_is_ever_stored_or_returned(team, owner_api, monkeypatch,
+                                                                                   planner_connection):
     secret = "sk-live-DO-NOT-LEAK-0123456789"
     monkeypatch.setenv("TRELLIS_TEST_PLANNER_KEY", secret)
 
@@ -368,6 +381,11 @@ BAD_SPEC_FIELDS = {
     "tools-not-a-list": ({"agent_id": "x", "tools": "agent"}, 422, "invalid_request"),
     "limits-not-an-object": ({"agent_id": "x", "limits": [1]}, 422, "invalid_request"),
     "unknown-field": ({"agent_id": "x", "temperature": 0.2}, 422, "invalid_request"),
+    "base-url-of-no-connection": ({"agent_id": "x", "provider": "openai", "model": "m",
+                                   "base_url": "https://evil.example/v1"}, 400, "provider_config"),
+    "unknown-connection": ({"agent_id": "x", "provider": "openai", "model": "m", "connection": "nope"},
+                           400, "provider_config"),
+    "scripted-with-a-base-url": ({"agent_id": "x", "base_url": "https://evil.example/v1"}, 400, "provider_config"),
     "nul-in-script": ({"agent_id": "x", "script": [{"text": "a\x00b"}]}, 400, "invalid_request"),
     "nul-in-limits-key": ({"agent_id": "x", "limits": {"a\x00": 1}}, 400, "invalid_request"),
 }

@@ -924,6 +924,7 @@ def test_ow_08_17_openai_requests_carry_the_rules_the_explorer_prompt_and_end_wi
     the five control tools (plus its plan tools; no workspace, no collab tools); the explorer gets EXPLORER_SYSTEM_PROMPT and no
     tools; the request that carries a drained <agent_message> ends with that user message, right
     after the tool results."""
+    from collab.models import ModelConnection
     from collab.runtime.prompts import EXPLORER_SYSTEM_PROMPT, delegation_rules
     from tests.collab.fake_llm import OpenAIDialect as D
 
@@ -945,9 +946,11 @@ def test_ow_08_17_openai_requests_carry_the_rules_the_explorer_prompt_and_end_wi
     fake_llm.responder = respond
     owner, api = api_as(team.owner), api_as(team.member)
     set_limits(owner, max_active_turns=2)
+    ModelConnection.objects.update_or_create(name="ow-fake", defaults={
+        "provider": "openai", "base_url": fake_llm.url + "/v1", "key_env": OW_KEY_ENV, "all_projects": True})
     r = owner.post("/api/projects/alpha/agent-specs", {
-        "agent_id": "lead", "provider": "openai", "model": "fake-model", "base_url": fake_llm.url + "/v1",
-        "api_key_env": OW_KEY_ENV, "system_prompt": "You are the lead.", "toolset": "openwork"})
+        "agent_id": "lead", "provider": "openai", "model": "fake-model", "connection": "ow-fake",
+        "system_prompt": "You are the lead.", "toolset": "openwork"})
     assert r.status_code == 201, r.content
     sid = open_session(api, "lead")
     root = user_turn(api, sid, "what is the answer?")

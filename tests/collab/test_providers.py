@@ -21,7 +21,8 @@ from types import SimpleNamespace
 import pytest
 from django.db import connection
 
-from collab.models import Branch, Job, Message, Todo
+from accounts.models import Project
+from collab.models import Branch, Job, Message, ModelConnection, Todo
 from collab.runtime.providers.mapping import TITLE_SYSTEM, anthropic_messages, openai_messages
 from collab.tools.registry import tools_for
 from tests.collab.fake_llm import DIALECTS, AnthropicDialect, FakeLLM, OpenAIDialect, Reply
@@ -72,13 +73,26 @@ def fast(settings):
     return settings
 
 
+def operator_connection(name: str, provider: str, base_url: str, key_env: str = "", *, projects=("alpha",),
+                        **fields) -> ModelConnection:
+    """What staff define in the admin (P-SEC-0): an endpoint and its key variable, bound to projects."""
+    conn, _ = ModelConnection.objects.update_or_create(
+        name=name, defaults={"provider": provider, "base_url": base_url, "key_env": key_env, **fields})
+    conn.projects.set(Project.objects.filter(slug__in=projects))
+    return conn
+
+
+def connection_name(dialect) -> str:
+    return f"fake-{dialect.name}"
+
+
 def spec_body(dialect, fake, **over) -> dict:
+    operator_connection(connection_name(dialect), dialect.name, dialect.base_url(fake), KEY_ENV[dialect.name])
     body = {
         "agent_id": f"llm{next(_ids)}",
         "provider": dialect.name,
         "model": MODEL,
-        "base_url": dialect.base_url(fake),
-        "api_key_env": KEY_ENV[dialect.name],
+        "connection": connection_name(dialect),
         "system_prompt": "You are a careful test agent.",
         "limits": {"stream": True},
     }
@@ -284,7 +298,8 @@ def test_a_429_is_retried_and_the_retry_is_an_event(fast, fake, llm_session, dia
     assert retry["payload"]["job"] == job.pk
     assert retry["payload"]["attempt"] == 1 and retry["payload"]["status"] == 429
     assert retry["payload"]["code"] == "provider_rate_limited"
-    assert "slow down" in retry["payload"]["reason"]
+    assert retry["payload"]["reason"] == f"connection {connection_name(dialect)!r} is rate limiting (HTTP 429)"
+    assert "slow down" not in json.dumps(retry)  # P-SEC-0: no text of the remote host
 
 
 @pytest.mark.parametrize(("status", "code"), [(500, "provider_error"), (429, "provider_rate_limited")])
@@ -294,7 +309,7 @@ def test_errors_until_the_retries_run_out_fail_the_job_with_a_readable_reason(fa
 
     assert job.status == "failed" and job.is_error
     assert job.error_code == code
-    assert f"HTTP {status}" in job.error_reason and "the backend is on fire" in job.error_reason
+    assert f"HTTP {status}" in job.error_reason and "the backend is on fire" not in job.error_reason
     assert "gave up after 2 retries" in job.error_reason
     assert len(fake.requests) == 3
     assert [e["payload"]["attempt"] for e in events(api, sid, "model.retry")] == [1, 2]
@@ -316,22 +331,25 @@ def test_a_rejected_key_fails_at_once_and_the_reason_never_shows_the_key(fast, f
 
     assert job.status == "failed" and job.error_code == "provider_auth"
     assert "HTTP 401" in job.error_reason and KEY_ENV[dialect.name] in job.error_reason
-    assert "[redacted]" in job.error_reason and SECRETS[dialect.name] not in job.error_reason
+    assert connection_name(dialect) in job.error_reason
+    assert "Incorrect API key" not in job.error_reason and SECRETS[dialect.name] not in job.error_reason
     assert len(fake.requests) == 1
     assert not events(api, sid, "model.retry")
 
 
 def test_a_missing_key_variable_fails_readably_without_calling_the_model(fast, fake, llm_session, dialect):
-    _, _, job = turn(llm_session, dialect, api_key_env="TRELLIS_TEST_NO_SUCH_KEY")
+    operator_connection("no-key-set", dialect.name, dialect.base_url(fake), "TRELLIS_TEST_NO_SUCH_KEY")
+    _, _, job = turn(llm_session, dialect, connection="no-key-set")
     assert job.status == "failed" and job.error_code == "provider_auth"
     assert "TRELLIS_TEST_NO_SUCH_KEY" in job.error_reason and "not set" in job.error_reason
     assert fake.requests == []
 
 
 def test_an_unreachable_endpoint_is_retried_then_fails(fast, fake, llm_session, dialect):
-    api, sid, job = turn(llm_session, dialect, base_url=f"http://127.0.0.1:{free_port()}", limits={"max_retries": 1})
+    operator_connection("nobody-home", dialect.name, f"http://127.0.0.1:{free_port()}", KEY_ENV[dialect.name])
+    api, sid, job = turn(llm_session, dialect, connection="nobody-home", limits={"max_retries": 1})
     assert job.status == "failed" and job.error_code == "provider_unreachable"
-    assert "could not reach http://127.0.0.1:" in job.error_reason
+    assert job.error_reason == "could not reach connection 'nobody-home' (connection error) (gave up after 1 retry)"
     assert len(events(api, sid, "model.retry")) == 1
 
 
@@ -567,7 +585,7 @@ def test_no_key_ever_reaches_the_database_the_api_events_or_logs(fast, fake, llm
     assert all(dialect.key(r) == secret for r in fake.requests)  # the key did go to the model …
 
     assert secret not in json.dumps(spec)  # … and nowhere else
-    assert spec["api_key_env"] == KEY_ENV[dialect.name]
+    assert spec["api_key_env"] == KEY_ENV[dialect.name] and spec["connection"] == connection_name(dialect)
     assert rows_containing(secret) == []
     assert rows_containing(KEY_ENV[dialect.name])  # the scan does see text columns
     for path in (f"/api/sessions/{sid}/events", f"/api/executions/{ok.pk}", f"/api/executions/{failed.pk}",
@@ -670,12 +688,12 @@ def test_cancel_closes_a_slow_stream_promptly(fake, llm_session, dialect, worker
 
 @pytest.mark.parametrize("name", ["DJANGO_SECRET_KEY", "DATABASE_URL", "REDIS_URL", "HOME", "DJANGO_DB_TOKEN"])
 def test_p_sec_an_agent_spec_cannot_name_the_servers_own_secrets_as_its_key(team, api_as, name):
-    """P-SEC: api_key_env names a worker variable read at call time; a spec's author must not be
-    able to send DJANGO_SECRET_KEY or DATABASE_URL to a base_url of their choosing."""
+    """P-SEC-1: a tenant cannot name a worker variable at all: api_key_env is accepted only when
+    it names the key variable of a connection the project may use."""
     r = api_as(team.owner).post("/api/projects/alpha/agent-specs", {
         "agent_id": "thief", "provider": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1", "api_key_env": name,
     })
-    assert r.status_code == 400 and r.json()["code"] == "invalid_api_key_env", r.content
+    assert r.status_code == 400 and r.json()["code"] == "provider_config", r.content
 
 
 @pytest.mark.slow

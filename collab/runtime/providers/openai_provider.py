@@ -1,5 +1,5 @@
 """The ``openai`` provider: Chat Completions through the official SDK, against OpenAI or any
-OpenAI-compatible endpoint (``AgentSpec.base_url``: vLLM, Ollama, llama.cpp server …).
+OpenAI-compatible endpoint (a model connection's ``base_url``: vLLM, Ollama, llama.cpp server …).
 
 Function tools come from the turn's available tools (their JSON Schema is the one
 source); several tool calls in one answer run in order; results go back as
@@ -21,11 +21,12 @@ TITLE_MAX_TOKENS = 30
 class OpenAIProvider(RemoteProvider):
     name = "openai"
     sdk = openai
-    default_key_env = "OPENAI_API_KEY"
+    official_base_url = "https://api.openai.com/v1"
 
-    def _client(self, key: str):
+    def _client(self, key: str, http_client):
         # retries are ours (counted, backed off, recorded as events), so the SDK makes none
-        return openai.OpenAI(api_key=key, base_url=self.base_url, timeout=self.timeout, max_retries=0)
+        return openai.OpenAI(api_key=key, base_url=self.base_url, timeout=self.timeout, max_retries=0,
+                             http_client=http_client)
 
     def request(self, ctx) -> dict:
         """The Chat Completions request for this model call (without ``stream``)."""

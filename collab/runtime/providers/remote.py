@@ -1,9 +1,16 @@
-"""What the SDK-backed providers (``openai``, ``anthropic``) share: the API key, options,
-bounded retries with backoff, errors as ``ProviderError``, cost, and secrecy.
+"""What the SDK-backed providers (``openai``, ``anthropic``) share: the model connection,
+the API key, options, bounded retries with backoff, errors as ``ProviderError``, cost, and
+secrecy.
 
-Keys are read at call time from the worker environment variable that
-``AgentSpec.api_key_env`` names; they are never stored, logged, put in an event
-or in an error reason (any text from the provider is scrubbed of the key first).
+Endpoint and key come ONLY from the spec's operator-owned ``ModelConnection`` (P-SEC-0):
+before every model call the connection is read fresh and checked against the spec's
+project, provider and model (services/connections.py; a binding may have changed since the
+spec was saved), else the call ends with ``provider_config`` and no request leaves the
+worker. The key is read at call time from the worker variable the connection names and is
+never stored, logged, put in an event or in an error reason. The SDK clients never follow
+redirects and are given every setting explicitly (no SDK environment fallbacks). Error
+reasons name the connection, the HTTP status and the error class, never text from the
+remote host (which is only logged, scrubbed of the key).
 
 Per-spec model options live in ``AgentSpec.limits`` (all optional):
 ``stream`` (default true), ``max_tokens``, ``temperature``, ``timeout_seconds``,
@@ -19,19 +26,32 @@ import os
 import random
 import time
 from decimal import Decimal
-from urllib.parse import urlsplit
 
 import httpx2
 from django.conf import settings
 from django.db import transaction
 
+from collab.errors import Invalid
 from collab.runtime.providers.base import ProviderError
+from collab.services.connections import check_spec_connection
 
 log = logging.getLogger(__name__)
 
 MAX_RETRY_DELAY = 30.0
 MAX_REASON_CHARS = 300
+KEYLESS = "no-key"  # what a keyless connection (a local server) sends; the SDKs require some key
 TITLE_RETRIES = 1
+
+
+# Headers a model request may carry besides the connection's key (all set by the SDKs).
+SAFE_HEADERS = frozenset({
+    "host", "accept", "accept-encoding", "connection", "content-type", "content-length", "user-agent",
+    "anthropic-version", "anthropic-beta", "idempotency-key",
+})
+
+
+class OffConnection(Exception):
+    """A request was about to leave for a host that is not the connection's."""
 
 
 class Failure:
@@ -42,21 +62,21 @@ class Failure:
 
 
 class RemoteProvider:
-    """Base of the SDK providers. Subclasses set ``name``, ``sdk`` (the SDK module),
-    ``default_key_env``, and implement ``_client(key)``, ``_complete(client, ctx)`` and
-    ``_title(client, messages)``."""
+    """Base of the SDK providers. Subclasses set ``name``, ``sdk`` (the SDK module) and
+    ``official_base_url``, and implement ``_client(key, http_client)``, ``_complete(client, ctx)``
+    and ``_title(client, messages)``."""
 
     name = ""
     sdk = None
-    default_key_env = ""
+    official_base_url = ""
 
     def __init__(self, spec):
         self.spec = spec
         self.model = getattr(spec, "model", "") or ""
-        self.base_url = (getattr(spec, "base_url", "") or "").strip() or None
         self.options = getattr(spec, "limits", None) or {}
         if not isinstance(self.options, dict):
             self.options = {}
+        self.connection = None
         self._key = ""
 
     # --- options -------------------------------------------------------------------------
@@ -102,30 +122,58 @@ class RemoteProvider:
 
     @property
     def endpoint(self) -> str:
-        """Where requests go, for reasons and logs: scheme, host and port only (no credentials in URLs)."""
-        if not self.base_url:
-            return f"the {self.name} API"
-        parts = urlsplit(self.base_url)
-        host = parts.hostname or "?"
-        return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}"
+        """Where requests go, for reasons and logs: the connection's name (no URL, no key)."""
+        return f"connection {self.connection.name!r}" if self.connection is not None else f"the {self.name} provider"
 
-    # --- the key -------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return (self.connection.base_url if self.connection is not None else "") or self.official_base_url
+
+    # --- the connection and its key --------------------------------------------------------
+
+    def connect(self) -> None:
+        """Read the spec's connection now and check it still serves this spec."""
+        try:
+            self.connection = check_spec_connection(self.spec)
+        except Invalid as exc:
+            raise ProviderError(exc.detail, code="provider_config") from None
 
     def api_key(self) -> str:
-        """The key from the environment, read now (never cached across calls, never stored)."""
-        named = (getattr(self.spec, "api_key_env", "") or "").strip()
-        env = named or self.default_key_env
-        if not key_env_allowed(env):
-            raise ProviderError(f"api_key_env {env!r} is not an allowed key variable on this server", code="provider_config")
+        """The connection's key from the worker environment, read now (never cached across
+        calls, never stored); a keyless connection sends a fixed placeholder."""
+        env = self.connection.key_env
+        self._key = ""
+        if not env:
+            return KEYLESS  # the SDKs insist on a key; guard_request sends none
         key = os.environ.get(env, "").strip()
         if not key:
-            if not named and self.base_url:
-                return "unused"  # a local OpenAI-compatible server that needs no key
             raise ProviderError(
-                f"the environment variable {env!r} (api_key_env) is not set on this worker", code="provider_auth"
+                f"the key of {self.endpoint} (environment variable {env!r}) is not set on this worker",
+                code="provider_auth",
             )
         self._key = key
         return key
+
+    def http_client(self):
+        """The HTTP client the SDK uses: the SDK's defaults, except that redirects are never
+        followed (a 3xx answer ends the call with ``provider_error``) and every request passes
+        ``guard_request``."""
+        return self.sdk.DefaultHttpxClient(follow_redirects=False, event_hooks={"request": [self.guard_request]})
+
+    def guard_request(self, request) -> None:
+        """The one place that decides what leaves the worker: a request goes only to the
+        connection's origin and carries only the allow-listed headers plus this connection's
+        key. Whatever an SDK would add from the environment (other keys, ``*_CUSTOM_HEADERS``,
+        organisation ids) is dropped."""
+        base = httpx2.URL(self.base_url)
+        if (request.url.scheme, request.url.host, request.url.port) != (base.scheme, base.host, base.port):
+            raise OffConnection(f"a request to another origin than {self.endpoint}")
+        for name in list(request.headers.keys()):
+            lower = name.lower()
+            if lower not in SAFE_HEADERS and not lower.startswith("x-stainless-"):
+                del request.headers[name]
+        if self._key:
+            request.headers["Authorization"] = f"Bearer {self._key}"
 
     def scrub(self, text: str) -> str:
         text = str(text or "")
@@ -159,13 +207,14 @@ class RemoteProvider:
         connection errors (exponential backoff with jitter, honouring ``Retry-After``).
         Each retry is logged and, in a turn, recorded as a ``model.retry`` event. A stop
         request during the backoff ends the wait at once (``ctx.sleep``)."""
+        self.connect()
         key = self.api_key()
         tries = 0
         while True:
-            client = self._client(key)
+            client = self._client(key, self.http_client())
             try:
                 return attempt(client)
-            except (self.sdk.APIError, httpx2.TransportError) as exc:
+            except (self.sdk.APIError, httpx2.TransportError, OffConnection) as exc:
                 failure = self.classify(exc)
             finally:
                 client.close()
@@ -192,32 +241,43 @@ class RemoteProvider:
         return delay
 
     def classify(self, exc) -> Failure:
+        """The failure's code and reason: the connection, the HTTP status and the error class,
+        never text from the remote host (that is only logged, scrubbed of the key)."""
         sdk = self.sdk
+        detail = self.scrub(error_detail(exc))
+        if detail:
+            log.info("%s: %s said: %s", self.name, self.endpoint, detail)
+        off = next((e for e in (exc, exc.__cause__, exc.__context__) if isinstance(e, OffConnection)), None)
+        if off is not None:
+            return Failure("provider_config", f"refused {off}", False)
         if isinstance(exc, (sdk.APITimeoutError, httpx2.TimeoutException)):
             return Failure("provider_timeout", f"{self.endpoint} did not answer within {self.timeout:g} s", True)
         if isinstance(exc, (sdk.APIConnectionError, httpx2.TransportError)):
             return Failure("provider_unreachable", f"could not reach {self.endpoint} (connection error)", True)
         if isinstance(exc, sdk.APIStatusError):
             status = exc.status_code
-            detail = self.scrub(error_detail(exc))
-            said = f": {detail}" if detail else ""
+            if 300 <= status < 400:
+                return Failure("provider_error", f"{self.endpoint} answered with a redirect (HTTP {status}), "
+                                                 "which is not followed", False, status)
             if status in (401, 403):
-                env = (getattr(self.spec, "api_key_env", "") or self.default_key_env)
-                return Failure("provider_auth", f"{self.endpoint} refused the API key from {env!r} (HTTP {status}){said}", False, status)
+                return Failure("provider_auth", f"{self.endpoint} refused the API key from "
+                                                f"{self.connection.key_env!r} (HTTP {status})", False, status)
             if status == 429:
-                return Failure("provider_rate_limited", f"{self.endpoint} is rate limiting (HTTP 429){said}", True, status, retry_after(exc))
+                return Failure("provider_rate_limited", f"{self.endpoint} is rate limiting (HTTP 429)", True, status,
+                               retry_after(exc))
             if status in (408, 409) or status >= 500:
-                return Failure("provider_error", f"{self.endpoint} failed (HTTP {status}){said}", True, status, retry_after(exc))
+                return Failure("provider_error", f"{self.endpoint} failed (HTTP {status})", True, status, retry_after(exc))
             if status == 404:
-                return Failure("provider_error", f"{self.endpoint} has no model {self.model!r} or no such endpoint (HTTP 404){said}", False, status)
-            return Failure("provider_error", f"{self.endpoint} rejected the request (HTTP {status}){said}", False, status)
-        detail = self.scrub(getattr(exc, "message", "") or str(exc))[:MAX_REASON_CHARS]
-        return Failure("provider_error", f"unexpected answer from {self.endpoint}: {detail or type(exc).__name__}", False)
+                return Failure("provider_error", f"{self.endpoint} has no model {self.model!r} or no such endpoint "
+                                                 "(HTTP 404)", False, status)
+            return Failure("provider_error", f"{self.endpoint} rejected the request (HTTP {status})", False, status)
+        return Failure("provider_error", f"unexpected answer from {self.endpoint} ({type(exc).__name__})", False)
 
     # --- accounting ----------------------------------------------------------------------
 
     def cost(self, tokens_in: int, tokens_out: int) -> Decimal:
-        return model_cost(self.model, tokens_in, tokens_out)
+        overrides = self.connection.prices if self.connection is not None else None
+        return model_cost(self.model, tokens_in, tokens_out, overrides=overrides)
 
 
 def error_detail(exc) -> str:
@@ -266,33 +326,24 @@ def record_retry(ctx, *, provider: str, attempt: int, retries: int, failure: Fai
         send_event_on_commit(ctx.job.session_id, "model.retry", payload)
 
 
-def model_price(model: str) -> tuple[Decimal, Decimal] | None:
-    """(input, output) $ per million tokens: the exact model, else the longest price-table
-    name the model starts with (``gpt-4o-2024-08-06`` → ``gpt-4o``); None if unknown."""
-    prices = getattr(settings, "TRELLIS_MODEL_PRICES", {}) or {}
-    if model in prices:
-        found = prices[model]
-    else:
-        candidates = [name for name in prices if model.startswith(name)]
-        if not candidates:
-            return None
-        found = prices[max(candidates, key=len)]
-    return Decimal(str(found[0])), Decimal(str(found[1]))
+def model_price(model: str, overrides: dict | None = None) -> tuple[Decimal, Decimal] | None:
+    """(input, output) $ per million tokens: from the connection's ``prices`` if it lists the
+    model, else settings.TRELLIS_MODEL_PRICES; in each, the exact model, else the longest name
+    the model starts with (``gpt-4o-2024-08-06`` → ``gpt-4o``); None if unknown."""
+    for prices in (overrides or {}, getattr(settings, "TRELLIS_MODEL_PRICES", {}) or {}):
+        if model in prices:
+            found = prices[model]
+        else:
+            candidates = [name for name in prices if model.startswith(name)]
+            if not candidates:
+                continue
+            found = prices[max(candidates, key=len)]
+        return Decimal(str(found[0])), Decimal(str(found[1]))
+    return None
 
 
-def model_cost(model: str, tokens_in: int, tokens_out: int) -> Decimal:
-    price = model_price(model)
+def model_cost(model: str, tokens_in: int, tokens_out: int, overrides: dict | None = None) -> Decimal:
+    price = model_price(model, overrides)
     if price is None:
         return Decimal(0)
     return (price[0] * tokens_in + price[1] * tokens_out) / Decimal(1_000_000)
-
-
-def key_env_allowed(name: str) -> bool:
-    """Only variables that look like model keys may be read for a spec: a spec's author must
-    not be able to send the server's own secrets (DJANGO_SECRET_KEY, DATABASE_URL…) to a
-    base_url of their choosing. The pattern is settings.TRELLIS_API_KEY_ENV_PATTERN."""
-    import re
-
-    from django.conf import settings
-
-    return bool(re.fullmatch(settings.TRELLIS_API_KEY_ENV_PATTERN, name or ""))
