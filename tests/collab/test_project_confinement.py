@@ -48,7 +48,7 @@ def finish(api, job_id: str) -> dict:
 
 def make_spec(owner_api, slug: str, script=(), **fields) -> str:
     agent_id = f"bot{next(_specs)}"
-    body = {"agent_id": agent_id, "provider": "scripted", "script": list(script), **fields}
+    body = {"agent_id": agent_id, "provider": "scripted", "script": script if isinstance(script, dict) else list(script), **fields}
     r = owner_api.post(f"/api/projects/{slug}/agent-specs", body)
     assert r.status_code == 201, r.content
     return agent_id
