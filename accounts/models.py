@@ -87,11 +87,39 @@ class Project(models.Model):
         return self.slug
 
 
+class MembershipQuerySet(models.QuerySet):
+    def accepted(self):
+        """Memberships that give access: the invitation was accepted (or never needed one)."""
+        return self.filter(accepted_at__isnull=False)
+
+    def pending(self):
+        """Invitations still waiting for the person's answer: they give no access at all."""
+        return self.filter(accepted_at__isnull=True)
+
+
 class Membership(models.Model):
+    """A person's role in a project. Added through the API, a page or the admin it starts as an
+    *invitation* (``accepted_at`` null) that gives nothing until the person accepts it; rows
+    created directly by trusted code (a new project's creator, ``manage.py demo``, fixtures)
+    default to accepted. Every access check goes through ``accounts.policy.member_project_ids``
+    or ``role_of``, which count accepted rows only."""
+
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
     created_at = models.DateTimeField(default=timezone.now)
+    accepted_at = models.DateTimeField(
+        null=True, blank=True, default=timezone.now, help_text="null while the invitation is pending"
+    )
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    objects = MembershipQuerySet.as_manager()
+
+    @property
+    def status(self) -> str:
+        return "active" if self.accepted_at is not None else "pending"
 
     class Meta:
         constraints = [
@@ -100,7 +128,7 @@ class Membership(models.Model):
         ]
 
     def __str__(self):
-        return f"{self.user} @ {self.project} ({self.role})"
+        return f"{self.user} @ {self.project} ({self.role}{'' if self.accepted_at else ', invited'})"
 
 
 def hash_token(raw: str) -> str:

@@ -36,11 +36,25 @@ def role_allows(role: str | None, capability: str) -> bool:
 
 
 def role_of(user, project: Project | int) -> str | None:
-    """The user's role in the project, or None for non-members and anonymous users."""
+    """The user's role in the project, or None for non-members, pending invitees and anonymous users."""
     if user is None or not user.is_authenticated or not user.is_active:
         return None
     project_id = project.pk if isinstance(project, Project) else project
-    return Membership.objects.filter(user=user, project_id=project_id).values_list("role", flat=True).first()
+    return member_roles(user).filter(project_id=project_id).values_list("role", flat=True).first()
+
+
+def member_roles(user):
+    """The user's accepted memberships: the ONE place a membership turns into access.
+    A pending invitation is not among them (SPEC §8: nothing of the project reaches an invitee)."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return Membership.objects.none()
+    return Membership.objects.accepted().filter(user=user)
+
+
+def member_project_ids(user):
+    """Ids of the projects the user has accepted (a subquery): filter rows with
+    ``project_id__in=member_project_ids(user)`` instead of joining ``memberships`` by hand."""
+    return member_roles(user).values("project_id")
 
 
 def has_capability(user, project: Project | int, capability: str) -> bool:
@@ -48,10 +62,8 @@ def has_capability(user, project: Project | int, capability: str) -> bool:
 
 
 def visible_projects(user):
-    """Projects the user is a member of (any role)."""
-    if user is None or not user.is_authenticated:
-        return Project.objects.none()
-    return Project.objects.filter(memberships__user=user)
+    """Projects the user is a member of (any role, invitation accepted)."""
+    return Project.objects.filter(pk__in=member_project_ids(user))
 
 
 def user_for_token(raw: str):

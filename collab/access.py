@@ -7,7 +7,7 @@ as for a missing id, so neither answers nor work done leak existence.
 """
 
 from accounts.models import Project
-from accounts.policy import has_capability, role_allows, role_of
+from accounts.policy import has_capability, member_project_ids, role_allows, role_of
 from collab.errors import Forbidden, NotFound
 from collab.models import Branch, Job, Message, Session
 
@@ -23,7 +23,7 @@ def _require(user, project_id: int, capability: str) -> str:
 
 
 def access_project(user, slug: str, capability: str = "project.read") -> Project:
-    project = Project.objects.filter(slug=slug, memberships__user=user).first() if user.is_authenticated else None
+    project = Project.objects.filter(slug=slug, pk__in=member_project_ids(user)).first() if user.is_authenticated else None
     if project is None:
         raise NotFound()
     _require(user, project.pk, capability)
@@ -34,8 +34,15 @@ def _project_id_of_session(session_id: str) -> int | None:
     return Session.objects.filter(pk=session_id).values_list("project_id", flat=True).first()
 
 
-def access_session(user, session_id: str, capability: str = "project.read") -> Session:
-    """The session if the user may do ``capability`` in its project.
+def _within(project_id: int | None) -> dict:
+    """Agents stay in their project (SPEC §8): an agent-side lookup passes the acting branch's
+    project, and a row of any other project answers like a missing one."""
+    return {} if project_id is None else {"project_id": project_id}
+
+
+def access_session(user, session_id: str, capability: str = "project.read", *, project_id: int | None = None) -> Session:
+    """The session if the user may do ``capability`` in its project (and it is in ``project_id``,
+    when an agent asks).
 
     The membership check is folded into the lookup so an outsider's request
     costs exactly what a request for a missing id costs.
@@ -44,7 +51,7 @@ def access_session(user, session_id: str, capability: str = "project.read") -> S
         raise NotFound()
     session = (
         Session.objects.select_related("project", "agent_spec")
-        .filter(pk=session_id, project__memberships__user=user)
+        .filter(pk=session_id, project_id__in=member_project_ids(user), **_within(project_id))
         .first()
     )
     if session is None:
@@ -53,18 +60,23 @@ def access_session(user, session_id: str, capability: str = "project.read") -> S
     return session
 
 
-def access_job(user, job_id: str, capability: str = "project.read") -> Job:
+def access_job(user, job_id: str, capability: str = "project.read", *, project_id: int | None = None) -> Job:
     if not user or not user.is_authenticated:
         raise NotFound()
-    job = Job.objects.select_related("session", "branch").filter(pk=job_id, project__memberships__user=user).first()
+    job = (
+        Job.objects.select_related("session", "branch")
+        .filter(pk=job_id, project_id__in=member_project_ids(user), **_within(project_id))
+        .first()
+    )
     if job is None:
         raise NotFound()
     _require(user, job.project_id, capability)
     return job
 
 
-def access_message(user, session_id: str, message_id: str, capability: str = "project.read") -> Message:
-    session = access_session(user, session_id, capability)
+def access_message(user, session_id: str, message_id: str, capability: str = "project.read", *,
+                   project_id: int | None = None) -> Message:
+    session = access_session(user, session_id, capability, project_id=project_id)
     message = Message.objects.filter(pk=message_id, session=session).select_related("branch").first()
     if message is None:
         raise NotFound()
@@ -76,7 +88,7 @@ def access_branch_by_id(user, branch_id: str, capability: str = "project.read") 
         raise NotFound()
     branch = (
         Branch.objects.select_related("session", "session__project")
-        .filter(pk=branch_id, session__project__memberships__user=user)
+        .filter(pk=branch_id, session__project_id__in=member_project_ids(user))
         .first()
     )
     if branch is None:
@@ -95,7 +107,7 @@ def access_artifact(user, artifact_id: str):
 
     if not user or not user.is_authenticated:
         raise NotFound()
-    artifact = Artifact.objects.filter(pk=artifact_id, project__memberships__user=user).first()
+    artifact = Artifact.objects.filter(pk=artifact_id, project_id__in=member_project_ids(user)).first()
     if artifact is None:
         raise NotFound()
     access_job(user, artifact.job_id)

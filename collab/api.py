@@ -4,8 +4,8 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router, Status
 
 from accounts.limits import LimitError, limits_of
-from accounts.models import ApiToken, Membership
-from accounts.policy import visible_projects
+from accounts.models import ApiToken
+from accounts.policy import member_roles, role_of, visible_projects
 from accounts.services import SlugTaken, create_project
 from collab import access
 from collab.errors import Conflict, Invalid, NotFound
@@ -17,6 +17,7 @@ from collab.schemas import (
     CommandOut,
     LimitsIn,
     LimitsOut,
+    InvitationOut,
     MemberIn,
     MemberOut,
     MemberPatch,
@@ -49,7 +50,15 @@ from collab.services.archive import check_can_archive, do_archive_branch
 from collab.services.cancel import do_execution_command
 from collab.services.projects import do_set_limits, do_update_project
 from collab.services.watch import access_hold, do_decide_hold
-from collab.services.members import do_add_member, do_change_role, do_remove_member, do_revoke_token
+from collab.services.members import (
+    do_accept_invitation,
+    do_add_member,
+    do_change_role,
+    do_decline_invitation,
+    do_remove_member,
+    do_revoke_token,
+)
+from collab.selectors.members import invitations_of, members_of
 from collab.tools.registry import run_tool
 from collab.tools.surface import branch_tools
 from collab.services.sessions import do_create_session
@@ -67,7 +76,7 @@ def _project_out(project, role=None) -> dict:
 
 @router.get("projects", response=list[ProjectOut], tags=["projects"])
 def list_projects(request: HttpRequest):
-    roles = dict(Membership.objects.filter(user=request.auth).values_list("project_id", "role"))
+    roles = dict(member_roles(request.auth).values_list("project_id", "role"))
     return [_project_out(p, roles.get(p.pk)) for p in visible_projects(request.auth)]
 
 
@@ -181,7 +190,7 @@ def post_tool(request: HttpRequest, address: str, tool: str, payload: ToolCallIn
 def get_project(request: HttpRequest, slug: str):
     """The project, with token and cost totals over all its executions."""
     project = access.access_project(request.auth, slug)
-    role = Membership.objects.filter(user=request.auth, project=project).values_list("role", flat=True).first()
+    role = role_of(request.auth, project)
     return {**_project_out(project, role), "usage": usage_totals(project.jobs.all())}
 
 
@@ -211,20 +220,46 @@ def get_artifact(request: HttpRequest, artifact_id: str):
 
 
 def _member_out(m) -> dict:
-    return {"username": m.user.username, "role": m.role, "created_at": m.created_at}
+    return {"username": m.user.username, "role": m.role, "created_at": m.created_at, "status": m.status,
+            "invited_by": m.invited_by.username if m.invited_by_id else None, "accepted_at": m.accepted_at}
 
 
 @router.get("projects/{slug}/members", response={200: list[MemberOut], **ERRORS}, tags=["members"])
 def list_members(request: HttpRequest, slug: str):
-    """Every member sees who else is in the project (as on the project page); owners change it."""
+    """Every member sees who else is in the project (as on the project page), pending invitations
+    included (``status``: "pending" | "active"); owners change it."""
     project = access.access_project(request.auth, slug)
-    return [_member_out(m) for m in project.memberships.select_related("user").order_by("user__username")]
+    return [_member_out(m) for m in members_of(project)]
 
 
 @router.post("projects/{slug}/members", response={201: MemberOut, **ERRORS}, tags=["members"])
 def post_member(request: HttpRequest, slug: str, payload: MemberIn):
+    """Invite a person: the answer's ``status`` is "pending" until they accept (``DELETE`` cancels)."""
     project = access.access_project(request.auth, slug, "project.members")
     return Status(201, _member_out(do_add_member(request.auth, project, payload.username, payload.role)))
+
+
+def _invitation_out(m) -> dict:
+    return {"id": m.pk, "project": m.project.slug, "project_name": m.project.name, "role": m.role,
+            "status": m.status, "created_at": m.created_at,
+            "invited_by": m.invited_by.username if m.invited_by_id else None, "accepted_at": m.accepted_at}
+
+
+@router.get("invitations", response={200: list[InvitationOut], **ERRORS}, tags=["members"])
+def list_invitations(request: HttpRequest):
+    """The caller's pending invitations: all they see of those projects until they accept."""
+    return [_invitation_out(m) for m in invitations_of(request.auth)]
+
+
+@router.post("invitations/{invitation_id}/accept", response={200: InvitationOut, **ERRORS}, tags=["members"])
+def accept_invitation(request: HttpRequest, invitation_id: int):
+    return _invitation_out(do_accept_invitation(request.auth, invitation_id))
+
+
+@router.post("invitations/{invitation_id}/decline", response={204: None, **ERRORS}, tags=["members"])
+def decline_invitation(request: HttpRequest, invitation_id: int):
+    do_decline_invitation(request.auth, invitation_id)
+    return Status(204, None)
 
 
 @router.patch("projects/{slug}/members/{username}", response={200: MemberOut, **ERRORS}, tags=["members"])

@@ -257,6 +257,20 @@ class MemberOut(Schema):
     username: str
     role: str
     created_at: Any
+    status: str = "active"  # "pending" until the person accepts the invitation
+    invited_by: str | None = None
+    accepted_at: Any | None = None
+
+
+class InvitationOut(Schema):
+    id: int
+    project: str  # the slug
+    project_name: str
+    role: str
+    status: str
+    invited_by: str | None
+    created_at: Any
+    accepted_at: Any | None = None
 
 
 class TokenIn(StrictIn):

@@ -8,7 +8,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from accounts.limits import FIELDS as LIMIT_FIELDS
 from accounts.limits import LimitError, limits_of
-from accounts.models import ApiToken, Membership
+from accounts.models import ApiToken
+from accounts.policy import member_roles
 import json
 import uuid
 from urllib.parse import urlencode
@@ -20,7 +21,15 @@ from collab import access
 from collab.errors import DomainError, Invalid, NotFound
 from collab.selectors.children import child_rail
 from collab.tools.surface import withheld_tools
-from collab.services.members import do_add_member, do_change_role, do_remove_member, do_revoke_token
+from collab.selectors.members import invitations_of, members_of
+from collab.services.members import (
+    do_accept_invitation,
+    do_add_member,
+    do_change_role,
+    do_decline_invitation,
+    do_remove_member,
+    do_revoke_token,
+)
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.selectors import pages
 from collab.selectors.shapes import usage_totals
@@ -35,8 +44,20 @@ from collab.services.turns import do_fork_and_start, do_start_user_turn
 @login_required
 @require_GET
 def projects(request):
-    memberships = Membership.objects.filter(user=request.user).select_related("project").order_by("project__slug")
-    return render(request, "collab/projects.html", {"memberships": memberships})
+    memberships = member_roles(request.user).select_related("project").order_by("project__slug")
+    return render(request, "collab/projects.html",
+                  {"memberships": memberships, "invitations": invitations_of(request.user)})
+
+
+@login_required
+@require_POST
+def answer_invitation(request, invitation_id, answer):
+    """Accept (then open the project) or decline one of the user's own pending invitations."""
+    if answer == "accept":
+        membership = do_accept_invitation(request.user, invitation_id)
+        return redirect("collab:project", slug=membership.project.slug)
+    do_decline_invitation(request.user, invitation_id)
+    return redirect("collab:projects")
 
 
 def _project_context(request, project, errors=None):
@@ -46,7 +67,7 @@ def _project_context(request, project, errors=None):
         "limits": limits_of(project),
         "can_configure": access.can(request.user, project.pk, "project.settings"),
         "can_manage_members": access.can(request.user, project.pk, "project.members"),
-        "members": project.memberships.select_related("user").order_by("user__username"),
+        "members": members_of(project),
         "roles": ["viewer", "member", "maintainer", "owner"],
         "can_audit": access.can(request.user, project.pk, "project.audit"),
         "limit_errors": errors or {},

@@ -3,6 +3,7 @@
 from django.db.models import Count, Q
 from django.db.models.functions import Right
 
+from accounts.policy import member_project_ids
 from collab.models import ACTIVE_STATUSES, Branch, Job, Session
 
 PREVIEW_CHARS = 120
@@ -38,11 +39,13 @@ def branch_rows(session_ids, *, archived: bool, agent_id: str | None = None, lim
 
 def list_agents(user, session: Session, *, scope: str = "session", limit: int = 20, agent_id=None, source=None) -> dict:
     """Rows grouped by session. ``session`` and ``archived`` scopes cover the current session;
-    ``all`` covers every session the principal may see, most recently active first, without previews.
-    ``source`` narrows ``all`` to one session id."""
+    ``all`` covers every session of the current session's project (agents stay in their project,
+    SPEC §8, whatever else ``user`` may see), most recently active first, without previews.
+    ``source`` narrows ``all`` to one session id. Nothing is listed once ``user`` has lost the project."""
     limit = max(1, min(int(limit or 20), 200))
+    in_project = Session.objects.filter(project_id=session.project_id, project_id__in=member_project_ids(user))
     if scope == "all":
-        sessions_qs = Session.objects.filter(project__memberships__user=user)
+        sessions_qs = in_project
         if source:
             sessions_qs = sessions_qs.filter(pk=source)
         else:  # sub-agents' sessions are listed by their parents, not at the top level (OW acc. 2)
@@ -55,7 +58,7 @@ def list_agents(user, session: Session, *, scope: str = "session", limit: int = 
         rows = branch_rows([s.pk for s in sessions], archived=False, agent_id=agent_id, limit=limit * 10, previews=False)
     else:
         sessions = list(
-            Session.objects.filter(pk=session.pk).select_related("agent_spec")
+            in_project.filter(pk=session.pk).select_related("agent_spec")
             .annotate(active=Count("jobs", filter=Q(jobs__status__in=ACTIVE_STATUSES)))
         )
         rows = branch_rows([session.pk], archived=(scope == "archived"), agent_id=agent_id, limit=limit)

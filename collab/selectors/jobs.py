@@ -22,17 +22,19 @@ def owns_job(session_id: str, job: Job) -> bool:
     return False
 
 
-def jobs_dispatched_by(session_id: str, *, status: str | None = None, limit: int = 50) -> list[Job]:
-    """Jobs the session dispatched and their descendants, newest first (one query per level)."""
+def jobs_dispatched_by(session, *, status: str | None = None, limit: int = 50) -> list[Job]:
+    """Jobs the session dispatched and their descendants, newest first (one query per level);
+    only jobs of the session's own project (agents stay in their project, SPEC §8)."""
     found: dict[str, Job] = {}
-    level = list(Job.objects.filter(caller_session_id=session_id).select_related("branch"))
+    in_project = Job.objects.filter(project_id=session.project_id).select_related("branch")
+    level = list(in_project.filter(caller_session_id=session.pk))
     for _ in range(MAX_ANCESTRY):
         fresh = [j for j in level if j.pk not in found]
         if not fresh:
             break
         for j in fresh:
             found[j.pk] = j
-        level = list(Job.objects.filter(parent_job_id__in=[j.pk for j in fresh]).select_related("branch"))
+        level = list(in_project.filter(parent_job_id__in=[j.pk for j in fresh]))
     jobs = sorted(found.values(), key=lambda j: j.created_at, reverse=True)
     if status:
         jobs = [j for j in jobs if j.status == status]

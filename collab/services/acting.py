@@ -5,6 +5,7 @@ from typing import Any
 
 from accounts.policy import role_allows, role_of
 from collab.errors import Forbidden, NotFound
+from collab.services.addressing import Caller
 
 
 @dataclass
@@ -26,6 +27,12 @@ class Actor:
     @property
     def address(self) -> str:
         return f"{self.session.pk}:{self.branch.tip_id}" if self.branch.tip_id else self.session.pk
+
+    @property
+    def caller(self):
+        """This agent as an addresser: every lookup it makes stays in its branch's project (SPEC §8)."""
+        return Caller(user=self.user, session_id=self.session.pk, branch_id=self.branch.pk,
+                      project_id=self.session.project_id)
 
     @property
     def chain(self) -> tuple[int, int]:

@@ -2,16 +2,22 @@
 
 An address is ``"SID:HEAD"`` (any message written on the branch; a stale head
 still finds its branch) or a branch name. Names resolve in the caller's session
-first, then across sessions the principal may see. The result is always the
-branch itself (whose tip is current); archived branches, the caller's own
-branch and ambiguous names are refused with a reason, and a target that does
+first, then across the other sessions of the caller's project. The result is
+always the branch itself (whose tip is current); archived branches, the caller's
+own branch and ambiguous names are refused with a reason, and a target that does
 not exist answers exactly like one the principal may not see.
+
+Agents stay in their project (SPEC §8): an agent's ``Caller`` carries the acting
+branch's project, and nothing outside it is ever found, whatever else the person
+who started the turn may see. A person (the REST routes) has no project and may
+address any project they have accepted.
 """
 
 from dataclasses import dataclass
 
+from accounts.policy import member_project_ids
 from collab.errors import Invalid, NotFound
-from collab.models import Branch, Message
+from collab.models import Branch, Message, Session
 
 
 class Ambiguous(Invalid):
@@ -20,15 +26,28 @@ class Ambiguous(Invalid):
 
 @dataclass(frozen=True)
 class Caller:
-    """Who is addressing: the principal (a user) and, for agents, where they stand."""
+    """Who is addressing: the principal (a user) and, for agents, where they stand.
+    ``project_id`` confines every lookup to that project (agents always set it)."""
 
     user: object
     session_id: str | None = None
     branch_id: str | None = None
+    project_id: int | None = None
+
+    def confine(self, rows, project_field: str):
+        """``rows`` limited to the principal's accepted projects and, for an agent, its own."""
+        rows = rows.filter(**{f"{project_field}__in": member_project_ids(self.user)})
+        if self.project_id is not None:
+            rows = rows.filter(**{project_field: self.project_id})
+        return rows
 
 
-def _visible_branches(user):
-    return Branch.objects.filter(session__project__memberships__user=user)
+def visible_sessions(caller: Caller):
+    return caller.confine(Session.objects.all(), "project_id")
+
+
+def _visible_branches(caller: Caller):
+    return caller.confine(Branch.objects.all(), "session__project_id")
 
 
 def parse_address(address: str) -> tuple[str, str] | None:
@@ -50,7 +69,7 @@ def find_branch(caller: Caller, address: str) -> Branch:
     if parsed is not None:
         sid, head = parsed
         message = (
-            Message.objects.filter(pk=head, session_id=sid, session__project__memberships__user=caller.user)
+            caller.confine(Message.objects.filter(pk=head, session_id=sid), "session__project_id")
             .select_related("branch", "branch__session", "branch__tip")
             .first()
         )
@@ -61,15 +80,21 @@ def find_branch(caller: Caller, address: str) -> Branch:
 
 
 def _find_by_name(caller: Caller, name: str) -> Branch:
-    """Live branches win; an archived branch answers to its name only when no live one does
-    (so it stays readable and re-archivable by name, and deliveries hear "archived")."""
-    visible = _visible_branches(caller.user).filter(name=name).select_related("session", "tip")
+    """The caller's own session answers first: its live branch of that name, else its archived
+    one (reported as archived by deliveries, never silently replaced by another session's
+    branch). Only when the caller's session has none does the rest of the project answer,
+    live branches before archived ones (so an archived branch stays readable by name)."""
+    visible = _visible_branches(caller).filter(name=name).select_related("session", "tip")
+    pools = []
+    if caller.session_id:
+        own = visible.filter(session_id=caller.session_id)
+        pools += [own.filter(archived=False), own.filter(archived=True)]
+        visible = visible.exclude(session_id=caller.session_id)
+    pools += [visible.filter(archived=False).order_by("-last_active_at"),
+              visible.filter(archived=True).order_by("-last_active_at")]
     candidates = []
-    for pool in (visible.filter(archived=False), visible.filter(archived=True)):
-        if caller.session_id:
-            candidates = list(pool.filter(session_id=caller.session_id)[:11])
-        if not candidates:
-            candidates = list(pool.order_by("-last_active_at")[:11])
+    for pool in pools:
+        candidates = list(pool[:11])
         if candidates:
             break
     if not candidates:

@@ -16,7 +16,7 @@ from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
 from collab.models import OPEN_STATUSES, Branch, InboxEntry, InboxKind, Job, JobKind
 from collab.services.acting import Actor, message_header, task_header
-from collab.services.addressing import Caller, resolve_target
+from collab.services.addressing import resolve_target
 from collab.services.admission import admit_job
 from collab.services.followup import record_failed_delivery
 from collab.services.limits import check_topology
@@ -37,7 +37,7 @@ def check_delivery(actor: Actor, text: str) -> None:
 
 def delivery_target(actor: Actor, to: str) -> Branch:
     """The live target of a delivery, through the one resolver; call inside its transaction."""
-    target = resolve_target(Caller(user=actor.user, session_id=actor.session.pk, branch_id=actor.branch.pk), to)
+    target = resolve_target(actor.caller, to)
     actor.require("turn.start", target.session.project_id)
     if target.session.parent_session_id:
         # an OpenWork sub-agent is directed by its parent only (followup_task), never by others

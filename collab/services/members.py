@@ -1,5 +1,10 @@
 """Membership changes as the collab side sees them: audited, and revoking access at once
-(open WebSockets of a removed member are closed; SPEC §8, issue: multi-user)."""
+(open WebSockets of a removed member are closed; SPEC §8, issue: multi-user).
+
+Adding someone is an *invitation* (SPEC §8, issue 11 item 3): it gives nothing until the
+person accepts it; they may decline it, and an owner may cancel it. Every step is a
+project-level Event: ``member.invited``, ``member.accepted``, ``member.declined``,
+``member.invitation_cancelled`` (and ``member.role_changed`` / ``member.removed`` as before)."""
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -10,7 +15,8 @@ from accounts import services as accounts
 from collab.errors import Conflict, Invalid, NotFound
 from collab.events import record_project_event
 
-_CODES = {"invalid_role": Invalid, "last_owner": Conflict, "already_member": Conflict, "not_member": NotFound}
+_CODES = {"invalid_role": Invalid, "last_owner": Conflict, "already_member": Conflict, "already_invited": Conflict,
+          "not_member": NotFound, "not_found": NotFound}
 
 
 def user_group(user_id: int) -> str:
@@ -32,11 +38,29 @@ def _run(fn, *args):
 
 
 def do_add_member(actor, project, username: str, role: str):
+    """Invite ``username`` with ``role``: a pending membership until they accept it."""
     user = _user(username)
     with transaction.atomic():
-        membership = _run(accounts.add_member, project, user, role)
-        record_project_event(project.pk, "member.added", {"username": user.username, "role": role}, actor=actor)
+        membership = _run(accounts.add_member, project, user, role, actor)
+        record_project_event(project.pk, "member.invited", {"username": user.username, "role": role}, actor=actor)
     return membership
+
+
+def do_accept_invitation(user, invitation_id: int):
+    """The invitee accepts: from now on the membership gives its role's access."""
+    with transaction.atomic():
+        membership = _run(accounts.accept_invitation, user, invitation_id)
+        record_project_event(membership.project_id, "member.accepted",
+                             {"username": user.username, "role": membership.role}, actor=user)
+    return membership
+
+
+def do_decline_invitation(user, invitation_id: int) -> None:
+    """The invitee declines: the invitation is gone and nothing was ever visible to them."""
+    with transaction.atomic():
+        membership = _run(accounts.decline_invitation, user, invitation_id)
+        record_project_event(membership.project_id, "member.declined",
+                             {"username": user.username, "role": membership.role}, actor=user)
 
 
 def do_change_role(actor, project, username: str, role: str):
@@ -51,7 +75,10 @@ def do_change_role(actor, project, username: str, role: str):
 def do_remove_member(actor, project, username: str) -> None:
     user = _user(username)
     with transaction.atomic():
-        _run(accounts.remove_member, project, user)
+        removed = _run(accounts.remove_member, project, user)
+        if removed.accepted_at is None:  # an owner cancels a pending invitation
+            record_project_event(project.pk, "member.invitation_cancelled", {"username": user.username}, actor=actor)
+            return
         record_project_event(project.pk, "member.removed", {"username": user.username}, actor=actor)
         transaction.on_commit(lambda: _tell_sockets(user.pk, project.pk))
 

@@ -25,8 +25,10 @@ from collab.services.retry import retry_on_deadlock
 def resolve_start_from(actor: Actor, start_from: str):
     """(target session, fork node or None) for ``clean`` / ``inherit`` / ``"SID:MSG"``.
 
-    Forking another session's history needs the right to start turns there; archived
-    history may be a fork source (a fork makes a new branch, it delivers nothing).
+    Forking another session's history needs the right to start turns there, and that session
+    must be in the acting branch's project (SPEC §8: anything else is "not found"); archived
+    history may be a fork source (a fork makes a new branch, it delivers nothing). A sub-agent's
+    session is read-only (OW acc. 21): nobody adds branches to it.
     """
     value = (start_from or "clean").strip()
     if value == "clean":
@@ -36,7 +38,13 @@ def resolve_start_from(actor: Actor, start_from: str):
     parsed = parse_address(value)
     if parsed is None:
         raise Invalid('start_from must be "clean", "inherit" or "SID:MSG"', code="invalid_start_from")
-    message = access_message(actor.user, parsed[0], parsed[1], "turn.start")
+    message = access_message(actor.user, parsed[0], parsed[1], "turn.start", project_id=actor.session.project_id)
+    if message.session.parent_session_id:
+        raise Invalid(
+            f"session {message.session_id} belongs to a sub-agent and is read-only: fork from your own "
+            "session's history, or read it with read_conversation",
+            code="child_session_read_only",
+        )
     return message.session, message
 
 
@@ -46,9 +54,7 @@ def pick_spec(actor: Actor, session, agent_id: str):
         if spec is None:
             raise NotFound(f"no saved agent {agent_id!r} in this project", code="unknown_agent_id")
         return spec
-    if session.project_id == actor.session.project_id:
-        return actor.branch.agent_spec or actor.session.agent_spec
-    return session.agent_spec
+    return actor.branch.agent_spec or actor.session.agent_spec  # forks stay in the project
 
 
 def do_spawn(actor: Actor, *, prompt: str, description: str = "", agent_id: str = "", start_from: str = "clean",

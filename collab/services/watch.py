@@ -7,6 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import WatchPolicy
+from accounts.policy import member_project_ids
 from collab.errors import Conflict, NotFound
 from collab.events import send_event_on_commit
 from collab.models import HeldDelivery, HoldStatus
@@ -35,7 +36,7 @@ def hold_delivery(actor: Actor, target, kind: str, text: str) -> HeldDelivery:
 def access_hold(user, hold_id: int, capability: str = "turn.start") -> HeldDelivery:
     from collab.access import access_session
 
-    hold = HeldDelivery.objects.filter(pk=hold_id, project__memberships__user=user).select_related(
+    hold = HeldDelivery.objects.filter(pk=hold_id, project_id__in=member_project_ids(user)).select_related(
         "sender_session", "sender_branch", "target_branch", "sender_job", "created_by").first()
     if hold is None:
         raise NotFound()

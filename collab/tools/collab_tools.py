@@ -18,7 +18,7 @@ from collab.selectors.agents import render_agents
 from collab.selectors.jobs import jobs_dispatched_by, owns_job
 from collab.selectors.pages import shown_branch
 from collab.selectors.transcript import DEFAULT_MAX_CHARS, render_transcript
-from collab.services.addressing import Caller, find_branch
+from collab.services.addressing import Caller, find_branch, visible_sessions
 from collab.services.archive import check_can_archive, do_archive_branch
 from collab.services.deliver import do_delegate, do_send_message
 from collab.services.results import bound_text, result_limit_for
@@ -137,7 +137,7 @@ class ArchiveParams(ToolParams):
 Archive an existing agent: it stops receiving deliveries and leaves the normal listings; its
 history stays readable and forkable, and a turn it is running is not cancelled. Idempotent.""")
 def archive_agent(ctx, p: ArchiveParams) -> ToolResult:
-    branch = find_branch(Caller(user=ctx.user, session_id=ctx.session.pk), p.to)
+    branch = find_branch(ctx.caller, p.to)
     check_can_archive(ctx.user, branch)
     branch = do_archive_branch(branch, user=ctx.user, reason=p.reason)
     return ToolResult(
@@ -191,7 +191,7 @@ Read an agent's conversation ("SID:HEAD", a name, or a session id) as a transcri
 running it. Turns count from 0; negative start_turn/end_turn count from the end (start_turn=-10:
 the last ten turns). Later turns beyond max_chars are dropped. Archived agents are readable.""")
 def read_conversation(ctx, p: ReadConversationParams) -> ToolResult:
-    branch = read_target(ctx.user, ctx.session.pk, p.session_id)
+    branch = read_target(ctx.caller, p.session_id)
     rendered = render_transcript(
         branch, start_turn=p.start_turn, end_turn=p.end_turn,
         include_function_calls=p.include_function_calls, max_chars=p.max_chars,
@@ -200,16 +200,14 @@ def read_conversation(ctx, p: ReadConversationParams) -> ToolResult:
     return ToolResult(text=text, details=rendered)
 
 
-def read_target(user, current_session_id, ref: str):
-    """A branch to read: an address or name, or a whole session id (its selected branch)."""
-    from collab.access import access_session
-
+def read_target(caller: Caller, ref: str):
+    """A branch to read: an address or name, or a whole session id (its selected branch),
+    found only where the caller may look (its project, for an agent)."""
     if ":" in ref:
-        return find_branch(Caller(user=user, session_id=current_session_id), ref)
-    try:
-        session = access_session(user, ref)
-    except NotFound:
-        return find_branch(Caller(user=user, session_id=current_session_id), ref)
+        return find_branch(caller, ref)
+    session = visible_sessions(caller).filter(pk=ref).first()
+    if session is None:
+        return find_branch(caller, ref)
     branch = shown_branch(session)
     if branch is None:
         raise NotFound()
@@ -282,7 +280,8 @@ class ListJobsParams(ToolParams):
 @register("list_jobs", toolsets=COLLAB, params=ListJobsParams, description="""
 List the jobs (executions) this session dispatched and their descendants, newest first.""")
 def list_jobs(ctx, p: ListJobsParams) -> ToolResult:
-    jobs = jobs_dispatched_by(ctx.session.pk, status=p.status, limit=p.limit)
+    ctx.require("project.read")
+    jobs = jobs_dispatched_by(ctx.session, status=p.status, limit=p.limit)
     return ToolResult(
         text="\n".join(_job_line(j) for j in jobs) or "no jobs",
         details={"jobs": [{"job_id": j.pk, "kind": j.kind, "status": j.status, "version": j.version,
@@ -300,7 +299,7 @@ class JobOutputParams(ToolParams):
 The result of a job this session (or an ancestor of it) dispatched. block=true waits up to
 `timeout` ms (max 600000) for it to finish.""")
 def job_output(ctx, p: JobOutputParams) -> ToolResult:
-    job = access_job(ctx.user, p.job_id)
+    job = access_job(ctx.user, p.job_id, project_id=ctx.session.project_id)
     if not owns_job(ctx.session.pk, job):
         raise NotFound()
     deadline = time.monotonic() + p.timeout / 1000

@@ -113,6 +113,7 @@ class Alpha:
     token_id: int  # one of member's API tokens
     task_name: str  # a sub-agent of alpha's OpenWork session
     workspace_file: str  # a file in alpha's workspace
+    invitation_id: int  # a pending invitation to alpha, addressed to ``team.invitee``
 
 
 def openwork_branch(api, sid) -> str:
@@ -129,7 +130,7 @@ def give_workspace(slug: str, root) -> None:
 
 
 @pytest.fixture
-def alpha(team, api_as, scripted_session, tmp_path) -> Alpha:
+def alpha(team, api_as, scripted_session, tmp_path, make_user) -> Alpha:
     secret_file = tmp_path / "alpha-ws" / "alpha-secret-notes.txt"
     give_workspace("alpha", secret_file.parent)
     secret_file.write_text("alpha secret workspace text\n")
@@ -162,11 +163,15 @@ def alpha(team, api_as, scripted_session, tmp_path) -> Alpha:
     held = tool("send_message", to=named["address"], message="alpha secret held message")
     assert owner_api.patch("/api/projects/alpha", {"watch_policy": "off"}).status_code == 200
     token, _ = ApiToken.issue(team.member, name="alpha member's laptop")
+    team.invitee = make_user("invitee")
+    invited = owner_api.post("/api/projects/alpha/members", {"username": "invitee", "role": "viewer"})
+    assert invited.status_code == 201 and invited.json()["status"] == "pending", invited.content
     return Alpha(
         sid=sid, head=head, address=address, name="alpha-secret-plans", named_address=named["address"],
         job_id=turn["execution_id"], job_version=turn["version"], named_job_id=named["execution_id"],
         todo_id=todo["todo_id"], artifact_id=artifact.pk, hold_id=held["hold_id"], token_id=token.pk,
         task_name="alpha_secret_child", workspace_file=str(secret_file),
+        invitation_id=Membership.objects.get(user=team.invitee).pk,
     )
 
 
@@ -210,6 +215,7 @@ ROW_PARAMS = {
     "username": lambda a: [("member", "nobody-by-that-name")],
     "token_id": lambda a: [(str(a.token_id), str(a.token_id + 100_000))],
     "hold_id": lambda a: [(str(a.hold_id), str(a.hold_id + 100_000))],
+    "invitation_id": lambda a: [(str(a.invitation_id), str(a.invitation_id + 100_000))],
 }
 # Parameters that do not name a row: one fixed value.
 FIXED_PARAMS = {"tool": "list_agents"}
@@ -231,9 +237,14 @@ API_BODIES = {
     ("PATCH", "/api/projects/{slug}"): lambda a: {"name": "Taken over"},
 }
 # Who in alpha may do it (the positive control); default: the owner.
-API_AUTHORIZED = {("DELETE", "/api/tokens/{token_id}"): "member"}
+API_AUTHORIZED = {
+    ("DELETE", "/api/tokens/{token_id}"): "member",
+    ("POST", "/api/invitations/{invitation_id}/accept"): "invitee",
+    ("POST", "/api/invitations/{invitation_id}/decline"): "invitee",
+}
 # Routes without a row parameter act on the caller alone.
-CALLER_SCOPED_ROUTES = {("GET", "/api/projects"), ("POST", "/api/projects"), ("GET", "/api/tokens"), ("POST", "/api/tokens")}
+CALLER_SCOPED_ROUTES = {("GET", "/api/projects"), ("POST", "/api/projects"), ("GET", "/api/tokens"), ("POST", "/api/tokens"),
+                        ("GET", "/api/invitations")}
 
 
 def api_routes() -> list[tuple[str, str, dict]]:
@@ -407,8 +418,10 @@ PAGES = {
     "post_turn": ("POST", lambda a: {"prompt": "probe"}),
     "fork": ("POST", lambda a: {"prompt": "probe"}),
     "cancel_job": ("POST", lambda a: {"version": str(a.job_version)}),
+    "accept_invitation": ("POST", lambda a: {}),
+    "decline_invitation": ("POST", lambda a: {}),
 }
-PAGES_AUTHORIZED = {"revoke_token": "member"}
+PAGES_AUTHORIZED = {"revoke_token": "member", "accept_invitation": "invitee", "decline_invitation": "invitee"}
 CALLER_SCOPED_PAGES = {"projects", "tokens"}
 
 
@@ -725,11 +738,18 @@ def test_p_sec_a_viewer_cannot_post_turns_send_or_archive(team, api_as, alpha):
     assert client.post(reverse("collab:post_turn", args=[alpha.sid]), {"prompt": "hi"}).status_code == 403
 
 
+def invite_and_accept(owner_api, invitee_api, username: str, role: str) -> None:
+    """Membership is an invitation (P-SEC-3): the owner invites, the person accepts."""
+    r = owner_api.post("/api/projects/alpha/members", {"username": username, "role": role})
+    assert r.status_code == 201 and r.json()["status"] == "pending", r.content
+    (invitation,) = invitee_api.get("/api/invitations").json()
+    assert invitee_api.post(f"/api/invitations/{invitation['id']}/accept").status_code == 200
+
+
 def test_p_sec_a_member_archives_their_own_branch_but_not_another_members(team, api_as, make_user, scripted_session):
     """P-SEC, SPEC §8: member — archive own branches; another member's branch is 403 (API and tool)."""
     owner = api_as(team.owner)
-    make_user("member2")
-    assert owner.post("/api/projects/alpha/members", {"username": "member2", "role": "member"}).status_code == 201
+    invite_and_accept(owner, api_as(make_user("member2")), "member2", "member")
     member, own_sid = scripted_session(team.member, [{"text": "mine"}])
     from django.contrib.auth import get_user_model
 
@@ -799,8 +819,7 @@ def test_p_sec_repeating_a_command_id_does_not_skip_the_capability_check(team, a
     command = {"command_id": "replayed", "action": "execution.cancel", "expected_version": alpha.job_version, "payload": {}}
     first = maintainer.post(f"/api/executions/{alpha.named_job_id}/commands", command)
     assert first.status_code == 202, first.content
-    make_user("member2")
-    assert api_as(team.owner).post("/api/projects/alpha/members", {"username": "member2", "role": "member"}).status_code == 201
+    invite_and_accept(api_as(team.owner), api_as(make_user("member2")), "member2", "member")
     for person in (team.viewer, Membership.objects.get(user__username="member2").user):
         r = api_as(person).post(f"/api/executions/{alpha.named_job_id}/commands", command)
         assert (r.status_code, r.json()["code"]) == (403, "forbidden"), (person.username, r.content)
@@ -1121,8 +1140,7 @@ def test_p_sec_maintainers_read_the_audit_log_filtered_paged_and_as_json_lines(t
     line. Membership and limits changes are there as project-level events (no session).
     Nothing of beta's is."""
     owner = api_as(team.owner)
-    make_user("newcomer")
-    assert owner.post("/api/projects/alpha/members", {"username": "newcomer", "role": "viewer"}).status_code == 201
+    invite_and_accept(owner, api_as(make_user("newcomer")), "newcomer", "viewer")
     assert owner.patch("/api/projects/alpha/members/newcomer", {"role": "member"}).status_code == 200
     assert owner.delete("/api/projects/alpha/members/newcomer").status_code == 204
     assert owner.patch("/api/projects/alpha/limits", {"max_messages": 5}).status_code == 200
@@ -1138,15 +1156,17 @@ def test_p_sec_maintainers_read_the_audit_log_filtered_paged_and_as_json_lines(t
     assert all({"id", "session", "seq", "type", "actor", "payload", "created_at"} <= set(e) for e in everything)
     assert beta.sid not in json.dumps(everything)
     project_level = [(e["type"], e["actor"], e["payload"]) for e in everything if e["session"] is None]
-    for expected in [("member.added", "owner", {"username": "newcomer", "role": "viewer"}),
+    for expected in [("member.invited", "owner", {"username": "newcomer", "role": "viewer"}),
+                     ("member.accepted", "newcomer", {"username": "newcomer", "role": "viewer"}),
                      ("member.role_changed", "owner", {"username": "newcomer", "role": "member"}),
                      ("member.removed", "owner", {"username": "newcomer"})]:
         assert expected in project_level, project_level
     limits = next(p for t, _, p in project_level if t == "limits.changed")
     assert limits["changes"]["max_messages"]["to"] == 5
 
-    assert {e["type"] for e in audit_lines(client, type="member.added")} == {"member.added"}
-    assert {e["type"] for e in audit_lines(client, type="member.")} == {"member.added", "member.role_changed", "member.removed"}
+    assert {e["type"] for e in audit_lines(client, type="member.invited")} == {"member.invited"}
+    assert {e["type"] for e in audit_lines(client, type="member.")} == {
+        "member.invited", "member.accepted", "member.role_changed", "member.removed"}
     by_session = audit_lines(client, session=alpha.sid)
     assert by_session and {e["session"] for e in by_session} == {alpha.sid}
     assert {e["actor"] for e in audit_lines(client, actor="owner")} == {"owner"}
@@ -1156,7 +1176,7 @@ def test_p_sec_maintainers_read_the_audit_log_filtered_paged_and_as_json_lines(t
     assert len(page1) == 100 and len(page2) == len(everything) - 100
     assert page1 + page2 == [str(e["id"]) for e in everything]  # newest first, no overlap
     filtered = audit_rows(client, type="member.")
-    assert len(filtered) == 3
+    assert len(filtered) == 5  # newcomer's four steps and the alpha fixture's pending invitation
     assert client.get(reverse("collab:audit", args=["alpha"]), {"since": "yesterday"}).status_code == 400
 
 
