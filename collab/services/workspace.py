@@ -305,12 +305,19 @@ class BashResult:
     output: str
     timed_out: bool
     timeout_ms: int = 0
+    process_limit_hit: bool = False  # some fork failed because the command had MAX_PROCESSES
+
+    @property
+    def failed(self) -> bool:
+        return self.timed_out or self.exit_code != 0 or self.process_limit_hit
 
     def as_text(self) -> str:
         if self.timed_out:
             status = f"timed out after {self.timeout_ms} ms"
         else:
             status = f"exit code {self.exit_code}" + (f" ({note})" if (note := limit_note(self.exit_code)) else "")
+        if self.process_limit_hit:
+            status += f"; the process limit ({MAX_PROCESSES}) was reached and some processes could not start"
         return f"{status}\n{self.output}"
 
 
@@ -330,9 +337,9 @@ def limit_note(exit_code: int | None) -> str:
         return ""
     number = exit_code - 128
     if number == signal.SIGXCPU:
-        return f"killed: CPU time limit of {CPU_SECONDS} s reached"
+        return f"killed: CPU time limit reached (the sandbox allows {CPU_SECONDS} s per process)"
     if number == signal.SIGXFSZ:
-        return f"killed: file size limit of {TMP_BYTES // (1024 * 1024)} MiB reached"
+        return f"killed: file size limit reached (the sandbox allows {TMP_BYTES // (1024 * 1024)} MiB per file)"
     try:
         return f"killed by {signal.Signals(number).name}"
     except ValueError:
@@ -465,7 +472,8 @@ def _limit_resources(cgroup: str, nproc: int) -> None:
             procs.write(str(os.getpid()))
     if nproc:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-    resource.setrlimit(resource.RLIMIT_CPU, (CPU_SECONDS, CPU_SECONDS))
+    # SIGXCPU (a named death) at the soft limit; SIGKILL a little later if it is ignored
+    resource.setrlimit(resource.RLIMIT_CPU, (CPU_SECONDS, CPU_SECONDS + 5))
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
     resource.setrlimit(resource.RLIMIT_FSIZE, (TMP_BYTES, TMP_BYTES))
     resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
@@ -478,6 +486,15 @@ def _new_cgroup(parent: str) -> str:
     with open(os.path.join(path, "pids.max"), "w") as limit:
         limit.write(str(MAX_PROCESSES))
     return path
+
+
+def _hit_pids_max(path: str) -> bool:
+    """Whether a fork in the cgroup was refused by ``pids.max`` (its ``max`` event count)."""
+    try:
+        with open(os.path.join(path, "pids.events")) as events:
+            return any(line.split()[:1] == ["max"] and line.split()[1] != "0" for line in events)
+    except (OSError, IndexError):
+        return False
 
 
 def _remove_cgroup(path: str) -> None:
@@ -539,11 +556,13 @@ def run_bash(workspace: Workspace, command: str, timeout_ms: int = 30_000) -> Ba
             _pump(process, output, time.monotonic() + KILL_GRACE_S)
         process.stdout.close()
         exit_code = process.wait()
+        limit_hit = bool(cgroup) and _hit_pids_max(cgroup)
     finally:
         if cgroup:
             _remove_cgroup(cgroup)
     return BashResult(
-        exit_code=exit_code if finished else None, output=output.text(), timed_out=not finished, timeout_ms=timeout_ms
+        exit_code=exit_code if finished else None, output=output.text(), timed_out=not finished, timeout_ms=timeout_ms,
+        process_limit_hit=limit_hit,
     )
 
 
