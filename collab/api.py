@@ -280,12 +280,12 @@ def _hold_out(h) -> dict:
 
 
 @router.get("sessions/{sid}/holds", response={200: list[HoldOut], **ERRORS}, tags=["watch"])
-def list_holds(request: HttpRequest, sid: str, status: str = "pending"):
+def list_holds(request: HttpRequest, sid: str, status: str = "pending", limit: int = 200):
     session = access.access_session(request.auth, sid)
     holds = session.held_deliveries.select_related("target_branch", "sender_branch", "decided_by")
     if status:
         holds = holds.filter(status=status)
-    return [_hold_out(h) for h in holds]
+    return [_hold_out(h) for h in holds[: max(1, min(limit, 1000))]]
 
 
 @router.post("holds/{hold_id}/approve", response={200: HoldOut, **ERRORS}, tags=["watch"])
