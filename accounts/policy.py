@@ -17,6 +17,7 @@ CAPABILITIES = {
     "branch.archive_own": Role.MEMBER,
     "execution.cancel_own": Role.MEMBER,
     "branch.archive_any": Role.MAINTAINER,
+    "branch.act_any": Role.MAINTAINER,  # act through the tool gateway as a branch someone else started
     "runtime.control": Role.MAINTAINER,  # cancel any execution
     "project.visibility": Role.MAINTAINER,
     "project.audit": Role.MAINTAINER,

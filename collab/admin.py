@@ -11,11 +11,15 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
 from django.db import transaction
 
+from accounts.admin import ProjectAdmin
+from accounts.models import Project
 from collab.events import send_event_on_commit
 from collab.services.connections import sync_settings_connections
 from config.model_connections import KEY_ENV_RE, check_base_url, check_prices
 from collab.services.archive import do_archive_branch
 from collab.services.cancel import request_cancel_tree
+from collab.services.projects import do_set_workspace
+from collab.services.workspace import WorkspaceError, check_workspace_path
 
 from collab.models import (
     AgentSpec,
@@ -42,6 +46,38 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class ProjectForm(forms.ModelForm):
+    def clean_workspace(self):
+        """The same rule as ``manage.py workspace`` (P-SEC-5): an existing directory, not ``/``,
+        not containing or inside Trellis's own files."""
+        path = (self.cleaned_data.get("workspace") or "").strip()
+        if not path:
+            return ""
+        try:
+            return str(check_workspace_path(path))
+        except WorkspaceError as exc:
+            raise forms.ValidationError(exc.detail, code=exc.code) from None
+
+
+admin.site.unregister(Project)
+
+
+@admin.register(Project)
+class ProjectWorkspaceAdmin(ProjectAdmin):
+    """The accounts app's project admin, with the workspace (a collab concern; accounts imports
+    nothing from collab) validated by the form and written through ``do_set_workspace``, audited."""
+
+    form = ProjectForm
+
+    def save_model(self, request, obj, form, change):
+        workspace = obj.workspace
+        if "workspace" in form.changed_data:
+            obj.workspace = form.initial.get("workspace") or ""
+        super().save_model(request, obj, form, change)
+        if "workspace" in form.changed_data:
+            do_set_workspace(request.user, obj, workspace)
 
 
 @admin.register(AgentSpec)

@@ -9,6 +9,7 @@ from accounts.policy import member_roles, role_of, visible_projects
 from accounts.services import SlugTaken, create_project
 from collab import access
 from collab.errors import Conflict, Invalid, NotFound
+from collab.gateway import call_tool
 from collab.schemas import (
     AgentSpecIn,
     ArchiveIn,
@@ -43,8 +44,7 @@ from collab.schemas import (
 from collab.selectors.events import PAGE, events_after
 from collab.selectors.agents import branch_rows, is_busy
 from collab.selectors.shapes import branch_shape, branch_usage, execution_shape, session_shape, usage_totals
-from collab.selectors.transcript import DEFAULT_MAX_CHARS, render_transcript
-from collab.services.acting import Actor
+from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MAX_CHARS, render_transcript
 from collab.services.addressing import Caller, find_branch
 from collab.services.archive import check_can_archive, do_archive_branch
 from collab.services.cancel import do_execution_command
@@ -59,8 +59,6 @@ from collab.services.members import (
     do_revoke_token,
 )
 from collab.selectors.members import invitations_of, members_of
-from collab.tools.registry import run_tool
-from collab.tools.surface import branch_tools
 from collab.services.sessions import do_create_session
 from collab.services.specs import do_create_agent_spec
 from collab.services.turns import do_start_user_turn
@@ -142,7 +140,8 @@ def post_command(request: HttpRequest, execution_id: str, payload: CommandIn):
 def get_events(request: HttpRequest, sid: str, after: int = 0, limit: int = PAGE):
     session = access.access_session(request.auth, sid)
     limit = max(1, min(limit, PAGE))
-    return {"events": [e.as_wire() for e in events_after(session.pk, max(after, 0), limit)]}
+    after = max(0, min(after, session.last_event_seq))  # past the log's end there is nothing to read
+    return {"events": [e.as_wire() for e in events_after(session.pk, after, limit)]}
 
 
 @router.get("sessions/{sid}/branches", response={200: list[BranchOut], **ERRORS}, tags=["branches"])
@@ -166,7 +165,8 @@ def get_transcript(request: HttpRequest, address: str, start_turn: int = 0, end_
                    include_function_calls: bool = True, max_chars: int = DEFAULT_MAX_CHARS):
     branch = _branch(request, address)
     return render_transcript(branch, start_turn=start_turn, end_turn=end_turn,
-                             include_function_calls=include_function_calls, max_chars=max(100, max_chars))
+                             include_function_calls=include_function_calls,
+                             max_chars=max(MIN_MAX_CHARS, min(max_chars, MAX_MAX_CHARS)))
 
 
 @router.post("branches/{address}/archive", response={200: BranchOut, **ERRORS}, tags=["branches"])
@@ -178,12 +178,11 @@ def post_archive(request: HttpRequest, address: str, payload: ArchiveIn):
 
 
 @router.post("branches/{address}/tools/{tool}", response={200: ToolResultOut, **ERRORS}, tags=["tools"])
-def post_tool(request: HttpRequest, address: str, tool: str, payload: ToolCallIn):
+async def post_tool(request: HttpRequest, address: str, tool: str, payload: ToolCallIn):
     """The tool gateway: run one of that branch's tools as that branch (for external agents and
-    black-box tests); the branch's surface decides what exists (its toolset, role, workspace)."""
-    branch = _branch(request, address, "turn.start")
-    actor = Actor(user=request.auth, session=branch.session, branch=branch)
-    return run_tool(actor, tool, payload.arguments, tools=branch_tools(branch)).as_dict()
+    black-box tests); the branch's surface decides what exists (its toolset, role, workspace).
+    Async so a waiting tool never holds the thread sync views share (``collab.gateway``)."""
+    return await call_tool(request, address, tool, payload.arguments)
 
 
 @router.get("projects/{slug}", response={200: ProjectOut, **ERRORS}, tags=["projects"])
@@ -316,12 +315,12 @@ def _hold_out(h) -> dict:
 
 
 @router.get("sessions/{sid}/holds", response={200: list[HoldOut], **ERRORS}, tags=["watch"])
-def list_holds(request: HttpRequest, sid: str, status: str = "pending"):
+def list_holds(request: HttpRequest, sid: str, status: str = "pending", limit: int = 200):
     session = access.access_session(request.auth, sid)
     holds = session.held_deliveries.select_related("target_branch", "sender_branch", "decided_by")
     if status:
         holds = holds.filter(status=status)
-    return [_hold_out(h) for h in holds]
+    return [_hold_out(h) for h in holds[: max(1, min(limit, 1000))]]
 
 
 @router.post("holds/{hold_id}/approve", response={200: HoldOut, **ERRORS}, tags=["watch"])

@@ -37,7 +37,9 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             await self.close()  # before accept: the handshake is refused (HTTP 403)
             return
         self.project_id = session.project_id
-        self.last_seq = _after(self.scope)
+        # Never past the log's end: a client's ?after= beyond it would make this socket (and the
+        # process's relay, which shares its watermark) skip every event up to that number.
+        self.last_seq = min(_after(self.scope), session.last_event_seq)
         self.group = session_group(self.sid)
         self.user_group = user_group(self.scope["user"].pk)
         await self.channel_layer.group_add(self.group, self.channel_name)

@@ -222,6 +222,16 @@ else:
 TRELLIS_MAX_TOOL_CALLS = env_int("TRELLIS_MAX_TOOL_CALLS", 50, minimum=1)
 TRELLIS_LEASE_SECONDS = env_int("TRELLIS_LEASE_SECONDS", 30, minimum=5)
 
+# --- the tool gateway and the explorers' sandbox (P-SEC-4, P-SEC-5) -------------------
+# Blocking tool-gateway calls (job_output with block, wait_agent, bash, a foreground agent)
+# one user may have in flight in one web process; past it 429 too_many_blocking_calls.
+TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER = env_int("TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER", 4, minimum=1)
+# Threads per web process that run gateway calls (each off the shared sync-view thread).
+TRELLIS_GATEWAY_THREADS = env_int("TRELLIS_GATEWAY_THREADS", 32, minimum=1)
+# A pids cgroup directory the workers may create children in (e.g. a delegated cgroup v2
+# directory); without it the cgroup v1 pids hierarchy is tried, then RLIMIT_NPROC (non-root only).
+TRELLIS_SANDBOX_CGROUP = env_str("TRELLIS_SANDBOX_CGROUP", "")
+
 # --- model providers (openai, anthropic) -------------------------------------------
 # Per request: seconds to wait (while streaming: between chunks); bounded retries on
 # 429 / 5xx / connection errors with exponential backoff from the base delay.

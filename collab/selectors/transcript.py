@@ -56,6 +56,8 @@ def lineage_from_turn(tip: Message, min_turn: int) -> list[Message]:
 
 
 DEFAULT_MAX_CHARS = 60_000
+MIN_MAX_CHARS = 100
+MAX_MAX_CHARS = 200_000  # read_conversation and the transcript route clamp max_chars to this range
 TOOL_RESULT_CHARS = 4_000
 
 

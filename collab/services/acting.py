@@ -6,18 +6,21 @@ from typing import Any
 from accounts.policy import role_allows, role_of
 from collab.errors import Forbidden, NotFound
 from collab.services.addressing import Caller
+from collab.models import Job, JobStatus
 
 
 @dataclass
 class Actor:
     """An agent's standing: ``user`` is the person whose permissions it acts with
-    (the starter of the root turn, never wider); ``job`` is None for gateway calls."""
+    (the starter of the root turn, never wider); ``job`` is None for gateway calls, whose
+    chain counters come from the branch instead (``gateway_actor``)."""
 
     user: Any
     session: Any
     branch: Any
     job: Any = None
     turn: Any = None  # the running TurnContext, when a turn (not the gateway) calls the tool
+    chain_counters: tuple[int, int] = (0, 0)  # used when there is no running job
 
     @property
     def calling_node(self):
@@ -38,7 +41,7 @@ class Actor:
     def chain(self) -> tuple[int, int]:
         """(messages, generations) spent by the chain so far (OP §5.1)."""
         if self.job is None:
-            return 0, 0
+            return self.chain_counters
         return self.job.chain_messages, self.job.chain_generations
 
     @property
@@ -53,6 +56,34 @@ class Actor:
             raise NotFound()
         if not role_allows(role, capability):
             raise Forbidden(f"your role ({role}) does not allow {capability}")
+
+
+def owns_branch(user, branch) -> bool:
+    """A branch is the person's own when they started it: the root branch of a session they
+    created, or a branch made by a job they started (``Branch.created_by`` records both)."""
+    return branch.created_by_id is not None and branch.created_by_id == getattr(user, "pk", None)
+
+
+def check_can_act_as(user, branch) -> None:
+    """Who may act as a branch from outside a turn (the tool gateway, P-SEC-7): members as
+    branches they started, maintainers and owners as any; viewers never."""
+    actor = Actor(user=user, session=branch.session, branch=branch)
+    actor.require("turn.start")
+    if not owns_branch(user, branch):
+        actor.require("branch.act_any")
+
+
+def gateway_actor(user, branch) -> Actor:
+    """The standing of a call made as ``branch`` from outside a turn. It has no job of its own
+    but continues the branch's chain (OP §5.1): the counters of its running job, else of its
+    latest one, so topology budgets bind across gateway calls as they do across turns."""
+    jobs = Job.objects.filter(branch=branch).order_by("-created_at", "-pk")
+    counters = (
+        jobs.filter(status=JobStatus.RUNNING).values_list("chain_messages", "chain_generations").first()
+        or jobs.values_list("chain_messages", "chain_generations").first()
+        or (0, 0)
+    )
+    return Actor(user=user, session=branch.session, branch=branch, chain_counters=tuple(counters))
 
 
 def task_header(address: str) -> str:

@@ -41,10 +41,10 @@ def do_archive_branch(branch: Branch, *, user=None, reason: str = "", automatic:
 
 def check_can_archive(user, branch: Branch) -> None:
     """Members archive branches they started; maintainers any (SPEC §8)."""
-    from collab.services.acting import Actor
+    from collab.services.acting import Actor, owns_branch
 
     actor = Actor(user=user, session=branch.session, branch=branch)
-    if branch.created_by_id == getattr(user, "pk", None):
+    if owns_branch(user, branch):
         actor.require("branch.archive_own", branch.session.project_id)
     else:
         actor.require("branch.archive_any", branch.session.project_id)

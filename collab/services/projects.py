@@ -1,7 +1,9 @@
 from django.db import transaction
 
 from accounts.limits import limits_of, set_limits
+from collab.errors import Invalid
 from collab.events import record_project_event
+from collab.services.workspace import WorkspaceError, check_workspace_path
 
 
 def do_set_limits(actor, project, changes: dict):
@@ -40,21 +42,18 @@ def do_update_project(actor, project, *, name=None, watch_policy=None):
 
 def do_set_workspace(actor, project, path: str):
     """An operator points a project at a directory on the workers (OW §4): its explorers read it.
+    ``path=""`` clears it. The one entry for ``manage.py workspace`` and the admin, audited.
 
     Not offered to project owners through the API or pages: a path on the workers is a
-    server-side decision. The filesystem root is refused (it would expose the whole disk)."""
-    from pathlib import Path
-
-    from collab.errors import Invalid
-
+    server-side decision. Refused (``invalid_workspace``, P-SEC-5): the filesystem root, a path
+    that is not an existing directory, and any directory that contains or lies inside
+    Trellis's own files (``check_workspace_path``)."""
     path = (path or "").strip()
     if path:
-        resolved = Path(path).expanduser().resolve()
-        if not resolved.is_dir():
-            raise Invalid(f"{path!r} is not a directory on this machine", code="invalid_workspace")
-        if resolved == Path(resolved.anchor):
-            raise Invalid("the filesystem root cannot be a workspace", code="invalid_workspace")
-        path = str(resolved)
+        try:
+            path = str(check_workspace_path(path))
+        except WorkspaceError as exc:
+            raise Invalid(exc.detail, code=exc.code) from None
     with transaction.atomic():
         before = project.workspace
         project.workspace = path

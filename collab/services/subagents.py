@@ -13,7 +13,6 @@ turn, or held for its next user turn; never a new parent turn (OW §6).
 """
 
 import re
-import time
 
 from django.db import IntegrityError, transaction
 
@@ -36,12 +35,12 @@ from collab.services.cancel import check_can_cancel, request_cancel_tree
 from collab.services.followup import results_owed
 from collab.services.retry import retry_on_deadlock
 from collab.services.turns import check_prompt
+from collab.services.waiting import wait_until
 
 TASK_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 WAIT_DEFAULT_MS = 60_000
 WAIT_MIN_MS = 10_000
 WAIT_MAX_MS = 600_000
-WAIT_POLL_SECONDS = 0.2
 MAILBOX = "mailbox"
 
 
@@ -180,12 +179,5 @@ def wait_for_mail(actor: Actor, timeout_ms: int) -> bool:
     A running turn checks its stop flag while waiting, so a cancel ends the wait at once."""
     if not WAIT_MIN_MS <= timeout_ms <= WAIT_MAX_MS:
         raise ow_error("invalid_arguments", f"timeout_ms must be between {WAIT_MIN_MS} and {WAIT_MAX_MS}")
-    deadline = time.monotonic() + timeout_ms / 1000
-    while True:
-        if results_owed(actor.branch):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        if actor.turn is not None:
-            actor.turn.check_stop()
-        time.sleep(WAIT_POLL_SECONDS)
+    stop = actor.turn.check_stop if actor.turn is not None else None
+    return bool(wait_until(lambda: results_owed(actor.branch), timeout_ms / 1000, stop=stop))

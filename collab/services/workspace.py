@@ -2,9 +2,13 @@
 
 ``Workspace`` confines read / list / glob / grep to one directory on the worker
 machine: every path is resolved (symlinks included) and refused unless it stays
-inside the root. ``run_bash`` runs a shell command under bubblewrap with the
-workspace mounted read-only, a private ``/tmp``, no network, an empty
-environment and no capabilities; it never runs a command unsandboxed.
+inside the root. ``grep`` patterns are untrusted: they run on RE2, a linear-time
+engine, never on Python's backtracking ``re`` (P-SEC-4). ``run_bash`` runs a shell
+command under bubblewrap with the workspace mounted read-only, a private ``/tmp``,
+no network, an empty environment, no capabilities, the parts of ``/usr`` programs
+need and none of Trellis's own files, and with limits on processes, CPU seconds,
+address space, file size and open files (P-SEC-5); it never runs a command
+unsandboxed. ``check_workspace_path`` decides which directories may be a workspace.
 
 Errors are ``WorkspaceError(code, detail)``; the tool adapters render them.
 """
@@ -15,14 +19,18 @@ import codecs
 import functools
 import os
 import resource
-import re
 import selectors
 import shutil
 import signal
 import subprocess
+import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+import re2
+from django.conf import settings
 
 MAX_READ_BYTES = 5 * 1024 * 1024
 MAX_OUTPUT_CHARS = 30_000
@@ -34,8 +42,9 @@ MAX_GREP_MATCHES = 1000
 BINARY_SNIFF_BYTES = 8192
 MIN_TIMEOUT_MS = 1_000
 MAX_TIMEOUT_MS = 600_000
+RE2_MAX_MEM = 64 * 1024 * 1024  # a pattern whose automaton needs more is refused, not built
 
-SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TERM": "dumb"}
+SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TERM": "dumb"}
 # Preferred first; the fallback is for hosts where bwrap cannot create a user namespace.
 UNSHARE_CHOICES = (("--unshare-all",), ("--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"))
 PROBE_TIMEOUT_S = 10
@@ -56,6 +65,10 @@ class Workspace:
         real = Path(os.path.realpath(root))
         if not real.is_dir():
             raise WorkspaceError("workspace_unavailable", f"workspace directory {os.fspath(root)} does not exist")
+        try:
+            check_workspace_path(real)  # a workspace set before the rule existed is not served either
+        except WorkspaceError as exc:
+            raise WorkspaceError("workspace_unavailable", exc.detail) from None
         self.root = real
 
     def resolve(self, path: str) -> Path:
@@ -136,7 +149,7 @@ class Workspace:
         ignore_case: bool = False,
         max_matches: int = 200,
     ) -> str:
-        """Lines matching a Python regex, as ``relpath:lineno: line``.
+        """Lines matching a regular expression (RE2 syntax), as ``relpath:lineno: line``.
 
         Skips ``.git``, binary and oversized files and symlinks leaving the root.
         ``glob`` filters file paths from the right like ``PurePath.match`` (``*.py``, ``src/*.py``).
@@ -144,10 +157,7 @@ class Workspace:
         if max_matches < 1:
             raise WorkspaceError("invalid_arguments", "max_matches must be at least 1")
         max_matches = min(max_matches, MAX_GREP_MATCHES)
-        try:
-            regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
-        except re.error as error:
-            raise WorkspaceError("invalid_pattern", f"invalid regular expression: {error}") from None
+        regex = compile_pattern(pattern, ignore_case=ignore_case)
         while glob and glob.startswith("**/"):  # match() already anchors at any depth
             glob = glob[3:]
         matches: list[str] = []
@@ -192,6 +202,61 @@ class Workspace:
                 file = Path(directory, name)
                 if self._is_inside_file(file):
                     yield file
+
+
+def compile_pattern(pattern: str, *, ignore_case: bool = False):
+    """An untrusted regular expression compiled by RE2: matching takes time linear in the text,
+    whatever the pattern, so no pattern can hold a process (P-SEC-4). What RE2 cannot do in
+    linear time (backreferences, lookaround) is refused with ``invalid_pattern``; there is no
+    fallback to Python's backtracking ``re``."""
+    options = re2.Options()
+    options.case_sensitive = not ignore_case
+    options.max_mem = RE2_MAX_MEM
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as error:
+        reason = error.args[0] if error.args else ""
+        reason = reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
+        raise WorkspaceError(
+            "invalid_pattern",
+            f"invalid or unsupported regular expression ({reason}); patterns use RE2 syntax: "
+            "no backreferences, no lookahead or lookbehind",
+        ) from None
+
+
+def protected_paths() -> list[Path]:
+    """Trellis's own files, never a workspace and never visible in the sandbox: the code and its
+    settings (BASE_DIR), the data directory, the database files and the Python environment."""
+    paths = [Path(settings.BASE_DIR), Path(settings.VAR_DIR), Path(sys.prefix)]
+    for db in settings.DATABASES.values():
+        if db.get("ENGINE", "").endswith("sqlite3"):
+            for name in (db.get("NAME"), (db.get("TEST") or {}).get("NAME")):
+                if name and str(name) != ":memory:" and not str(name).startswith("file:"):
+                    paths.append(Path(name).parent)
+    return sorted({Path(os.path.realpath(p)) for p in paths})
+
+
+def check_workspace_path(path: str | os.PathLike) -> Path:
+    """The real path of a directory that may be a project's workspace (P-SEC-5), else
+    ``WorkspaceError("invalid_workspace")``: it must exist and be a directory, not be the
+    filesystem root, and neither contain nor lie inside one of ``protected_paths()``."""
+    raw = os.fspath(path).strip()
+    if not raw or "\0" in raw:
+        raise WorkspaceError("invalid_workspace", "the workspace must be a directory path")
+    real = Path(os.path.realpath(Path(raw).expanduser()))
+    if not real.is_dir():
+        raise WorkspaceError("invalid_workspace", f"{raw!r} is not a directory on this machine")
+    if real == Path(real.anchor):
+        raise WorkspaceError("invalid_workspace", "the filesystem root cannot be a workspace")
+    for own in protected_paths():
+        if real.is_relative_to(own) or own.is_relative_to(real):
+            raise WorkspaceError(
+                "invalid_workspace",
+                f"{raw!r} would expose Trellis's own files ({own}): choose a directory that neither "
+                "contains nor lies inside them",
+            )
+    return real
 
 
 def open_workspace(root: str | None) -> Workspace | None:
@@ -240,10 +305,45 @@ class BashResult:
     output: str
     timed_out: bool
     timeout_ms: int = 0
+    process_limit_hit: bool = False  # some fork failed because the command had MAX_PROCESSES
+
+    @property
+    def failed(self) -> bool:
+        return self.timed_out or self.exit_code != 0 or self.process_limit_hit
 
     def as_text(self) -> str:
-        status = f"timed out after {self.timeout_ms} ms" if self.timed_out else f"exit code {self.exit_code}"
+        if self.timed_out:
+            status = f"timed out after {self.timeout_ms} ms"
+        else:
+            status = f"exit code {self.exit_code}" + (f" ({note})" if (note := limit_note(self.exit_code)) else "")
+        if self.process_limit_hit:
+            status += f"; the process limit ({MAX_PROCESSES}) was reached and some processes could not start"
         return f"{status}\n{self.output}"
+
+
+# What a sandboxed command may use (P-SEC-5). Processes count every task of the command;
+# the others are per process rlimits.
+MAX_PROCESSES = 128
+CPU_SECONDS = 60
+MEMORY_BYTES = 2 * 1024 * 1024 * 1024  # address space
+TMP_BYTES = 256 * 1024 * 1024  # the private /tmp, and the largest file a command may write
+OPEN_FILES = 256
+CGROUP_V1_PIDS = "/sys/fs/cgroup/pids"
+
+
+def limit_note(exit_code: int | None) -> str:
+    """Why a command died, when a sandbox limit is the likely reason (bash reports 128 + signal)."""
+    if exit_code is None or exit_code <= 128:
+        return ""
+    number = exit_code - 128
+    if number == signal.SIGXCPU:
+        return f"killed: CPU time limit reached (the sandbox allows {CPU_SECONDS} s per process)"
+    if number == signal.SIGXFSZ:
+        return f"killed: file size limit reached (the sandbox allows {TMP_BYTES // (1024 * 1024)} MiB per file)"
+    try:
+        return f"killed by {signal.Signals(number).name}"
+    except ValueError:
+        return ""
 
 
 @dataclass(frozen=True)
@@ -251,6 +351,7 @@ class _Sandbox:
     available: bool
     reason: str
     argv: tuple[str, ...] = ()
+    cgroup_parent: str = ""  # a pids cgroup to create one child per command in; "" = RLIMIT_NPROC
 
 
 def sandbox_status() -> tuple[bool, str]:
@@ -261,10 +362,16 @@ def sandbox_status() -> tuple[bool, str]:
 
 @functools.cache
 def _probe() -> _Sandbox:
-    """Find bwrap and the strongest namespace isolation that actually starts here (once per process)."""
+    """Find bwrap, the strongest namespace isolation that actually starts here, and a way to
+    bound the number of processes (once per process)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return _Sandbox(False, "bubblewrap is not installed (no bwrap on PATH)")
+    cgroup_parent = _pids_cgroup_parent()
+    if not cgroup_parent and os.geteuid() == 0:
+        # the kernel never applies RLIMIT_NPROC to root, and bwrap's --uid maps to root outside
+        return _Sandbox(False, "the worker runs as root and no writable pids cgroup was found to bound the "
+                               "sandbox's processes (set TRELLIS_SANDBOX_CGROUP or run the worker as another user)")
     reason = ""
     for unshare in UNSHARE_CHOICES:
         argv = _sandbox_argv(bwrap, unshare)
@@ -276,10 +383,30 @@ def _probe() -> _Sandbox:
             reason = f"bubblewrap could not start a sandbox: {error}"
             continue
         if probe.returncode == 0:
-            return _Sandbox(True, "", tuple(argv))
+            return _Sandbox(True, "", tuple(argv), cgroup_parent)
         stderr = probe.stderr.decode(errors="replace").strip()
         reason = f"bubblewrap could not start a sandbox: {stderr or f'exit code {probe.returncode}'}"
     return _Sandbox(False, reason)
+
+
+def _pids_cgroup_parent() -> str:
+    """A pids cgroup directory this process may create children in (the operator's
+    TRELLIS_SANDBOX_CGROUP, e.g. a delegated cgroup v2 directory, else the cgroup v1 pids
+    hierarchy), or "" when there is none."""
+    for candidate in (settings.TRELLIS_SANDBOX_CGROUP, CGROUP_V1_PIDS):
+        if not candidate:
+            continue
+        trial = Path(candidate, f"trellis-probe-{uuid.uuid4().hex[:12]}")
+        try:
+            trial.mkdir()
+        except OSError:
+            continue
+        try:
+            if (trial / "pids.max").exists():
+                return candidate
+        finally:
+            trial.rmdir()
+    return ""
 
 
 # What programs need from /etc: the loader, users, time zone, git's config, certificates.
@@ -287,16 +414,17 @@ ETC_ALLOWED = (
     "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf",
     "localtime", "gitconfig", "bash.bashrc", "inputrc", "ssl/certs", "ca-certificates", "magic", "mime.types",
 )
-TMP_BYTES = 256 * 1024 * 1024  # the private /tmp, and the largest file a command may write
-MEMORY_BYTES = 4 * 1024 * 1024 * 1024  # address space per process
+# What programs need from /usr: not /usr/local, /usr/src or /usr/include (site installs, sources).
+USR_ALLOWED = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "libexec", "share")
 
 
 def _sandbox_argv(bwrap: str, unshare: tuple[str, ...]) -> list[str]:
-    """bwrap options for a minimal read-only system: /usr and /etc, private /tmp, nothing else of the host."""
+    """bwrap options for a minimal read-only system: parts of /usr and /etc, private /tmp, nothing else."""
     argv = [bwrap, *unshare, "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
     for name, value in SANDBOX_ENV.items():
         argv += ["--setenv", name, value]
-    argv += ["--ro-bind", "/usr", "/usr"]
+    for name in USR_ALLOWED:
+        argv += ["--ro-bind-try", f"/usr/{name}", f"/usr/{name}"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         top = Path("/", name)
         if top.is_symlink():  # merged /usr: recreate the link
@@ -309,17 +437,98 @@ def _sandbox_argv(bwrap: str, unshare: tuple[str, ...]) -> list[str]:
     return argv
 
 
-def _limit_resources() -> None:
-    """In the child before exec: memory and file-size ceilings for everything in the sandbox."""
+def _hide_protected() -> list[str]:
+    """Empty directories over Trellis's own files wherever a bound system directory holds them
+    (a deployment installed under /usr, say), so no command can read them."""
+    bound = [Path(os.path.realpath(f"/usr/{name}")) for name in USR_ALLOWED]
+    bound += [Path(os.path.realpath(f"/{name}")) for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32")]
+    argv = []
+    for own in protected_paths():
+        if any(own.is_relative_to(source) for source in bound if source.is_dir()):
+            argv += ["--tmpfs", str(own)]
+    return argv
+
+
+def _tasks_of(uid: int) -> int:
+    """How many tasks (threads included, as RLIMIT_NPROC counts them) ``uid`` runs now."""
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            with open(f"/proc/{entry.name}/status") as status:
+                total += next((int(line.split()[1]) for line in status if line.startswith("Threads:")), 1)
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def _limit_resources(cgroup: str, nproc: int) -> None:
+    """In the child before exec: the ceilings for everything in the sandbox, and its pids cgroup."""
+    if cgroup:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+            procs.write(str(os.getpid()))
+    if nproc:
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    # SIGXCPU (a named death) at the soft limit; SIGKILL a little later if it is ignored
+    resource.setrlimit(resource.RLIMIT_CPU, (CPU_SECONDS, CPU_SECONDS + 5))
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
     resource.setrlimit(resource.RLIMIT_FSIZE, (TMP_BYTES, TMP_BYTES))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _new_cgroup(parent: str) -> str:
+    path = os.path.join(parent, f"trellis-sandbox-{uuid.uuid4().hex}")
+    os.mkdir(path)
+    with open(os.path.join(path, "pids.max"), "w") as limit:
+        limit.write(str(MAX_PROCESSES))
+    return path
+
+
+def _hit_pids_max(path: str) -> bool:
+    """Whether a fork in the cgroup was refused by ``pids.max`` (its ``max`` event count)."""
+    try:
+        with open(os.path.join(path, "pids.events")) as events:
+            return any(line.split()[:1] == ["max"] and line.split()[1] != "0" for line in events)
+    except (OSError, IndexError):
+        return False
+
+
+def _remove_cgroup(path: str) -> None:
+    """Kill whatever the command left behind in its cgroup, then remove the cgroup."""
+    deadline = time.monotonic() + KILL_GRACE_S * 5
+    while True:
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as procs:
+                pids = [int(line) for line in procs if line.strip()]
+        except OSError:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if not pids:
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+            else:
+                return
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
 
 
 def run_bash(workspace: Workspace, command: str, timeout_ms: int = 30_000) -> BashResult:
     """Run ``command`` with bash inside the sandbox, in the workspace root (mounted read-only).
 
     Output is stdout and stderr merged, capped to MAX_OUTPUT_CHARS (head and tail kept).
-    On timeout the whole sandbox is killed and ``exit_code`` is None.
+    On timeout the whole sandbox is killed and ``exit_code`` is None; nothing it started
+    outlives the call.
     """
     if not MIN_TIMEOUT_MS <= timeout_ms <= MAX_TIMEOUT_MS:
         raise WorkspaceError(
@@ -329,21 +538,31 @@ def run_bash(workspace: Workspace, command: str, timeout_ms: int = 30_000) -> Ba
     if not sandbox.available:
         raise WorkspaceError("sandbox_unavailable", sandbox.reason)
     root = str(workspace.root)
-    argv = [*sandbox.argv, "--ro-bind", root, root, "--chdir", root, "--", "/bin/bash", "-c", command]
-    process = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        preexec_fn=_limit_resources,
-    )
-    output = _HeadTail((MAX_OUTPUT_CHARS - 100) // 2)
-    finished = _pump(process, output, time.monotonic() + timeout_ms / 1000)
-    if not finished:
-        # bwrap is the group leader; --die-with-parent takes the sandbox's pid namespace down with it.
-        os.killpg(process.pid, signal.SIGKILL)
-        _pump(process, output, time.monotonic() + KILL_GRACE_S)
-    process.stdout.close()
-    exit_code = process.wait()
+    argv = [*sandbox.argv, *_hide_protected(), "--ro-bind", root, root, "--chdir", root,
+            "--", "/bin/bash", "-c", command]
+    cgroup = _new_cgroup(sandbox.cgroup_parent) if sandbox.cgroup_parent else ""
+    # Without a cgroup RLIMIT_NPROC counts every task of this user: leave room for what runs already.
+    nproc = 0 if cgroup else _tasks_of(os.getuid()) + MAX_PROCESSES
+    try:
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=functools.partial(_limit_resources, cgroup, nproc),
+        )
+        output = _HeadTail((MAX_OUTPUT_CHARS - 100) // 2)
+        finished = _pump(process, output, time.monotonic() + timeout_ms / 1000)
+        if not finished:
+            # bwrap is the group leader; --die-with-parent takes the sandbox's pid namespace down with it.
+            os.killpg(process.pid, signal.SIGKILL)
+            _pump(process, output, time.monotonic() + KILL_GRACE_S)
+        process.stdout.close()
+        exit_code = process.wait()
+        limit_hit = bool(cgroup) and _hit_pids_max(cgroup)
+    finally:
+        if cgroup:
+            _remove_cgroup(cgroup)
     return BashResult(
-        exit_code=exit_code if finished else None, output=output.text(), timed_out=not finished, timeout_ms=timeout_ms
+        exit_code=exit_code if finished else None, output=output.text(), timed_out=not finished, timeout_ms=timeout_ms,
+        process_limit_hit=limit_hit,
     )
 
 

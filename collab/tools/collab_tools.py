@@ -5,7 +5,6 @@ returns text for the model plus structured ``details``. Domain errors become
 ``<code>: <reason>`` results in the registry; the calling turn goes on.
 """
 
-import time
 from typing import Literal
 
 from pydantic import Field
@@ -17,13 +16,14 @@ from collab.selectors.agents import list_agents as select_agents
 from collab.selectors.agents import render_agents
 from collab.selectors.jobs import jobs_dispatched_by, owns_job
 from collab.selectors.pages import shown_branch
-from collab.selectors.transcript import DEFAULT_MAX_CHARS, render_transcript
+from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MAX_CHARS, render_transcript
 from collab.services.addressing import Caller, find_branch, visible_sessions
 from collab.services.archive import check_can_archive, do_archive_branch
 from collab.services.deliver import do_delegate, do_send_message
 from collab.services.results import bound_text, result_limit_for
 from collab.services.spawn import do_spawn
 from collab.services.todos import do_create_todo, do_update_todo
+from collab.services.waiting import wait_until
 from collab.tools.registry import ToolParams, ToolResult, register
 
 COLLAB = ("collab",)
@@ -183,7 +183,7 @@ class ReadConversationParams(ToolParams):
     start_turn: int = 0
     end_turn: int | None = None
     include_function_calls: bool = True
-    max_chars: int = Field(default=DEFAULT_MAX_CHARS, ge=100, le=200_000)
+    max_chars: int = Field(default=DEFAULT_MAX_CHARS, ge=MIN_MAX_CHARS, le=MAX_MAX_CHARS)
 
 
 @register("read_conversation", toolsets=COLLAB, params=ReadConversationParams, description="""
@@ -302,14 +302,19 @@ def job_output(ctx, p: JobOutputParams) -> ToolResult:
     job = access_job(ctx.user, p.job_id, project_id=ctx.session.project_id)
     if not owns_job(ctx.session.pk, job):
         raise NotFound()
-    deadline = time.monotonic() + p.timeout / 1000
-    while p.block and job.status not in TERMINAL_STATUSES and time.monotonic() < deadline:
-        if ctx.job is not None:
+    if p.block and job.status not in TERMINAL_STATUSES:
+
+        def finished() -> bool:
+            job.refresh_from_db()
+            return job.status in TERMINAL_STATUSES
+
+        def calling_turn_stopping() -> bool:
+            if ctx.job is None:
+                return False
             ctx.job.refresh_from_db(fields=["status"])
-            if ctx.job.status != "running":
-                break  # the calling turn was asked to stop
-        time.sleep(0.1)
-        job.refresh_from_db()
+            return ctx.job.status != "running"
+
+        wait_until(finished, p.timeout / 1000, stop=calling_turn_stopping)
     summary, truncated = bound_text(job.result_text, result_limit_for(reading_spec(ctx)))
     done = job.status in TERMINAL_STATUSES
     if not done:

@@ -191,6 +191,8 @@ def bash(ctx, p: BashParams) -> ToolResult:
     except WorkspaceError as exc:
         raise DomainError(exc.detail, code=exc.code) from None
     return ToolResult(
-        text=result.as_text(), details={"exit_code": result.exit_code, "timed_out": result.timed_out},
-        is_error=result.timed_out or result.exit_code != 0,
+        text=result.as_text(),
+        details={"exit_code": result.exit_code, "timed_out": result.timed_out,
+                 "process_limit_hit": result.process_limit_hit},
+        is_error=result.failed,
     )

@@ -282,7 +282,7 @@ def test_bash_does_not_inherit_the_environment(repo, monkeypatch):
     monkeypatch.setenv("TRELLIS_SECRET_PROBE", "s3cret")
     result = run_bash(repo, "env")
     assert result.exit_code == 0
-    assert "PATH=/usr/local/bin:/usr/bin:/bin" in result.output
+    assert "PATH=/usr/bin:/bin" in result.output
     assert "TRELLIS_SECRET_PROBE" not in result.output and "s3cret" not in result.output
 
 

@@ -1,0 +1,116 @@
+"""The tool gateway in the web process (``POST /api/branches/{address}/tools/{tool}``, P-SEC-4).
+
+Sync views under daphne share one thread per process (asgiref's thread-sensitive mode), so a
+tool that waits — ``job_output`` with ``block``, ``wait_agent``, ``bash``, a foreground
+``agent`` — would freeze every page and API call of that process. The gateway route is async
+instead: each call runs in a thread of its own pool and closes its database connections when
+done (the waits themselves hold none while they sleep, see ``collab.services.waiting``).
+Blocking calls are bounded per user and per web process (``TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER``);
+past the bound the call is refused with 429 ``too_many_blocking_calls`` before anything runs.
+"""
+
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
+from django.db import connections
+
+from collab.access import access_session
+from collab.errors import DomainError
+from collab.services.acting import check_can_act_as, gateway_actor
+from collab.services.addressing import Caller, find_branch
+from collab.tools.registry import run_tool
+from collab.tools.surface import branch_tools
+
+
+class TooManyBlockingCalls(DomainError):
+    status = 429
+    code = "too_many_blocking_calls"
+
+
+def is_blocking(tool: str, arguments) -> bool:
+    """Whether a call may wait for a long time (judged before its arguments are validated)."""
+    args = arguments if isinstance(arguments, dict) else {}
+    if tool in ("wait_agent", "bash"):
+        return True
+    if tool == "job_output":
+        return args.get("block", True) is not False
+    if tool == "agent":
+        return not args.get("run_in_background") and not str(args.get("to") or "").strip()
+    return False
+
+
+class InFlight:
+    """Blocking calls per user in this process. Per process, not per deployment: N web
+    processes admit up to N times the bound."""
+
+    def __init__(self):
+        self._counts: Counter = Counter()
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def hold(self, user_id: int, limit: int):
+        with self._lock:
+            if self._counts[user_id] >= limit:
+                raise TooManyBlockingCalls(
+                    f"you already have {limit} blocking tool calls waiting in this web process "
+                    "(TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER); retry when one has answered",
+                    retryable=True,
+                )
+            self._counts[user_id] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._counts[user_id] -= 1
+                if self._counts[user_id] <= 0:
+                    del self._counts[user_id]
+
+
+IN_FLIGHT = InFlight()
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(settings.TRELLIS_GATEWAY_THREADS, thread_name_prefix="trellis-gateway")
+        return _executor
+
+
+def run_as_branch(user, address: str, tool: str, arguments) -> dict:
+    """Authorize and run one tool call as the branch at ``address`` (P-SEC-7: members act as
+    branches they started, maintainers as any; the call continues the branch's chain)."""
+    branch = find_branch(Caller(user=user), address)
+    access_session(user, branch.session_id, "turn.start")
+    check_can_act_as(user, branch)
+    return run_tool(gateway_actor(user, branch), tool, arguments, tools=branch_tools(branch)).as_dict()
+
+
+def _run_in_pool_thread(user, address: str, tool: str, arguments) -> dict:
+    try:
+        return run_as_branch(user, address, tool, arguments)
+    finally:
+        connections.close_all()  # a pool thread outlives the request: give its connections back
+
+
+async def call_tool(request, address: str, tool: str, arguments) -> dict:
+    """The gateway call; blocking tools count against the user's bound in this process.
+
+    Under ASGI the call runs in the gateway's own thread pool, never on the thread all sync
+    views share. Under WSGI (and Django's test client) a request already has a thread of its
+    own, so the call stays on it (and on its database connection and transaction)."""
+    user = request.auth
+    limit = settings.TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER
+    with IN_FLIGHT.hold(user.pk, limit) if is_blocking(tool, arguments) else nullcontext():
+        if isinstance(request, ASGIRequest):
+            run = sync_to_async(_run_in_pool_thread, thread_sensitive=False, executor=_pool())
+        else:
+            run = sync_to_async(run_as_branch)
+        return await run(user, address, tool, arguments)
