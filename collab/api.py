@@ -3,11 +3,12 @@
 from django.http import HttpRequest, HttpResponse
 from ninja import Router, Status
 
-from accounts.limits import LimitError, limits_of
-from accounts.models import ApiToken, Membership
+from accounts.limits import LimitError, limits_report
+from accounts.models import ApiToken, Membership, TokenScope
 from accounts.policy import visible_projects
 from accounts.services import SlugTaken, create_project
 from collab import access
+from collab.scopes import request_token, token_scope
 from collab.errors import Conflict, Invalid, NotFound
 from collab.schemas import (
     AgentSpecIn,
@@ -49,7 +50,8 @@ from collab.services.archive import check_can_archive, do_archive_branch
 from collab.services.cancel import do_execution_command
 from collab.services.projects import do_set_limits, do_update_project
 from collab.services.watch import access_hold, do_decide_hold
-from collab.services.members import do_add_member, do_change_role, do_remove_member, do_revoke_token
+from collab.services.members import do_add_member, do_change_role, do_remove_member
+from collab.services.tokens import do_issue_token, do_revoke_token
 from collab.tools.registry import run_tool
 from collab.tools.surface import branch_tools
 from collab.services.sessions import do_create_session
@@ -169,6 +171,7 @@ def post_archive(request: HttpRequest, address: str, payload: ArchiveIn):
 
 
 @router.post("branches/{address}/tools/{tool}", response={200: ToolResultOut, **ERRORS}, tags=["tools"])
+@token_scope(TokenScope.TOOLS)
 def post_tool(request: HttpRequest, address: str, tool: str, payload: ToolCallIn):
     """The tool gateway: run one of that branch's tools as that branch (for external agents and
     black-box tests); the branch's surface decides what exists (its toolset, role, workspace)."""
@@ -187,7 +190,7 @@ def get_project(request: HttpRequest, slug: str):
 
 @router.get("projects/{slug}/limits", response={200: LimitsOut, **ERRORS}, tags=["projects"])
 def get_limits(request: HttpRequest, slug: str):
-    return limits_of(access.access_project(request.auth, slug))
+    return limits_report(access.access_project(request.auth, slug))
 
 
 @router.patch("projects/{slug}/limits", response={200: LimitsOut, **ERRORS}, tags=["projects"])
@@ -196,8 +199,8 @@ def patch_limits(request: HttpRequest, slug: str, payload: LimitsIn):
     try:
         do_set_limits(request.auth, project, {name: getattr(payload, name) for name in payload.model_fields_set})
     except LimitError as exc:
-        raise Invalid(str(exc), code="invalid_limit", field=exc.field) from None
-    return limits_of(project)
+        raise Invalid(str(exc), code="invalid_limit", field=exc.field, **exc.extra) from None
+    return limits_report(project)
 
 
 @router.get("artifacts/{artifact_id}", response={200: None, **ERRORS}, tags=["executions"])
@@ -242,7 +245,8 @@ def delete_member(request: HttpRequest, slug: str, username: str):
 
 def _token_out(t) -> dict:
     return {"id": t.pk, "name": t.name, "hint": t.hint, "created_at": t.created_at,
-            "last_used_at": t.last_used_at, "revoked_at": t.revoked_at}
+            "last_used_at": t.last_used_at, "revoked_at": t.revoked_at, "scopes": t.scopes,
+            "expires_at": t.expires_at, "expired": t.is_expired}
 
 
 @router.get("tokens", response={200: list[TokenOut], **ERRORS}, tags=["tokens"])
@@ -251,18 +255,22 @@ def list_tokens(request: HttpRequest):
 
 
 @router.post("tokens", response={201: NewTokenOut, **ERRORS}, tags=["tokens"])
+@token_scope(TokenScope.TOKENS)
 def post_token(request: HttpRequest, payload: TokenIn):
-    """A new token for the caller; the raw value is in this answer only (it is stored hashed)."""
-    token, raw = ApiToken.issue(request.auth, name=payload.name)
+    """A new token for the caller; the raw value is in this answer only (it is stored hashed).
+    A bearer token needs the ``tokens`` scope and cannot grant more than it has."""
+    token, raw = do_issue_token(request.auth, request.auth, name=payload.name, scopes=payload.scopes,
+                                expires_at=payload.expires_at, minted_by=request_token(request))
     return Status(201, {**_token_out(token), "token": raw})
 
 
 @router.delete("tokens/{token_id}", response={204: None, **ERRORS}, tags=["tokens"])
+@token_scope(TokenScope.TOKENS)
 def delete_token(request: HttpRequest, token_id: int):
     token = ApiToken.objects.filter(pk=token_id, user=request.auth).first()
     if token is None:
         raise NotFound()
-    do_revoke_token(token)
+    do_revoke_token(request.auth, token)
     return Status(204, None)
 
 
@@ -290,10 +298,12 @@ def list_holds(request: HttpRequest, sid: str, status: str = "pending"):
 
 
 @router.post("holds/{hold_id}/approve", response={200: HoldOut, **ERRORS}, tags=["watch"])
+@token_scope(TokenScope.HOLDS)
 def approve_hold(request: HttpRequest, hold_id: int):
     return _hold_out(do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=True))
 
 
 @router.post("holds/{hold_id}/reject", response={200: HoldOut, **ERRORS}, tags=["watch"])
+@token_scope(TokenScope.HOLDS)
 def reject_hold(request: HttpRequest, hold_id: int):
     return _hold_out(do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=False))
