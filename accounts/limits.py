@@ -1,11 +1,17 @@
 """Project limits (SPEC §7): one validator for the API, the settings page and ``manage.py limits``.
 
 Topology counts: integers >= 0, 0 = unlimited. Resource limits: null = inherit
-(no limit), explicit values must be positive.
+(the deployment's ceiling, or no limit where it has none), explicit values must be positive.
+
+Fair share (P-SEC-6): the operator's ceilings (``settings.TRELLIS_LIMIT_CEILINGS``,
+the ``TRELLIS_MAX_*`` variables) bound every project. A value above its ceiling — or
+0 ("unlimited") under a finite one — is refused, and ``effective_limit`` is what every
+check uses: min(project, ceiling), so rows set before a ceiling was lowered are capped too.
 """
 
 from decimal import Decimal, InvalidOperation
 
+from django.conf import settings
 from django.db import transaction
 
 from accounts.models import Project
@@ -13,17 +19,65 @@ from accounts.models import Project
 TOPOLOGY = ("max_spawn_depth", "max_messages", "max_spawn_fanout")
 RESOURCES = (
     "max_live_per_session", "max_queued_per_session", "max_jobs_per_session", "max_tokens_per_job",
-    "max_runtime_seconds", "max_idle_seconds",
+    "max_runtime_seconds", "max_idle_seconds", "max_running_jobs",
 )
 DECIMALS = ("max_cost_per_job",)
 OTHER_POSITIVE = ("max_active_turns", "artifact_retention_days")
 FIELDS = TOPOLOGY + RESOURCES + DECIMALS + OTHER_POSITIVE
 
 
+# the variable that sets each ceiling, named in refusals
+CEILING_VARIABLES = {name: f"TRELLIS_{name.upper()}" for name in TOPOLOGY + RESOURCES + DECIMALS + ("max_active_turns",)}
+CEILING_VARIABLES["max_running_jobs"] = "TRELLIS_MAX_RUNNING_PER_PROJECT"
+
+
 class LimitError(ValueError):
-    def __init__(self, field: str, reason: str):
+    def __init__(self, field: str, reason: str, **extra):
         super().__init__(f"{field}: {reason}")
         self.field = field
+        self.extra = extra
+
+
+def ceiling(field: str):
+    """The operator's ceiling on ``field``, or None where there is none."""
+    return settings.TRELLIS_LIMIT_CEILINGS.get(field)
+
+
+def effective_limit(project: Project, field: str):
+    """The limit in force: the project's value bounded by the ceiling. Topology: 0 = unlimited;
+    resources: None = no limit."""
+    value = getattr(project, field)
+    cap = ceiling(field)
+    if cap is None:
+        return value
+    if value is None or (field in TOPOLOGY and value == 0):
+        return cap
+    return min(value, cap)
+
+
+def limits_report(project: Project) -> dict:
+    """The project's own values, plus the ceilings and the values in force (the API's answer)."""
+    def wire(value):
+        return str(value) if isinstance(value, Decimal) else value
+
+    return {
+        **limits_of(project),
+        "ceilings": {name: wire(ceiling(name)) for name in CEILING_VARIABLES},
+        "effective": {name: wire(effective_limit(project, name)) for name in CEILING_VARIABLES},
+    }
+
+
+def _check_ceiling(field: str, value) -> None:
+    cap = ceiling(field)
+    if cap is None:
+        return
+    variable = CEILING_VARIABLES[field]
+    if field in TOPOLOGY and value == 0:
+        raise LimitError(field, f"0 (unlimited) is above this deployment's ceiling of {cap} ({variable})",
+                         ceiling=str(cap) if isinstance(cap, Decimal) else cap)
+    if value is not None and value > cap:
+        raise LimitError(field, f"must be at most {cap}, this deployment's ceiling ({variable})",
+                         ceiling=str(cap) if isinstance(cap, Decimal) else cap)
 
 
 def limits_of(project: Project) -> dict:
@@ -75,6 +129,8 @@ def check_limits(changes: dict) -> dict:
             clean[field] = amount.quantize(Decimal("0.000001"))
         else:
             raise LimitError(field, f"unknown limit; known: {', '.join(FIELDS)}")
+        if field in CEILING_VARIABLES:
+            _check_ceiling(field, clean[field])
     return clean
 
 

@@ -56,6 +56,8 @@ class Project(models.Model):
     max_cost_per_job = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     max_runtime_seconds = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     max_idle_seconds = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    # fair share (P-SEC-6): jobs of this project in worker slots at once; null = the deployment's cap
+    max_running_jobs = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     # OpenWork: running child turns per root session
     max_active_turns = models.PositiveIntegerField(default=3, validators=[MinValueValidator(1)])
     watch_policy = models.CharField(max_length=32, choices=WatchPolicy.choices, default=WatchPolicy.OFF)
@@ -76,6 +78,7 @@ class Project(models.Model):
             _null_or_positive("max_cost_per_job"),
             _null_or_positive("max_runtime_seconds"),
             _null_or_positive("max_idle_seconds"),
+            _null_or_positive("max_running_jobs"),
             models.CheckConstraint(condition=Q(max_active_turns__gt=0), name="project_max_active_turns_positive"),
             models.CheckConstraint(
                 condition=Q(artifact_retention_days__gt=0), name="project_artifact_retention_positive"
@@ -135,13 +138,39 @@ def hash_token(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
+class TokenScope(models.TextChoices):
+    """What a bearer token may do (P-SEC-7). GETs need ``read``, other API calls ``write``,
+    the tool gateway ``tools``, creating or revoking tokens ``tokens``, deciding held
+    deliveries ``holds`` (never in the default set: an agent given its starter's ordinary
+    token cannot approve its own held deliveries)."""
+
+    READ = "read"
+    WRITE = "write"
+    TOOLS = "tools"
+    TOKENS = "tokens"
+    HOLDS = "holds"
+
+
+DEFAULT_TOKEN_SCOPES = [TokenScope.READ.value, TokenScope.WRITE.value, TokenScope.TOOLS.value]
+
+
+def default_token_scopes() -> list[str]:
+    return list(DEFAULT_TOKEN_SCOPES)
+
+
 class ApiTokenQuerySet(models.QuerySet):
     def active(self):
-        return self.filter(revoked_at__isnull=True)
+        """Usable now: not revoked, not expired."""
+        return self.filter(revoked_at__isnull=True).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
+        )
 
 
 class ApiToken(models.Model):
-    """A bearer token. Only its SHA-256 is stored; the raw value is shown once."""
+    """A bearer token. Only its SHA-256 is stored; the raw value is shown once.
+
+    A token may expire (``expires_at``) and carries scopes; revoking a token revokes the
+    tokens it minted too (``issued_by``), so a stolen token cannot outlive its revocation."""
 
     PREFIX = "trl_"
 
@@ -152,14 +181,32 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="unusable from then on; empty = never")
+    scopes = models.JSONField(default=default_token_scopes, help_text="read, write, tools, tokens, holds")
+    issued_by = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="issued",
+        help_text="the token that minted this one through the API (revoked with it)",
+    )
 
     objects = ApiTokenQuerySet.as_manager()
 
     def __str__(self):
         return f"{self.hint}… ({self.user})"
 
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
+
+    def allows(self, scope: str) -> bool:
+        return scope in (self.scopes or [])
+
     @classmethod
-    def issue(cls, user, name: str = "") -> tuple["ApiToken", str]:
+    def issue(cls, user, name: str = "", *, scopes=None, expires_at=None, issued_by=None) -> tuple["ApiToken", str]:
+        """Store a new token; the raw value is returned once. Validation is ``accounts.services.issue_token``'s."""
         raw = cls.PREFIX + secrets.token_urlsafe(32)
-        token = cls.objects.create(user=user, name=name, key_hash=hash_token(raw), hint=raw[:10])
+        token = cls.objects.create(
+            user=user, name=name, key_hash=hash_token(raw), hint=raw[:10],
+            scopes=list(scopes) if scopes is not None else default_token_scopes(),
+            expires_at=expires_at, issued_by=issued_by,
+        )
         return token, raw

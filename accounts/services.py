@@ -1,7 +1,7 @@
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from accounts.models import Membership, Project, Role
+from accounts.models import ApiToken, Membership, Project, Role, TokenScope, default_token_scopes
 
 
 class SlugTaken(Exception):
@@ -105,7 +105,55 @@ def remove_member(project: Project, user) -> Membership:
         return membership
 
 
-def revoke_token(token) -> None:
-    from django.utils import timezone
+class TokenError(Exception):
+    def __init__(self, message: str, code: str):
+        super().__init__(message)
+        self.code = code
 
-    type(token).objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+MAX_TOKEN_NAME = 100
+
+
+def check_token_request(*, name: str, scopes, expires_at, minted_by: ApiToken | None) -> list[str]:
+    """Validate a token request; returns the scopes in canonical order (raises ``TokenError``).
+
+    A token minting another (``minted_by``) cannot hand out more than it has: the new
+    token's scopes are a subset of its own and it expires no later than it does. Without
+    ``scopes`` a token gets the default set (read, write, tools)."""
+    if len(name or "") > MAX_TOKEN_NAME:
+        raise TokenError(f"name must be at most {MAX_TOKEN_NAME} characters", "invalid_token_name")
+    if scopes is None:  # the default set, narrowed to what a minting token has
+        scopes = [s for s in default_token_scopes() if minted_by is None or minted_by.allows(s)]
+    if not isinstance(scopes, (list, tuple)) or not scopes or not all(isinstance(s, str) for s in scopes):
+        raise TokenError(f"scopes must be a non-empty list of: {', '.join(TokenScope.values)}", "invalid_scopes")
+    unknown = sorted(set(scopes) - set(TokenScope.values))
+    if unknown:
+        raise TokenError(f"unknown scopes {', '.join(unknown)}; known: {', '.join(TokenScope.values)}", "invalid_scopes")
+    if expires_at is not None and expires_at <= timezone.now():
+        raise TokenError("expires_at must be in the future", "invalid_expiry")
+    if minted_by is not None:
+        wider = sorted(set(scopes) - set(minted_by.scopes or []))
+        if wider:
+            raise TokenError(f"a token cannot grant scopes it lacks: {', '.join(wider)}", "scope_escalation")
+        if minted_by.expires_at is not None and (expires_at is None or expires_at > minted_by.expires_at):
+            raise TokenError("a token cannot mint a token that outlives it (set expires_at no later than its own)",
+                             "expiry_escalation")
+    return [s for s in TokenScope.values if s in scopes]
+
+
+def issue_token(user, *, name: str = "", scopes=None, expires_at=None, minted_by: ApiToken | None = None):
+    """A new token for ``user``: (row, raw value shown once)."""
+    scopes = check_token_request(name=name, scopes=scopes, expires_at=expires_at, minted_by=minted_by)
+    return ApiToken.issue(user, name=name or "", scopes=scopes, expires_at=expires_at, issued_by=minted_by)
+
+
+def revoke_token(token) -> list[int]:
+    """Revoke the token and every token minted from it (transitively); returns the ids revoked now."""
+    now = timezone.now()
+    revoked, level = [], [token.pk]
+    while level:
+        ids = list(ApiToken.objects.filter(pk__in=level, revoked_at__isnull=True).values_list("pk", flat=True))
+        ApiToken.objects.filter(pk__in=ids).update(revoked_at=now)
+        revoked += ids
+        level = list(ApiToken.objects.filter(issued_by_id__in=level).exclude(pk__in=revoked).values_list("pk", flat=True))
+    return revoked

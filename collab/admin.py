@@ -1,7 +1,9 @@
 """Operator admin. Every model is visible; the event log is read-only.
 
-Admin *actions* that change collaboration state (archive, cancel) arrive with
-the services of later issues and must call those services, never write rows.
+Every edit and action (P-SEC-7) needs its Django permission (view-only staff can
+look, never act), goes through the same service as the pages and the API, and so
+writes its Event. A service's refusal shows as a message and writes nothing.
+The accounts models' admin is in ``collab.admin_accounts`` for the same reason.
 """
 
 import uuid
@@ -10,16 +12,16 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
 from django.db import transaction
+from django.http import HttpResponseRedirect
 
-from accounts.admin import ProjectAdmin
-from accounts.models import Project
-from collab.events import send_event_on_commit
+from accounts.limits import LimitError
+from collab.errors import DomainError
+from collab.services.archive import do_archive_branch
+from collab.services.branches import do_set_branch_internal
+from collab.services.cancel import CANCEL, do_execution_command
+from collab.services.specs import SPEC_FIELDS, do_add_agent_spec, do_delete_agent_spec, do_update_agent_spec
 from collab.services.connections import sync_settings_connections
 from config.model_connections import KEY_ENV_RE, check_base_url, check_prices
-from collab.services.archive import do_archive_branch
-from collab.services.cancel import request_cancel_tree
-from collab.services.projects import do_set_workspace
-from collab.services.workspace import WorkspaceError, check_workspace_path
 
 from collab.models import (
     AgentSpec,
@@ -37,7 +39,29 @@ from collab.models import (
 )
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ServiceAdmin(admin.ModelAdmin):
+    """A service's refusal (a domain error, a bad limit) during a save, a delete or an action
+    rolls the whole request back and is shown to the operator, never a 500."""
+
+    def _refused(self, request, view, *args, **kwargs):
+        try:
+            with transaction.atomic():
+                return view(request, *args, **kwargs)
+        except (DomainError, LimitError) as exc:
+            self.message_user(request, f"refused: {getattr(exc, 'detail', None) or exc}", messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
+    def changeform_view(self, request, *args, **kwargs):
+        return self._refused(request, super().changeform_view, *args, **kwargs)
+
+    def changelist_view(self, request, *args, **kwargs):
+        return self._refused(request, super().changelist_view, *args, **kwargs)
+
+    def delete_view(self, request, *args, **kwargs):
+        return self._refused(request, super().delete_view, *args, **kwargs)
+
+
+class ReadOnlyAdmin(ServiceAdmin):
     def has_add_permission(self, request):
         return False
 
@@ -48,43 +72,41 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-class ProjectForm(forms.ModelForm):
-    def clean_workspace(self):
-        """The same rule as ``manage.py workspace`` (P-SEC-5): an existing directory, not ``/``,
-        not containing or inside Trellis's own files."""
-        path = (self.cleaned_data.get("workspace") or "").strip()
-        if not path:
-            return ""
-        try:
-            return str(check_workspace_path(path))
-        except WorkspaceError as exc:
-            raise forms.ValidationError(exc.detail, code=exc.code) from None
-
-
-admin.site.unregister(Project)
-
-
-@admin.register(Project)
-class ProjectWorkspaceAdmin(ProjectAdmin):
-    """The accounts app's project admin, with the workspace (a collab concern; accounts imports
-    nothing from collab) validated by the form and written through ``do_set_workspace``, audited."""
-
-    form = ProjectForm
-
-    def save_model(self, request, obj, form, change):
-        workspace = obj.workspace
-        if "workspace" in form.changed_data:
-            obj.workspace = form.initial.get("workspace") or ""
-        super().save_model(request, obj, form, change)
-        if "workspace" in form.changed_data:
-            do_set_workspace(request.user, obj, workspace)
-
-
 @admin.register(AgentSpec)
-class AgentSpecAdmin(admin.ModelAdmin):
+class AgentSpecAdmin(ServiceAdmin):
+    """Spec edits are validated like the API's and audited (``agent_spec.*`` events)."""
+
     list_display = ["agent_id", "project", "provider", "model", "toolset", "role", "followup_mode"]
     list_filter = ["provider", "toolset", "role"]
     search_fields = ["agent_id", "project__slug"]
+    actions = ["delete_specs"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["project", "agent_id", "created_at"] if obj is not None else ["created_at"]
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # replaced by delete_specs, which audits
+        return actions
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            current = AgentSpec.objects.get(pk=obj.pk)  # the form already changed ``obj``
+            do_update_agent_spec(request.user, current, {f: form.cleaned_data[f] for f in form.changed_data
+                                                         if f in SPEC_FIELDS})
+        else:
+            data = {f: form.cleaned_data[f] for f in SPEC_FIELDS if f in form.cleaned_data}
+            obj.pk = do_add_agent_spec(request.user, form.cleaned_data["project"], **data).pk
+        obj.refresh_from_db()
+
+    def delete_model(self, request, obj):
+        do_delete_agent_spec(request.user, obj)
+
+    @admin.action(description="Delete selected agent specs", permissions=["delete"])
+    def delete_specs(self, request, queryset):
+        for spec in queryset:
+            do_delete_agent_spec(request.user, spec)
+        self.message_user(request, "deleted", messages.SUCCESS)
 
 
 class ModelConnectionForm(forms.ModelForm):
@@ -146,7 +168,9 @@ class ModelConnectionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Session)
-class SessionAdmin(admin.ModelAdmin):
+class SessionAdmin(ReadOnlyAdmin):
+    """Sessions change through the app (turns, archive); here they are looked at."""
+
     list_display = ["id", "title", "project", "created_by", "parent_session", "agent_role", "last_active_at"]
     list_filter = ["project"]
     search_fields = ["id", "title"]
@@ -158,7 +182,7 @@ class ReasonForm(ActionForm):
 
 
 @admin.register(Branch)
-class BranchAdmin(admin.ModelAdmin):
+class BranchAdmin(ServiceAdmin):
     """Operators archive (one or many, with a reason) and flag branches through the same
     services as every other path, so each change writes its Event."""
 
@@ -175,26 +199,23 @@ class BranchAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
-    @admin.action(description="Archive selected branches (with the reason above)")
+    @admin.action(description="Archive selected branches (with the reason above)", permissions=["change"])
     def archive_branches(self, request, queryset):
         reason = request.POST.get("reason", "")
-        for branch in queryset.select_related("session"):
+        branches = list(queryset.select_related("session"))
+        for branch in branches:
             do_archive_branch(branch, user=request.user, reason=reason or "archived by an operator")
-        self.message_user(request, f"archived {queryset.count()} branches", messages.SUCCESS)
+        self.message_user(request, f"archived {len(branches)} branches", messages.SUCCESS)
 
     def _set_internal(self, request, queryset, value: bool):
-        with transaction.atomic():
-            for branch in queryset.select_for_update():
-                if branch.internal != value:
-                    Branch.objects.filter(pk=branch.pk).update(internal=value)
-                    send_event_on_commit(branch.session_id, "branch.internal_changed",
-                                         {"branch": branch.pk, "internal": value}, actor=request.user)
+        changed = sum(do_set_branch_internal(request.user, branch, value) for branch in queryset)
+        self.message_user(request, f"{changed} branches changed", messages.SUCCESS)
 
-    @admin.action(description="Mark selected branches internal (UI-only)")
+    @admin.action(description="Mark selected branches internal (hidden from agents' listings)", permissions=["change"])
     def mark_internal(self, request, queryset):
         self._set_internal(request, queryset, True)
 
-    @admin.action(description="Clear the internal flag")
+    @admin.action(description="Clear the internal flag", permissions=["change"])
     def unmark_internal(self, request, queryset):
         self._set_internal(request, queryset, False)
 
@@ -213,19 +234,21 @@ class JobAdmin(ReadOnlyAdmin):
     search_fields = ["id", "session__id"]
     actions = ["cancel_executions"]
 
-    @admin.action(description="Cancel selected executions (and their descendants)")
+    def has_cancel_permission(self, request):
+        """Cancelling is changing a job: the ``collab.change_job`` permission (rows stay read-only)."""
+        return request.user.has_perm("collab.change_job")
+
+    @admin.action(description="Cancel selected executions (and their descendants)", permissions=["cancel"])
     def cancel_executions(self, request, queryset):
+        """The versioned cancel command, as the API sends it: recorded as an ExecutionCommand,
+        with its ``execution.cancel_requested`` event."""
         count = 0
         for job in queryset:
-            with transaction.atomic():
-                locked = Job.objects.select_for_update().get(pk=job.pk)
-                if locked.is_terminal:
-                    continue
-                cascaded = request_cancel_tree(locked, request.user)
-                send_event_on_commit(locked.session_id, "execution.cancel_requested",
-                                     {"job": locked.pk, "command_id": f"admin-{uuid.uuid4().hex}",
-                                      "cascaded": cascaded, "via": "admin"}, actor=request.user)
-                count += 1
+            if job.is_terminal:
+                continue
+            do_execution_command(request.user, job, command_id=f"admin-{uuid.uuid4().hex}", action=CANCEL,
+                                 expected_version=job.version, payload={}, operator=True)
+            count += 1
         self.message_user(request, f"cancel requested for {count} executions", messages.SUCCESS)
 
 
@@ -248,7 +271,9 @@ class HeldDeliveryAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Todo)
-class TodoAdmin(admin.ModelAdmin):
+class TodoAdmin(ReadOnlyAdmin):
+    """The agents' plans: changed by their tools, looked at here."""
+
     list_display = ["id", "subject", "status", "session", "branch", "updated_at"]
     list_filter = ["status"]
     raw_id_fields = ["session", "branch", "blocked_by"]
@@ -266,3 +291,6 @@ class EventAdmin(ReadOnlyAdmin):
     list_filter = ["type", "project", ("actor", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["session__id", "type", "actor__username"]
     date_hierarchy = "created_at"
+
+
+from collab import admin_accounts  # noqa: E402,F401 - registers the accounts models (edits through collab services)

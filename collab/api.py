@@ -3,11 +3,12 @@
 from django.http import HttpRequest, HttpResponse
 from ninja import Router, Status
 
-from accounts.limits import LimitError, limits_of
-from accounts.models import ApiToken
+from accounts.limits import LimitError, limits_report
+from accounts.models import ApiToken, Membership, TokenScope
 from accounts.policy import member_roles, role_of, visible_projects
 from accounts.services import SlugTaken, create_project
 from collab import access
+from collab.scopes import request_token, token_scope
 from collab.errors import Conflict, Invalid, NotFound
 from collab.gateway import call_tool
 from collab.schemas import (
@@ -56,9 +57,9 @@ from collab.services.members import (
     do_change_role,
     do_decline_invitation,
     do_remove_member,
-    do_revoke_token,
 )
 from collab.selectors.members import invitations_of, members_of
+from collab.services.tokens import do_issue_token, do_revoke_token
 from collab.services.sessions import do_create_session
 from collab.services.specs import do_create_agent_spec
 from collab.services.turns import do_start_user_turn
@@ -178,6 +179,7 @@ def post_archive(request: HttpRequest, address: str, payload: ArchiveIn):
 
 
 @router.post("branches/{address}/tools/{tool}", response={200: ToolResultOut, **ERRORS}, tags=["tools"])
+@token_scope(TokenScope.TOOLS)
 async def post_tool(request: HttpRequest, address: str, tool: str, payload: ToolCallIn):
     """The tool gateway: run one of that branch's tools as that branch (for external agents and
     black-box tests); the branch's surface decides what exists (its toolset, role, workspace).
@@ -195,7 +197,7 @@ def get_project(request: HttpRequest, slug: str):
 
 @router.get("projects/{slug}/limits", response={200: LimitsOut, **ERRORS}, tags=["projects"])
 def get_limits(request: HttpRequest, slug: str):
-    return limits_of(access.access_project(request.auth, slug))
+    return limits_report(access.access_project(request.auth, slug))
 
 
 @router.patch("projects/{slug}/limits", response={200: LimitsOut, **ERRORS}, tags=["projects"])
@@ -204,8 +206,8 @@ def patch_limits(request: HttpRequest, slug: str, payload: LimitsIn):
     try:
         do_set_limits(request.auth, project, {name: getattr(payload, name) for name in payload.model_fields_set})
     except LimitError as exc:
-        raise Invalid(str(exc), code="invalid_limit", field=exc.field) from None
-    return limits_of(project)
+        raise Invalid(str(exc), code="invalid_limit", field=exc.field, **exc.extra) from None
+    return limits_report(project)
 
 
 @router.get("artifacts/{artifact_id}", response={200: None, **ERRORS}, tags=["executions"])
@@ -276,7 +278,8 @@ def delete_member(request: HttpRequest, slug: str, username: str):
 
 def _token_out(t) -> dict:
     return {"id": t.pk, "name": t.name, "hint": t.hint, "created_at": t.created_at,
-            "last_used_at": t.last_used_at, "revoked_at": t.revoked_at}
+            "last_used_at": t.last_used_at, "revoked_at": t.revoked_at, "scopes": t.scopes,
+            "expires_at": t.expires_at, "expired": t.is_expired}
 
 
 @router.get("tokens", response={200: list[TokenOut], **ERRORS}, tags=["tokens"])
@@ -285,18 +288,22 @@ def list_tokens(request: HttpRequest):
 
 
 @router.post("tokens", response={201: NewTokenOut, **ERRORS}, tags=["tokens"])
+@token_scope(TokenScope.TOKENS)
 def post_token(request: HttpRequest, payload: TokenIn):
-    """A new token for the caller; the raw value is in this answer only (it is stored hashed)."""
-    token, raw = ApiToken.issue(request.auth, name=payload.name)
+    """A new token for the caller; the raw value is in this answer only (it is stored hashed).
+    A bearer token needs the ``tokens`` scope and cannot grant more than it has."""
+    token, raw = do_issue_token(request.auth, request.auth, name=payload.name, scopes=payload.scopes,
+                                expires_at=payload.expires_at, minted_by=request_token(request))
     return Status(201, {**_token_out(token), "token": raw})
 
 
 @router.delete("tokens/{token_id}", response={204: None, **ERRORS}, tags=["tokens"])
+@token_scope(TokenScope.TOKENS)
 def delete_token(request: HttpRequest, token_id: int):
     token = ApiToken.objects.filter(pk=token_id, user=request.auth).first()
     if token is None:
         raise NotFound()
-    do_revoke_token(token)
+    do_revoke_token(request.auth, token)
     return Status(204, None)
 
 
@@ -324,10 +331,12 @@ def list_holds(request: HttpRequest, sid: str, status: str = "pending", limit: i
 
 
 @router.post("holds/{hold_id}/approve", response={200: HoldOut, **ERRORS}, tags=["watch"])
+@token_scope(TokenScope.HOLDS)
 def approve_hold(request: HttpRequest, hold_id: int):
     return _hold_out(do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=True))
 
 
 @router.post("holds/{hold_id}/reject", response={200: HoldOut, **ERRORS}, tags=["watch"])
+@token_scope(TokenScope.HOLDS)
 def reject_hold(request: HttpRequest, hold_id: int):
     return _hold_out(do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=False))

@@ -3,7 +3,7 @@
 from typing import Any, Literal
 
 from ninja import Schema
-from pydantic import ConfigDict, Field
+from pydantic import AwareDatetime, ConfigDict, Field
 
 
 class StrictIn(Schema):
@@ -225,6 +225,7 @@ class LimitsIn(StrictIn):
     max_cost_per_job: Any = None
     max_runtime_seconds: Any = None
     max_idle_seconds: Any = None
+    max_running_jobs: Any = None
     max_active_turns: Any = None
     artifact_retention_days: Any = None
 
@@ -240,8 +241,11 @@ class LimitsOut(Schema):
     max_cost_per_job: str | None
     max_runtime_seconds: int | None
     max_idle_seconds: int | None
+    max_running_jobs: int | None = None
     max_active_turns: int
     artifact_retention_days: int
+    ceilings: dict = {}  # the operator's TRELLIS_MAX_* (null = none)
+    effective: dict = {}  # the values in force: min(project, ceiling)
 
 
 class MemberIn(StrictIn):
@@ -275,6 +279,8 @@ class InvitationOut(Schema):
 
 class TokenIn(StrictIn):
     name: str = Field(default="", max_length=100)
+    scopes: list[str] | None = None  # default: read, write, tools
+    expires_at: AwareDatetime | None = None  # default: never
 
 
 class TokenOut(Schema):
@@ -284,6 +290,9 @@ class TokenOut(Schema):
     created_at: Any
     last_used_at: Any | None
     revoked_at: Any | None
+    scopes: list[str] = []
+    expires_at: Any | None = None
+    expired: bool = False
 
 
 class NewTokenOut(TokenOut):

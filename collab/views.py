@@ -8,7 +8,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from accounts.limits import FIELDS as LIMIT_FIELDS
 from accounts.limits import LimitError, limits_of
-from accounts.models import ApiToken
+from accounts.models import DEFAULT_TOKEN_SCOPES, ApiToken, Membership, TokenScope
 from accounts.policy import member_roles
 import json
 import uuid
@@ -21,15 +21,15 @@ from collab import access
 from collab.errors import DomainError, Invalid, NotFound
 from collab.selectors.children import child_rail
 from collab.tools.surface import withheld_tools
-from collab.selectors.members import invitations_of, members_of
 from collab.services.members import (
     do_accept_invitation,
     do_add_member,
     do_change_role,
     do_decline_invitation,
     do_remove_member,
-    do_revoke_token,
 )
+from collab.selectors.members import invitations_of, members_of
+from collab.services.tokens import TOKEN_LIFETIMES, do_issue_token, do_revoke_token
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.selectors import pages
 from collab.selectors.shapes import usage_totals
@@ -181,9 +181,19 @@ def tokens(request):
     """The user's API tokens: create (the value is shown once) and revoke."""
     created = None
     if request.method == "POST":
-        _, created = ApiToken.issue(request.user, name=request.POST.get("name", "")[:100])
+        days = request.POST.get("expires_in_days", "")
+        if days not in TOKEN_LIFETIMES:
+            raise Invalid(f"expires_in_days must be one of {', '.join(d or 'never' for d in TOKEN_LIFETIMES)}",
+                          code="invalid_expiry")
+        _, created = do_issue_token(
+            request.user, request.user, name=request.POST.get("name", "")[:100],
+            scopes=request.POST.getlist("scopes") or None, expires_at=TOKEN_LIFETIMES[days](),
+        )
     rows = ApiToken.objects.filter(user=request.user).order_by("-created_at")
-    return render(request, "collab/tokens.html", {"tokens": rows, "created": created})
+    return render(request, "collab/tokens.html", {
+        "tokens": rows, "created": created, "scopes": TokenScope.values, "default_scopes": DEFAULT_TOKEN_SCOPES,
+        "lifetimes": [d for d in TOKEN_LIFETIMES if d],
+    })
 
 
 @login_required
@@ -192,7 +202,7 @@ def revoke_token_view(request, token_id):
     token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
     if token is None:
         raise NotFound()
-    do_revoke_token(token)
+    do_revoke_token(request.user, token)
     return redirect("collab:tokens")
 
 

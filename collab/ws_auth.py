@@ -4,6 +4,7 @@ from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
 
+from accounts.models import TokenScope
 from accounts.policy import token_for
 
 
@@ -14,7 +15,7 @@ class BearerTokenMiddleware(BaseMiddleware):
         scheme, _, token = auth.partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             found = await database_sync_to_async(token_for)(token.strip())
-            if found is not None:
+            if found is not None and found.allows(TokenScope.READ):  # a socket only reads
                 scope = dict(scope, user=found.user, api_token_id=found.pk)
         return await super().__call__(scope, receive, send)
 

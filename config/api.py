@@ -13,17 +13,22 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer, SessionAuth
 from pydantic import BaseModel
 
-from accounts.policy import user_for_token
+from accounts.policy import token_for
 from collab.api import router as collab_router
 from collab.errors import DomainError, Invalid
+from collab.scopes import require_token_scope
 
 
 class BearerToken(HttpBearer):
+    """An unexpired, unrevoked token; what it may do is checked per route (collab.scopes)."""
+
     def authenticate(self, request, token):
-        user = user_for_token(token)
-        if user is not None:
-            request.user = user
-        return user
+        found = token_for(token)
+        if found is None:
+            return None
+        request.user = found.user
+        request.api_token = found
+        return found.user
 
 
 class BrowserSession(SessionAuth):
@@ -111,4 +116,5 @@ def reject_nul(view):
 
 
 api.add_decorator(reject_nul)
+api.add_decorator(require_token_scope)
 api.add_router("/", collab_router)

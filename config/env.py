@@ -41,6 +41,22 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return value
 
 
+def env_decimal(name: str, default=None):
+    """A non-negative decimal amount (``TRELLIS_MAX_COST_PER_JOB``), or ``default`` when unset."""
+    from decimal import Decimal, InvalidOperation
+
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = Decimal(raw)
+    except InvalidOperation:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+    if not value.is_finite() or value < 0:
+        raise ImproperlyConfigured(f"{name} must be a non-negative number, got {raw!r}")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name, "").strip()
     if not raw:

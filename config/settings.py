@@ -18,7 +18,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_int, env_list, env_str
+from config.env import env_bool, env_decimal, env_int, env_list, env_str
 from config.model_connections import model_connections_from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -75,10 +75,12 @@ INSTALLED_APPS = [
     "django_q",
     "accounts",
     "collab",
+    "axes",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -88,6 +90,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "collab.middleware.DomainErrorMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes asks
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -148,6 +151,20 @@ if TESTING or env_bool("TRELLIS_FAST_PASSWORD_HASHER", False):
         "django.contrib.auth.hashers.MD5PasswordHasher",
         "django.contrib.auth.hashers.PBKDF2PasswordHasher",
     ]
+# Login throttling (P-SEC-8, django-axes): after TRELLIS_LOGIN_FAILURE_LIMIT failures for one
+# username from one address, logins for that pair answer 429 until the cool-off has passed. Locking
+# the pair (not the username alone) keeps a stranger from locking a person out from elsewhere.
+# Bearer tokens never go through authenticate() and are not affected.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("TRELLIS_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = env_int("TRELLIS_LOGIN_COOLOFF_MINUTES", 15, minimum=1) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "collab:projects"
 LOGOUT_REDIRECT_URL = "login"
@@ -175,6 +192,13 @@ SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_SAMESITE = "Lax"
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+# HSTS whenever cookies are secure (served over TLS); a year unless DJANGO_HSTS_SECONDS says otherwise.
+SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31_536_000 if _SECURE else 0, minimum=0)
+if env_bool("DJANGO_BEHIND_TLS_PROXY", False):
+    # only behind a proxy that sets (and strips clients') X-Forwarded-Proto: requests count as https
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # --- live events -----------------------------------------------------------
 if REDIS_URL:
@@ -231,6 +255,34 @@ TRELLIS_GATEWAY_THREADS = env_int("TRELLIS_GATEWAY_THREADS", 32, minimum=1)
 # A pids cgroup directory the workers may create children in (e.g. a delegated cgroup v2
 # directory); without it the cgroup v1 pids hierarchy is tried, then RLIMIT_NPROC (non-root only).
 TRELLIS_SANDBOX_CGROUP = env_str("TRELLIS_SANDBOX_CGROUP", "")
+
+# --- fair share (P-SEC-6): the operator's ceilings on every project's limits ------------
+# Unset or 0 = no ceiling. A project cannot set a limit above its ceiling (nor 0/"unlimited"
+# under a finite one); the value in force is min(project, ceiling), so rows set before a
+# ceiling was lowered are capped too. A turn never outlives its worker task: the runtime
+# ceiling defaults to 90 % of TRELLIS_TASK_TIMEOUT and may not exceed it.
+def _ceiling(name: str, default: int = 0) -> int | None:
+    return env_int(name, default, minimum=0) or None
+
+
+TRELLIS_LIMIT_CEILINGS = {
+    "max_spawn_depth": _ceiling("TRELLIS_MAX_SPAWN_DEPTH"),
+    "max_messages": _ceiling("TRELLIS_MAX_MESSAGES"),
+    "max_spawn_fanout": _ceiling("TRELLIS_MAX_SPAWN_FANOUT"),
+    "max_live_per_session": _ceiling("TRELLIS_MAX_LIVE_PER_SESSION"),
+    "max_queued_per_session": _ceiling("TRELLIS_MAX_QUEUED_PER_SESSION"),
+    "max_jobs_per_session": _ceiling("TRELLIS_MAX_JOBS_PER_SESSION"),
+    "max_tokens_per_job": _ceiling("TRELLIS_MAX_TOKENS_PER_JOB"),
+    "max_cost_per_job": env_decimal("TRELLIS_MAX_COST_PER_JOB") or None,
+    "max_runtime_seconds": env_int("TRELLIS_MAX_RUNTIME_SECONDS", max(1, Q_TIMEOUT - Q_TIMEOUT // 10), minimum=1),
+    "max_idle_seconds": _ceiling("TRELLIS_MAX_IDLE_SECONDS"),
+    "max_active_turns": _ceiling("TRELLIS_MAX_ACTIVE_TURNS"),
+    # jobs of one project running in worker slots at once (inline children run in their
+    # caller's slot); a project may lower it. Default: the worker pool of one cluster.
+    "max_running_jobs": env_int("TRELLIS_MAX_RUNNING_PER_PROJECT", Q_CLUSTER["workers"], minimum=1),
+}
+if TRELLIS_LIMIT_CEILINGS["max_runtime_seconds"] > Q_TIMEOUT:
+    raise ImproperlyConfigured("TRELLIS_MAX_RUNTIME_SECONDS must not exceed TRELLIS_TASK_TIMEOUT (the worker kills the task then)")
 
 # --- model providers (openai, anthropic) -------------------------------------------
 # Per request: seconds to wait (while streaming: between chunks); bounded retries on

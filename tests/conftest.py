@@ -110,10 +110,12 @@ def poll(fn, *, timeout=20.0, interval=0.05, what="condition"):
 
 @pytest.fixture
 def api_as(client):
-    from accounts.models import ApiToken
+    """``api_as(user)``: the person's own client, a token with every scope (tests of roles);
+    ``api_as(user, scopes=[…])`` a narrower one (tests of scopes, P-SEC-7)."""
+    from accounts.models import ApiToken, TokenScope
 
-    def make(user):
-        _, raw = ApiToken.issue(user, name="test")
+    def make(user, scopes=None):
+        _, raw = ApiToken.issue(user, name="test", scopes=scopes or TokenScope.values)
         from django.test import Client
 
         return ApiClient(Client(), raw)

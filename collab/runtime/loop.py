@@ -14,6 +14,8 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from accounts.limits import effective_limit
+
 from collab.models import JobKind, JobStatus, Message, MessageRole
 from collab.runtime.providers import ProviderError, get_provider
 from collab.events import send_event_on_commit
@@ -118,7 +120,7 @@ class TurnContext:
         if self.role == "explorer":
             return explorer_prompt()
         if self.toolset == "openwork" and any(t.name == "spawn_agent" for t in self.tools):
-            return "\n\n".join(part for part in (base, delegation_rules(self.project.max_active_turns)) if part)
+            return "\n\n".join(part for part in (base, delegation_rules(effective_limit(self.project, "max_active_turns"))) if part)
         return base
 
     @property
@@ -165,11 +167,13 @@ class TurnContext:
         status = heartbeat(self.job, self.inline_parents)
         if status != JobStatus.RUNNING:
             raise TurnStopped(status)
-        project = self.project
-        if project.max_runtime_seconds and now - self._started > project.max_runtime_seconds:
-            raise LimitExceeded("quota.runtime_exceeded", f"the turn ran longer than {project.max_runtime_seconds} s (max_runtime_seconds)")
-        if project.max_idle_seconds and now - self._last_progress > project.max_idle_seconds:
-            raise LimitExceeded("quota.idle_exceeded", f"the turn made no progress for {project.max_idle_seconds} s (max_idle_seconds)")
+        # bounded by the operator's ceilings too, so no script (a sleep_ms step) outlasts them
+        runtime = effective_limit(self.project, "max_runtime_seconds")
+        idle = effective_limit(self.project, "max_idle_seconds")
+        if runtime and now - self._started > runtime:
+            raise LimitExceeded("quota.runtime_exceeded", f"the turn ran longer than {runtime} s (max_runtime_seconds)")
+        if idle and now - self._last_progress > idle:
+            raise LimitExceeded("quota.idle_exceeded", f"the turn made no progress for {idle} s (max_idle_seconds)")
 
     def progressed(self) -> None:
         self._last_progress = time.monotonic()
@@ -292,10 +296,10 @@ def drive(ctx: TurnContext) -> str:
         ctx.tokens_out += response.tokens_out
         ctx.cost += Decimal(str(getattr(response, "cost", 0) or 0))
         ctx.progressed()
-        limit_tokens = ctx.project.max_tokens_per_job
+        limit_tokens = effective_limit(ctx.project, "max_tokens_per_job")
         if limit_tokens and ctx.tokens_in + ctx.tokens_out > limit_tokens:
             raise LimitExceeded("quota.tokens_exhausted", f"the turn used more than {limit_tokens} tokens (max_tokens_per_job)")
-        limit_cost = ctx.project.max_cost_per_job
+        limit_cost = effective_limit(ctx.project, "max_cost_per_job")
         if limit_cost and ctx.cost > limit_cost:
             raise LimitExceeded("quota.cost_exhausted", f"the turn cost more than ${limit_cost} (max_cost_per_job)")
         if not response.tool_calls:

@@ -2,6 +2,8 @@
 
 import re
 
+from django.db import transaction
+
 from collab.events import send_event_on_commit
 from collab.models import Branch, NameStage
 
@@ -48,3 +50,14 @@ def create_branch(session, *, name: str, name_stage: int, forked_from=None, agen
         actor=created_by,
     )
     return branch
+
+
+def do_set_branch_internal(actor, branch: Branch, internal: bool) -> bool:
+    """Flag a branch internal (hidden from agents' listings) or not; audited. True if it changed.
+    Authorization is the caller's (an operator's Django permission in the admin)."""
+    with transaction.atomic():
+        changed = Branch.objects.filter(pk=branch.pk).exclude(internal=internal).update(internal=internal)
+        if changed:
+            send_event_on_commit(branch.session_id, "branch.internal_changed",
+                                 {"branch": branch.pk, "internal": internal}, actor=actor)
+    return bool(changed)

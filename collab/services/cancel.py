@@ -40,13 +40,16 @@ def check_can_cancel(user, job: Job) -> None:
 
 
 @retry_on_deadlock
-def do_execution_command(user, job: Job, *, command_id: str, action: str, expected_version: int, payload: dict) -> tuple[int, dict]:
+def do_execution_command(user, job: Job, *, command_id: str, action: str, expected_version: int, payload: dict,
+                         operator: bool = False) -> tuple[int, dict]:
     """Run a control command once; returns (HTTP status, answer). Preconditions: ``job``
-    came from ``access_job``."""
+    came from ``access_job`` — or ``operator``: an operator in the admin, authorized there
+    by a Django permission (staff are trusted and need not be project members)."""
     command_id = (command_id or "").strip()
     if not command_id or len(command_id) > 100:
         raise Invalid("command_id must be 1–100 characters", code="invalid_command_id")
-    check_can_cancel(user, job)  # before the replay: knowing a command id grants no control either
+    if not operator:
+        check_can_cancel(user, job)  # before the replay: knowing a command id grants no control either
     key = command_key(job, command_id)
     previous = ExecutionCommand.objects.filter(pk=key).first()
     if previous is not None:
@@ -72,7 +75,8 @@ def do_execution_command(user, job: Job, *, command_id: str, action: str, expect
                 payload=payload or {}, response_status=202, response=answer, issued_by=user,
             )
             send_event_on_commit(locked.session_id, "execution.cancel_requested",
-                                 {"job": locked.pk, "command_id": command_id, "cascaded": cascaded}, actor=user)
+                                 {"job": locked.pk, "command_id": command_id, "cascaded": cascaded,
+                                  **({"via": "admin"} if operator else {})}, actor=user)
     except IntegrityError:  # the same command_id raced in: answer like the first one
         first = ExecutionCommand.objects.get(pk=key)
         return first.response_status, first.response

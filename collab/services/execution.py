@@ -12,12 +12,14 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
+from accounts.limits import effective_limit
 from collab.events import send_event_on_commit
 from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageRole, Session
 from collab.services.admission import enqueue_job, follow_head, job_wire, send_job_event, write_prompt_node
 from collab.services.archive import AUTOMATIC_REASON, do_archive_branch
 from collab.services.artifacts import store_result
 from collab.services.deliver import drain_inbox_locked
+from collab.services.fair_share import take_running_slot, wake_waiting_in_project
 from collab.services.followup import deliver_owed_after_commit, deliver_owed_locked, owes_followup
 from collab.services.limits import live_slots_free
 from collab.services.messages import append_message
@@ -37,8 +39,9 @@ def lease_deadline():
 def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     """Take a queued job for this worker, or None if another worker has it, it is no
     longer queued, or an earlier job on its branch must run first (it is re-enqueued
-    when that one ends), or its session has no free live slot (``inline`` jobs run in
-    their caller's slot). A conditional UPDATE, so two workers can never both win."""
+    when that one ends), or its session has no free live slot, or its project is at its
+    running cap (P-SEC-6; ``inline`` jobs run in their caller's slot). A conditional
+    UPDATE, so two workers can never both win."""
     now = timezone.now()
     if not inline:
         job = Job.objects.select_related("project").filter(pk=job_id).first()
@@ -50,6 +53,8 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     )
     try:
         with transaction.atomic():
+            if not inline and (job.status != JobStatus.QUEUED or not take_running_slot(job.project_id)):
+                return None  # stays queued; woken when a job of its project ends (fair_share)
             won = (
                 Job.objects.filter(pk=job_id, status=JobStatus.QUEUED)
                 .filter(~Exists(busy), ~Exists(earlier))
@@ -69,7 +74,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
                 branch = Branch.objects.select_for_update(of=("self",)).select_related("tip").get(pk=job.branch_id)
                 write_prompt_node(job, branch)
                 job.branch = branch
-            limit = job.project.max_live_per_session
+            limit = effective_limit(job.project, "max_live_per_session")
             if limit and not inline:
                 # checked again with the session row locked and this claim counted, so two
                 # claims in one session cannot both take its last live slot
@@ -162,8 +167,10 @@ def finish_job(
             deliver_owed_locked(branch)
             schedule_naming(branch.pk, branch.turns, branch.name_stage)
         enqueue_next_on_branch(branch.pk)
-        if ran and branch.session.project.max_live_per_session:
+        if ran and effective_limit(branch.session.project, "max_live_per_session"):
             enqueue_next_in_session(branch.session_id)
+        if ran and job.run_in_background:
+            wake_waiting_in_project(job.project_id, ended_branch_id=branch.pk)
         if owed:
             deliver_owed_after_commit(job.caller_branch_id)
     return job

@@ -6,6 +6,7 @@ Resources (null = no limit) are counted on the *executing* session and checked
 with the session row locked, so concurrent admissions cannot overshoot.
 """
 
+from accounts.limits import effective_limit
 from accounts.models import Project
 from collab.errors import DomainError
 from collab.models import OPEN_STATUSES, Job, JobKind, JobStatus, Session
@@ -24,7 +25,8 @@ class QuotaExceeded(DomainError):
 
 
 def messages_left(project: Project, chain_messages: int) -> bool:
-    return not project.max_messages or chain_messages + 1 <= project.max_messages
+    limit = effective_limit(project, "max_messages")
+    return not limit or chain_messages + 1 <= limit
 
 
 def check_topology(actor, *, spawn: bool) -> None:
@@ -33,25 +35,27 @@ def check_topology(actor, *, spawn: bool) -> None:
     messages, generations = actor.chain
     if not messages_left(project, messages):
         raise BudgetExhausted(
-            f"this chain has used its {project.max_messages} messages (max_messages): finish the work yourself; "
+            f"this chain has used its {effective_limit(project, 'max_messages')} messages (max_messages): finish the work yourself; "
             "job_output, list_jobs and reading stay available",
             code="budget.messages_exhausted",
         )
     if not spawn:
         return
-    if project.max_spawn_depth and generations + 1 > project.max_spawn_depth:
+    depth = effective_limit(project, "max_spawn_depth")
+    if depth and generations + 1 > depth:
         raise BudgetExhausted(
-            f"agents at this depth may not create agents (max_spawn_depth={project.max_spawn_depth}): "
+            f"agents at this depth may not create agents (max_spawn_depth={depth}): "
             "do the work yourself, or message an existing agent",
             code="budget.depth_exhausted",
         )
-    if project.max_spawn_fanout:
+    fanout = effective_limit(project, "max_spawn_fanout")
+    if fanout:
         calling = actor.calling_node
         spawned = Job.objects.filter(kind=JobKind.SPAWN, caller_branch=actor.branch)
         spawned = spawned.filter(caller_msg__turn=calling.turn) if calling is not None else spawned.filter(caller_msg__isnull=True)
-        if spawned.count() >= project.max_spawn_fanout:
+        if spawned.count() >= fanout:
             raise BudgetExhausted(
-                f"this turn already created {project.max_spawn_fanout} agents (max_spawn_fanout): "
+                f"this turn already created {fanout} agents (max_spawn_fanout): "
                 "wait for their results or reuse them with agent(to=…)",
                 code="budget.fanout_exhausted",
             )
@@ -60,19 +64,21 @@ def check_topology(actor, *, spawn: bool) -> None:
 def check_admission_quota(session: Session) -> None:
     """Precondition: inside the admission transaction. Locks the executing session row."""
     project = session.project
-    if not (project.max_queued_per_session or project.max_jobs_per_session):
+    max_jobs = effective_limit(project, "max_jobs_per_session")
+    max_queued = effective_limit(project, "max_queued_per_session")
+    if not (max_queued or max_jobs):
         return
     Session.objects.select_for_update().filter(pk=session.pk).first()
-    if project.max_jobs_per_session:
+    if max_jobs:
         total = Job.objects.filter(session=session).count()
-        if total >= project.max_jobs_per_session:
+        if total >= max_jobs:
             raise QuotaExceeded(
-                f"this session has admitted its {project.max_jobs_per_session} jobs (max_jobs_per_session)",
+                f"this session has admitted its {max_jobs} jobs (max_jobs_per_session)",
                 code="quota.jobs_exhausted", retryable=False,
             )
-    if project.max_queued_per_session:
+    if max_queued:
         queued = Job.objects.filter(session=session, status=JobStatus.QUEUED).count()
-        if queued >= project.max_queued_per_session:
+        if queued >= max_queued:
             raise QuotaExceeded(
                 f"{queued} jobs are already waiting in this session (max_queued_per_session); try again later",
                 code="quota.queue_full", retryable=True,
@@ -80,10 +86,11 @@ def check_admission_quota(session: Session) -> None:
 
 
 def live_slots_free(session_id: str, project: Project) -> bool:
-    if not project.max_live_per_session:
+    limit = effective_limit(project, "max_live_per_session")
+    if not limit:
         return True
     running = Job.objects.filter(session_id=session_id, status__in=(JobStatus.RUNNING, JobStatus.STOPPING)).count()
-    return running < project.max_live_per_session
+    return running < limit
 
 
 def open_jobs(session) -> int:

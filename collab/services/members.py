@@ -85,18 +85,10 @@ def do_remove_member(actor, project, username: str) -> None:
 
 def _tell_sockets(user_id: int, project_id: int) -> None:
     """Ask every socket of the user in this project to re-check its access (and close if gone)."""
-    _send(user_id, {"type": "collab.access_changed", "project": project_id})
+    send_to_user(user_id, {"type": "collab.access_changed", "project": project_id})
 
 
-def do_revoke_token(token) -> None:
-    """Revoke a token; sockets opened with it close at once."""
-    with transaction.atomic():
-        accounts.revoke_token(token)
-        user_id, token_id = token.user_id, token.pk
-        transaction.on_commit(lambda: _send(user_id, {"type": "collab.token_revoked", "token": token_id}))
-
-
-def _send(user_id: int, message: dict) -> None:
+def send_to_user(user_id: int, message: dict) -> None:
     layer = get_channel_layer()
     if layer is not None:
         async_to_sync(layer.group_send)(user_group(user_id), message)

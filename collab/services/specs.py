@@ -1,6 +1,7 @@
 from django.db import IntegrityError, transaction
 
 from collab.errors import Conflict, Invalid
+from collab.events import record_project_event
 from collab.models import AgentRole, AgentSpec, FollowupMode, ModelConnection, Toolset
 from collab.runtime.providers import IMPLEMENTED_PROVIDERS
 from collab.runtime.providers.scripted import check_script
@@ -55,3 +56,31 @@ def do_create_agent_spec(project, *, replace: bool = False, **data) -> AgentSpec
             return AgentSpec.objects.create(project=project, **fields)
     except IntegrityError:
         raise Conflict(f"agent_id {data.get('agent_id')!r} already exists in this project", code="agent_id_taken") from None
+
+
+def do_update_agent_spec(actor, spec: AgentSpec, changes: dict) -> AgentSpec:
+    """Change a saved spec (the operator's admin): validated like a new one, audited.
+    ``agent_id`` is the spec's identity and does not change here."""
+    changes = {k: v for k, v in changes.items() if k in SPEC_FIELDS and k != "agent_id"}
+    merged = {field: getattr(spec, field) for field in SPEC_FIELDS} | changes
+    with transaction.atomic():
+        spec = do_create_agent_spec(spec.project, replace=True, **merged)
+        if changes:
+            record_project_event(spec.project_id, "agent_spec.changed",
+                                 {"agent_id": spec.agent_id, "fields": sorted(changes)}, actor=actor)
+    return spec
+
+
+def do_add_agent_spec(actor, project, **data) -> AgentSpec:
+    """A new spec saved by an operator (the admin): validated like the API's, audited."""
+    with transaction.atomic():
+        spec = do_create_agent_spec(project, **data)
+        record_project_event(project.pk, "agent_spec.created", {"agent_id": spec.agent_id}, actor=actor)
+    return spec
+
+
+def do_delete_agent_spec(actor, spec: AgentSpec) -> None:
+    """Remove a saved spec (sessions and branches that used it keep running without it); audited."""
+    with transaction.atomic():
+        record_project_event(spec.project_id, "agent_spec.deleted", {"agent_id": spec.agent_id}, actor=actor)
+        spec.delete()

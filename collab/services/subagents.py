@@ -16,6 +16,7 @@ import re
 
 from django.db import IntegrityError, transaction
 
+from accounts.limits import effective_limit
 from collab.errors import DomainError
 from collab.events import send_event_on_commit
 from collab.models import (
@@ -76,7 +77,7 @@ def active_child_turns(root: Session) -> int:
 def _take_slot(actor: Actor) -> Session:
     """Lock the root session row and check a child turn slot is free (OW §7.1)."""
     root = Session.objects.select_for_update().select_related("project").get(pk=root_of(actor.session).pk)
-    limit = root.project.max_active_turns
+    limit = effective_limit(root.project, "max_active_turns")
     if active_child_turns(root) >= limit:
         raise ow_error(
             "agent_limit_reached",

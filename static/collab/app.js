@@ -38,6 +38,11 @@
       box.textContent = e.detail.xhr.responseText || ("Error " + e.detail.xhr.status);
     }
   });
+  // the composer empties after a turn was accepted (no inline handler: the CSP allows none)
+  document.addEventListener("htmx:afterRequest", function (e) {
+    var form = e.detail.elt;
+    if (form && form.id === "composer" && e.detail.successful) form.reset();
+  });
   document.addEventListener("htmx:beforeRequest", function (e) {
     var box = document.getElementById("composer-error");
     if (box && e.detail.elt && e.detail.elt.id === "composer") box.textContent = "";

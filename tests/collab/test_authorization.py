@@ -37,7 +37,7 @@ from django.test import Client
 from django.urls import reverse
 from django.urls.resolvers import RoutePattern
 
-from accounts.models import ApiToken, Membership, Project, hash_token
+from accounts.models import ApiToken, Membership, Project, TokenScope, hash_token
 from collab.models import (
     AgentSpec,
     Artifact,
@@ -68,7 +68,8 @@ def row_counts() -> dict:
 
 
 def bearer_token(user) -> str:
-    _, raw = ApiToken.issue(user, name="authz-test")
+    """A token with every scope: these tests are about roles (scopes: tests/test_token_scopes.py)."""
+    _, raw = ApiToken.issue(user, name="authz-test", scopes=TokenScope.values)
     return raw
 
 

@@ -1,4 +1,10 @@
-"""Create (or refresh) the demo user, project, agent spec and session; print the login."""
+"""Create (or refresh) the demo user, project, agent spec and session; print the login.
+
+The demo user is an operator (staff + superuser) only on the embedded default (no
+DATABASE_URL: one person's SQLite file on 127.0.0.1). On a DATABASE_URL deployment it
+is an ordinary user, and an existing demo user there loses staff and superuser: a
+login whose password sits in a file under var/ is never an admin of a shared
+deployment (P-SEC-8)."""
 
 import secrets
 
@@ -31,13 +37,17 @@ class Command(BaseCommand):
         with transaction.atomic():
             user = User.objects.filter(username=DEMO_USER).first()
             password = cred_file.read_text().strip() if cred_file.exists() else ""
+            operator = not settings.DATABASE_URL
             if user is None or not password or not user.check_password(password):
                 password = secrets.token_urlsafe(9)
-                user = user or User(username=DEMO_USER, is_staff=True, is_superuser=True)
+                user = user or User(username=DEMO_USER, is_staff=operator, is_superuser=operator)
                 user.set_password(password)
                 user.save()
                 cred_file.write_text(password)
                 cred_file.chmod(0o600)
+            if not operator and (user.is_staff or user.is_superuser):
+                user.is_staff = user.is_superuser = False
+                user.save(update_fields=["is_staff", "is_superuser"])
             project, _ = Project.objects.get_or_create(slug=DEMO_PROJECT, defaults={"name": "Demo project"})
             Membership.objects.get_or_create(user=user, project=project, defaults={"role": Role.OWNER})
             AgentSpec.objects.get_or_create(

@@ -1,0 +1,36 @@
+"""Security headers for every HTTP answer (issue 11 item 8, P-SEC-8).
+
+The pages carry no inline script, style or event handler (htmx with ``allowEval``
+off; behaviour lives in static/collab/app.js), so the Content-Security-Policy allows
+only this origin: scripts, styles, images, fetches and the session socket. The
+admin keeps Django's own inline ``style`` attributes. Frames are refused
+(``frame-ancestors 'none'`` beside ``X-Frame-Options: DENY``). Nosniff, the
+Referrer-Policy and HSTS (when cookies are secure) come from Django's
+SecurityMiddleware, configured in settings.
+"""
+
+POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'{admin_styles}; img-src 'self' data:; "
+    "font-src 'self'; connect-src 'self' {sockets}; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
+
+
+def content_security_policy(request) -> str:
+    host = request.get_host()
+    admin = request.path.startswith("/admin/")
+    return POLICY.format(
+        admin_styles=" 'unsafe-inline'" if admin else "",
+        # 'self' does not cover ws:/wss: in every browser: name this host's sockets explicitly
+        sockets=f"ws://{host} wss://{host}",
+    )
+
+
+class ContentSecurityPolicyMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        response.headers.setdefault("Content-Security-Policy", content_security_policy(request))
+        return response
