@@ -222,7 +222,17 @@ TRELLIS_MAX_TOOL_CALLS = env_int("TRELLIS_MAX_TOOL_CALLS", 50, minimum=1)
 # Which worker environment variables an AgentSpec's api_key_env may name: key-like names,
 # never the server's own DJANGO_* settings.
 TRELLIS_API_KEY_ENV_PATTERN = env_str("TRELLIS_API_KEY_ENV_PATTERN", r"(?!DJANGO_)[A-Z][A-Z0-9_]*_(API_KEY|KEY|TOKEN)")
-TRELLIS_LEASE_SECONDS = env_int("TRELLIS_LEASE_SECONDS", 30, minimum=5)
+# Liveness (SPEC §7 P-REL-1): each worker process renews the leases of the jobs it runs every
+# lease/3 s and reconciles every TRELLIS_RECONCILE_SECONDS, so a dead worker's running job is
+# interrupted, and the queued jobs it had taken handed off again, within lease + reconcile
+# interval of its death (30 + 10 = 40 s by default; at most 2 x lease, checked here).
+TRELLIS_LEASE_SECONDS = env_int("TRELLIS_LEASE_SECONDS", 30, minimum=2)
+TRELLIS_RECONCILE_SECONDS = env_int("TRELLIS_RECONCILE_SECONDS", 10, minimum=1)
+if TRELLIS_RECONCILE_SECONDS > TRELLIS_LEASE_SECONDS:
+    raise ImproperlyConfigured(
+        f"TRELLIS_RECONCILE_SECONDS ({TRELLIS_RECONCILE_SECONDS}) must not exceed TRELLIS_LEASE_SECONDS "
+        f"({TRELLIS_LEASE_SECONDS}): recovery takes up to lease + reconcile interval"
+    )
 
 # --- model providers (openai, anthropic) -------------------------------------------
 # Per request: seconds to wait (while streaming: between chunks); bounded retries on
