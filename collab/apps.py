@@ -12,11 +12,13 @@ class CollabConfig(AppConfig):
 
 
 def _reconcile_on_worker_start(sender, proc_name=None, **kwargs):
-    """At worker start, jobs left running by a dead process become interrupted (OW §8)."""
+    """At worker start, jobs left running by a dead process become interrupted (OW §8); from
+    then on the process renews its jobs' leases and reconciles on a timer (services/liveness.py)."""
     import logging
 
     from django.db import close_old_connections
 
+    from collab.services.liveness import start_reconciler
     from collab.services.reconcile import reconcile
 
     try:
@@ -25,3 +27,4 @@ def _reconcile_on_worker_start(sender, proc_name=None, **kwargs):
         logging.getLogger(__name__).exception("reconcile at worker start failed")
     finally:
         close_old_connections()
+    start_reconciler()

@@ -244,7 +244,17 @@ else:
 
 # --- Trellis ---------------------------------------------------------------
 TRELLIS_MAX_TOOL_CALLS = env_int("TRELLIS_MAX_TOOL_CALLS", 50, minimum=1)
-TRELLIS_LEASE_SECONDS = env_int("TRELLIS_LEASE_SECONDS", 30, minimum=5)
+# Liveness (SPEC §7 P-REL-1): each worker process renews the leases of the jobs it runs every
+# lease/3 s and reconciles every TRELLIS_RECONCILE_SECONDS, so a dead worker's running job is
+# interrupted, and the queued jobs it had taken handed off again, within lease + reconcile
+# interval of its death (30 + 10 = 40 s by default; at most 2 x lease, checked here).
+TRELLIS_LEASE_SECONDS = env_int("TRELLIS_LEASE_SECONDS", 30, minimum=2)
+TRELLIS_RECONCILE_SECONDS = env_int("TRELLIS_RECONCILE_SECONDS", 10, minimum=1)
+if TRELLIS_RECONCILE_SECONDS > TRELLIS_LEASE_SECONDS:
+    raise ImproperlyConfigured(
+        f"TRELLIS_RECONCILE_SECONDS ({TRELLIS_RECONCILE_SECONDS}) must not exceed TRELLIS_LEASE_SECONDS "
+        f"({TRELLIS_LEASE_SECONDS}): recovery takes up to lease + reconcile interval"
+    )
 
 # --- the tool gateway and the explorers' sandbox (P-SEC-4, P-SEC-5) -------------------
 # Blocking tool-gateway calls (job_output with block, wait_agent, bash, a foreground agent)

@@ -20,8 +20,9 @@ from collab.models import JobKind, JobStatus, Message, MessageRole
 from collab.runtime.providers import ProviderError, get_provider
 from collab.events import send_event_on_commit
 from collab.services.acting import Actor
-from collab.services.execution import claim_job, finish_job, heartbeat
+from collab.services.execution import claim_job, current_status, finish_job
 from collab.services.followup import drain_mailbox
+from collab.services.liveness import running
 from collab.services.messages import append_message
 from collab.tools.registry import ToolResult, run_tool
 from collab.tools.surface import branch_tools, role_of
@@ -164,7 +165,7 @@ class TurnContext:
         if not force and now - self._last_check < STOP_CHECK_SECONDS:
             return
         self._last_check = now
-        status = heartbeat(self.job, self.inline_parents)
+        status = current_status(self.job)
         if status != JobStatus.RUNNING:
             raise TurnStopped(status)
         # bounded by the operator's ceilings too, so no script (a sleep_ms step) outlasts them
@@ -231,11 +232,18 @@ def run_job(job_id: str, inline_parents: tuple[str, ...] = (), inline: bool = Fa
     """Run one job to its end. Returns the final status, or None if this worker did not claim it.
 
     ``inline_parents`` are the jobs waiting on this one in the same worker (foreground
-    ``agent`` calls); the turn's heartbeat keeps their leases alive too.
+    ``agent`` calls). While the job runs here, this process renews its lease whatever the
+    turn is blocked on (collab/services/liveness.py).
     """
     job = claim_job(job_id, inline=inline)
     if job is None:
         return None
+    with running(job.pk):
+        return _run_claimed(job, inline_parents)
+
+
+def _run_claimed(job, inline_parents: tuple[str, ...]) -> str:
+    job_id = job.pk
     job.inline_parents = tuple(inline_parents)
     ctx = TurnContext(job=job, branch=job.branch, spec=job.agent_spec, inline_parents=tuple(inline_parents))
     if job.branch.archived:

@@ -1,4 +1,6 @@
-"""Job lifecycle on the worker side: claim, heartbeat, finish (SPEC §7, §13).
+"""Job lifecycle on the worker side: claim, status checks, finish (SPEC §7, §13).
+
+Leases are renewed by the worker process, not here (collab/services/liveness.py).
 
 A turn costs three commits: the admission (elsewhere), the claim, and one
 completion transaction that writes the final node, the terminal state, the
@@ -9,7 +11,8 @@ import os
 import socket
 
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Exists, F, OuterRef, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from accounts.limits import effective_limit
@@ -30,9 +33,11 @@ WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 
 
 def lease_deadline():
+    """The database's now + the lease, as an expression: every lease is set and checked on
+    the database clock, never an app server's."""
     from django.conf import settings
 
-    return timezone.now() + timezone.timedelta(seconds=settings.TRELLIS_LEASE_SECONDS)
+    return Now() + timezone.timedelta(seconds=settings.TRELLIS_LEASE_SECONDS)
 
 
 @retry_on_deadlock
@@ -94,11 +99,8 @@ class _NoLiveSlot(Exception):
     pass
 
 
-def heartbeat(job: Job, inline_parents: tuple[str, ...] = ()) -> str:
-    """Renew the lease of the job (and of jobs waiting on it inline); return its current status."""
-    Job.objects.filter(pk__in=(job.pk, *inline_parents), status__in=ACTIVE_STATUSES).update(
-        heartbeat_at=timezone.now(), lease_expires_at=lease_deadline()
-    )
+def current_status(job: Job) -> str:
+    """The job's status now (the turn loop's stop check; the lease is the worker process's)."""
     return Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
 
 
@@ -114,6 +116,7 @@ def finish_job(
     error_reason: str = "",
     usage: dict | None = None,
     from_statuses=ACTIVE_STATUSES,
+    lease_expired: bool = False,
 ) -> Job:
     """The completion transaction (SPEC §13: one commit): the final node, the terminal
     state, the bounded result (full text as an Artifact), the follow-up owed to the
@@ -121,7 +124,11 @@ def finish_job(
     archive-when-done, naming, the next job.
 
     Only a job whose status is in ``from_statuses`` (running or stopping, or queued for
-    a cancel before start) can finish; a job ended by someone else is left alone.
+    a cancel before start) can finish; a job ended by someone else is left alone. With
+    ``lease_expired`` (reconcile) it must also still have a lease that ran out on the
+    database clock, checked under the row lock and in the UPDATE that ends it, so a job
+    whose live worker renewed it meanwhile is never ended. Returns ``job`` itself if this
+    call ended it, else the row as it is.
     """
     now = timezone.now()
     usage = usage or {}
@@ -130,12 +137,15 @@ def finish_job(
         branch = Branch.objects.select_for_update(of=("self",)).select_related("tip", "session").filter(pk=job.branch_id).first()
         if branch is None:  # its session was deleted while the turn ran: nothing is left to finish
             return job
-        current = Job.objects.select_for_update().filter(pk=job.pk, status__in=from_statuses).first()
+        guard = Q(status__in=from_statuses)
+        if lease_expired:
+            guard &= Q(lease_expires_at__lt=Now())
+        current = Job.objects.select_for_update().filter(guard, pk=job.pk).first()
         if current is None:
             return Job.objects.filter(pk=job.pk).first() or job
         ran = current.started_at is not None
         summary, artifact = store_result(current, result_text)
-        Job.objects.filter(pk=job.pk).update(
+        Job.objects.filter(guard, pk=job.pk).update(  # matches: the row is locked since the read
             status=status,
             version=F("version") + 1,
             finished_at=now,

@@ -1,24 +1,34 @@
 """Crash recovery (SPEC §7 P-REL-1, OW §8): nothing is lost, nothing runs twice.
 
-- A running job whose lease expired (its worker died) becomes ``interrupted`` —
-  ``cancelled`` if a cancel was already requested — through the normal completion
-  path, so the follow-up it owes is delivered exactly once. It is never re-run.
-- A queued job nobody is working on (its enqueue was lost in a crash) is enqueued
-  again; the claim is idempotent, so a duplicate hand-off is harmless.
+- A running or stopping job whose lease expired (its worker process died: a live one
+  renews it, collab/services/liveness.py) becomes ``interrupted`` — ``cancelled`` if a
+  cancel was already requested — through the normal completion path, and only if its
+  lease is still expired under the row lock and in the UPDATE that ends it; so the
+  follow-up it owes and the next queued turn on its branch come exactly once, and a
+  healthy job is never ended. It is never re-run.
+- A queued job nobody is working on (its hand-off was lost with a dead worker) is
+  enqueued again once it has waited a lease since it was last handed off; the re-hand-off
+  is a conditional UPDATE of its ``heartbeat_at`` (for a queued job: when it was last
+  handed to the queue), so several reconcilers hand it off once. The claim is
+  idempotent, so a duplicate hand-off is harmless.
 - Results owed to idle branches (their delivery crashed) are settled.
+
+It runs in every worker process every ``TRELLIS_RECONCILE_SECONDS``, at worker start,
+and from ``manage.py reconcile``. All times are the database's.
 """
 
 import logging
 from datetime import timedelta
 
-from django.db.models import Exists, OuterRef
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from collab.models import ACTIVE_STATUSES, FollowupState, Job, JobStatus
 
 log = logging.getLogger(__name__)
-
-STALE_QUEUED_AFTER = timedelta(seconds=30)
 
 
 def reconcile(now=None) -> dict:
@@ -28,25 +38,29 @@ def reconcile(now=None) -> dict:
 
     now = now or timezone.now()
     interrupted = []
-    for job in Job.objects.filter(status__in=ACTIVE_STATUSES, lease_expires_at__lt=now).select_related("branch"):
+    for job in Job.objects.filter(status__in=ACTIVE_STATUSES, lease_expires_at__lt=Now()).select_related("branch"):
         stopping = job.status == JobStatus.STOPPING
         status = JobStatus.CANCELLED if stopping else JobStatus.INTERRUPTED
         reason = "the worker running it stopped" + (" after a cancel was requested" if stopping else "")
-        finish_job(job, status=status, final_text=None, result_text=reason, is_error=True,
-                   error_code="cancelled" if stopping else "interrupted", error_reason=reason)
-        interrupted.append(job.pk)
+        ended = finish_job(job, status=status, final_text=None, result_text=reason, is_error=True,
+                           error_code="cancelled" if stopping else "interrupted", error_reason=reason,
+                           lease_expired=True)
+        if ended is job:  # not renewed meanwhile, not ended by someone else
+            interrupted.append(job.pk)
 
+    handed_before = Now() - timedelta(seconds=settings.TRELLIS_LEASE_SECONDS)
+    not_handed_since = Q(heartbeat_at__lt=handed_before) | Q(heartbeat_at__isnull=True, created_at__lt=handed_before)
     busy = Job.objects.filter(branch=OuterRef("branch"), status__in=ACTIVE_STATUSES)
     earlier = Job.objects.filter(branch=OuterRef("branch"), status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at"))
-    stale = list(
-        Job.objects.filter(status=JobStatus.QUEUED, created_at__lt=now - STALE_QUEUED_AFTER, run_in_background=True)
+    stale = []
+    for pk in list(
+        Job.objects.filter(not_handed_since, status=JobStatus.QUEUED, run_in_background=True)
         .filter(~Exists(busy), ~Exists(earlier)).values_list("pk", flat=True)
-    )
-    from django.db import transaction
-
-    with transaction.atomic():
-        for pk in stale:
-            enqueue_job(pk)
+    ):
+        with transaction.atomic():
+            if Job.objects.filter(not_handed_since, pk=pk, status=JobStatus.QUEUED).update(heartbeat_at=Now()):
+                enqueue_job(pk)
+                stale.append(pk)
 
     owed_branches = set(
         Job.objects.filter(followup_state=FollowupState.OWED, finished_at__lt=now - timedelta(seconds=5))

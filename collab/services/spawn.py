@@ -110,7 +110,7 @@ def _admit_spawn(actor: Actor, *, prompt, description, agent_id, start_from, run
 
 
 def _inline_chain(actor: Actor) -> tuple[str, ...]:
-    """Jobs waiting on this inline run, whose leases its heartbeat keeps alive."""
+    """Jobs waiting on this inline run (in this process, which renews all their leases)."""
     if actor.job is None:
         return ()
     return (actor.job.pk, *getattr(actor.job, "inline_parents", ()))
