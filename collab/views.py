@@ -147,12 +147,22 @@ def cancel_job(request, sid, job_id):
         raise NotFound()
     do_execution_command(
         request.user, job, command_id=f"ui-{uuid.uuid4().hex}", action=CANCEL,
-        expected_version=int(request.POST.get("version") or job.version), payload={},
+        expected_version=_version(request.POST.get("version"), job), payload={},
     )
     session = access.access_session(request.user, sid)
     if request.htmx:
         return render(request, "collab/session.html#jobs", _session_context(request, session, ["jobs"]))
     return redirect("collab:session", sid=sid)
+
+
+def _version(value: str | None, job) -> int:
+    """The ``version`` a cancel form carries (the job's current one when absent)."""
+    if not value:
+        return job.version
+    try:
+        return int(value)
+    except ValueError:
+        raise Invalid("version must be a whole number", code="invalid_version") from None
 
 
 @login_required

@@ -23,6 +23,7 @@ from collab.services.limits import live_slots_free
 from collab.services.messages import append_message
 from collab.services.naming import schedule_naming
 from collab.services.retry import retry_on_deadlock
+from collab.text import clean_text
 
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -138,7 +139,7 @@ def finish_job(
             result_artifact=artifact,
             is_error=is_error,
             error_code=error_code,
-            error_reason=error_reason,
+            error_reason=clean_text(error_reason),
             lease_expires_at=None,
             followup_state=FollowupState.OWED if owed else FollowupState.NONE,
             **{k: usage[k] for k in ("model_calls", "tool_calls", "tokens_in", "tokens_out", "cost") if k in usage},

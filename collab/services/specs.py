@@ -2,6 +2,7 @@ from django.db import IntegrityError, transaction
 
 from collab.errors import Conflict, Invalid
 from collab.models import AgentRole, AgentSpec, FollowupMode, Toolset
+from collab.text import clean_data
 from collab.runtime.providers import IMPLEMENTED_PROVIDERS
 from collab.runtime.providers.remote import key_env_allowed
 from collab.runtime.providers.scripted import check_script
@@ -20,6 +21,7 @@ def _choice(value, allowed, field):
 def do_create_agent_spec(project, *, replace: bool = False, **data) -> AgentSpec:
     """Validate and save an AgentSpec. Only providers this server implements are accepted.
     ``replace`` (operators' commands) overwrites a spec with the same ``agent_id``."""
+    data = clean_data(data)
     _choice(data.get("provider", "scripted"), IMPLEMENTED_PROVIDERS, "provider")
     if data.get("provider", "scripted") != "scripted" and not (data.get("model") or "").strip():
         raise Invalid(f"provider {data['provider']!r} needs a model name", code="invalid_model")

@@ -7,6 +7,9 @@ workspace mounted read-only, a private ``/tmp``, no network, an empty
 environment and no capabilities; it never runs a command unsandboxed.
 
 Errors are ``WorkspaceError(code, detail)``; the tool adapters render them.
+Every answer passes the text boundary (``collab.text``): a file name that is not
+UTF-8 (Python hands it over with surrogate escapes), a NUL in a file or in a
+command's output become U+FFFD, so an explorer never stores what PostgreSQL refuses.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+from collab.text import clean_text
 
 MAX_READ_BYTES = 5 * 1024 * 1024
 MAX_OUTPUT_CHARS = 30_000
@@ -93,7 +98,7 @@ class Workspace:
             size += len(entry) + 1
             last = number
         out.append(f"(lines {offset}–{last} of {total})")
-        return "\n".join(out)
+        return clean_text("\n".join(out))
 
     def list(self, path: str = ".") -> str:
         """The directory's entries, sorted; symlinks are shown, not followed."""
@@ -228,7 +233,7 @@ def _bounded(lines: list[str], total: int) -> str:
         size += len(line) + 1
     if len(out) < total:
         out.append(f"[… {total - len(out)} more]")
-    return "\n".join(out)
+    return clean_text("\n".join(out))
 
 
 # --- bash under bubblewrap ------------------------------------------------------
@@ -243,7 +248,7 @@ class BashResult:
 
     def as_text(self) -> str:
         status = f"timed out after {self.timeout_ms} ms" if self.timed_out else f"exit code {self.exit_code}"
-        return f"{status}\n{self.output}"
+        return clean_text(f"{status}\n{self.output}")
 
 
 @dataclass(frozen=True)
