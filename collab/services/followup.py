@@ -80,10 +80,11 @@ def envelope(job: Job, *, reconciling: bool) -> tuple[str, str]:
     if estimate_tokens(text) >= MAX_DELIVERY_TOKENS:
         # OW §6.2: refused rather than delivered; the parent is told (it never waits for nothing)
         kind = "failed"
+        kept = f" (full text: artifact {job.result_artifact_id})" if job.result_artifact_id else ""
         text = _agent_message(job.branch.task_name, kind, (
             f"agent_delivery_failed: the sub-agent's message is about {estimate_tokens(text)} tokens, over the "
-            f"{MAX_DELIVERY_TOKENS}-token limit for delivered messages; its full result is execution {job.pk}. "
-            "Ask it (followup_task) for a shorter answer if you still need it."))
+            f"{MAX_DELIVERY_TOKENS}-token limit for delivered messages; its result stays with execution {job.pk}"
+            f"{kept}. Ask it (followup_task) for a shorter answer if you still need it."))
     return kind, text
 
 
