@@ -95,7 +95,7 @@ def _int(field, value, *, allow_zero: bool, allow_null: bool):
         raise LimitError(field, "must be an integer")
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise LimitError(field, f"must be an integer, got {value!r}") from None
     if isinstance(value, float) and value != number:
         raise LimitError(field, "must be an integer")

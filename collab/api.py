@@ -4,7 +4,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router, Status
 
 from accounts.limits import LimitError, limits_report
-from accounts.models import ApiToken, Membership, TokenScope
+from accounts.models import ApiToken, TokenScope
 from accounts.policy import member_roles, role_of, visible_projects
 from accounts.services import SlugTaken, create_project
 from collab import access

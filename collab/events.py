@@ -13,6 +13,7 @@ from channels.layers import get_channel_layer
 from django.db import connection, transaction
 
 from collab.models import Event
+from collab.text import clean_data
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None) 
     if not connection.in_atomic_block:
         raise RuntimeError("send_event_on_commit must run inside transaction.atomic")
     actor_id = getattr(actor, "pk", actor)
+    payload = clean_data(payload)
     seq, project_id = _next_seq(session_id)
     event = Event.objects.create(
         project_id=project_id, session_id=session_id, seq=seq, type=type, payload=payload, actor_id=actor_id
@@ -88,6 +90,6 @@ def record_project_event(project_id: int, type: str, payload: dict, actor=None) 
     if not connection.in_atomic_block:
         raise RuntimeError("record_project_event must run inside transaction.atomic")
     return Event.objects.create(
-        project_id=project_id, session=None, seq=_next_project_seq(project_id), type=type, payload=payload,
+        project_id=project_id, session=None, seq=_next_project_seq(project_id), type=type, payload=clean_data(payload),
         actor_id=getattr(actor, "pk", actor),
     )

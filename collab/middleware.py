@@ -1,7 +1,8 @@
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponseBadRequest
+from django.http import Http404, HttpResponseBadRequest, QueryDict
 
 from collab.errors import DomainError, Forbidden, NotFound
+from collab.text import clean_text
 
 
 class DomainErrorMiddleware:
@@ -21,3 +22,42 @@ class DomainErrorMiddleware:
         if isinstance(exc, DomainError):
             return HttpResponseBadRequest(f"{exc.code}: {exc.detail}", content_type="text/plain; charset=utf-8")
         return None
+
+
+class CleanInputMiddleware:
+    """The text boundary (``collab.text``) for what arrives outside a JSON body: URL path
+    values, query strings and form fields of pages and API alike. A NUL (``%00``) becomes
+    U+FFFD before any view or lookup sees it, so an id carrying one is simply not found and a
+    title carrying one is stored with the replacement, identically on both databases."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_view(self, request, view_func, view_args, view_kwargs):
+        for key, value in list(view_kwargs.items()):
+            if isinstance(value, str):
+                view_kwargs[key] = clean_text(value)
+        request.GET = _clean_querydict(request.GET)
+        if request.method == "POST" and request.content_type in _FORM_TYPES:
+            request.POST = _clean_querydict(request.POST)
+        return None
+
+
+_FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def _clean_querydict(data: QueryDict) -> QueryDict:
+    if not any(_unstorable(k) or any(_unstorable(v) for v in values) for k, values in data.lists()):
+        return data
+    cleaned = QueryDict(mutable=True)
+    for key, values in data.lists():
+        cleaned.setlist(clean_text(key), [clean_text(v) for v in values])
+    cleaned._mutable = False
+    return cleaned
+
+
+def _unstorable(value) -> bool:
+    return isinstance(value, str) and clean_text(value) != value

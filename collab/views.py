@@ -8,7 +8,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from accounts.limits import FIELDS as LIMIT_FIELDS
 from accounts.limits import LimitError, limits_of
-from accounts.models import DEFAULT_TOKEN_SCOPES, ApiToken, Membership, TokenScope
+from accounts.models import DEFAULT_TOKEN_SCOPES, ApiToken, TokenScope
 from accounts.policy import member_roles
 import json
 import uuid
@@ -168,12 +168,22 @@ def cancel_job(request, sid, job_id):
         raise NotFound()
     do_execution_command(
         request.user, job, command_id=f"ui-{uuid.uuid4().hex}", action=CANCEL,
-        expected_version=int(request.POST.get("version") or job.version), payload={},
+        expected_version=_version(request.POST.get("version"), job), payload={},
     )
     session = access.access_session(request.user, sid)
     if request.htmx:
         return render(request, "collab/session.html#jobs", _session_context(request, session, ["jobs"]))
     return redirect("collab:session", sid=sid)
+
+
+def _version(value: str | None, job) -> int:
+    """The ``version`` a cancel form carries (the job's current one when absent)."""
+    if not value:
+        return job.version
+    try:
+        return int(value)
+    except ValueError:
+        raise Invalid("version must be a whole number", code="invalid_version") from None
 
 
 @login_required

@@ -2,21 +2,25 @@
 
 Errors are always ``{"detail": str, "code": str}``. Clients authenticate with
 ``Authorization: Bearer <token>``; the browser with its session cookie, in which
-case unsafe methods must carry the CSRF token.
+case unsafe methods must carry the CSRF token. JSON bodies pass the text boundary
+(``collab.text``) as they are parsed; path and query values pass it in
+``collab.middleware.CleanInputMiddleware``.
 """
 
-from functools import wraps
+import json
+import math
 
 from django.http import Http404
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
 from ninja.security import HttpBearer, SessionAuth
-from pydantic import BaseModel
 
 from accounts.policy import token_for
 from collab.api import router as collab_router
 from collab.errors import DomainError, Invalid
 from collab.scopes import require_token_scope
+from collab.text import clean_data
 
 
 class BearerToken(HttpBearer):
@@ -43,12 +47,34 @@ class BrowserSession(SessionAuth):
         return super().__call__(request)
 
 
+def _not_a_number(constant: str):
+    raise Invalid(f"{constant} is not a JSON number: use a finite number", code="invalid_request")
+
+
+def _finite(literal: str) -> float:
+    number = float(literal)
+    if not math.isfinite(number):
+        raise Invalid(f"{literal} is too large: use a finite number", code="invalid_request")
+    return number
+
+
+class CleanParser(Parser):
+    """JSON bodies: standard JSON only (no ``NaN``/``Infinity``), every string cleaned."""
+
+    def parse_body(self, request):
+        try:
+            return clean_data(json.loads(request.body, parse_constant=_not_a_number, parse_float=_finite))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise Invalid(f"the body is not valid JSON: {exc}", code="malformed_request") from None
+
+
 api = NinjaAPI(
     title="Trellis API",
     version="1",
     description="Sessions, branches, turns, executions and the agent tool gateway.",
     auth=[BearerToken(), BrowserSession()],
     urls_namespace="api",
+    parser=CleanParser(),
 )
 
 
@@ -90,31 +116,5 @@ def on_not_found(request, exc):
     return _error(request, 404, "not found", "not_found")
 
 
-def _has_nul(value) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, BaseModel):
-        return _has_nul(value.model_dump())
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return any(_has_nul(v) for v in value)
-    return False
-
-
-def reject_nul(view):
-    """PostgreSQL cannot store NUL in text or jsonb: refuse it in any parameter or body
-    with a 400 rather than failing in the database with a 500."""
-
-    @wraps(view)
-    def checked(request, *args, **kwargs):
-        if _has_nul(args) or _has_nul(kwargs):
-            raise Invalid("text must not contain NUL (\\u0000) characters", code="invalid_request")
-        return view(request, *args, **kwargs)
-
-    return checked
-
-
-api.add_decorator(reject_nul)
 api.add_decorator(require_token_scope)
 api.add_router("/", collab_router)

@@ -18,7 +18,7 @@ from django.test import Client
 from django.urls import reverse
 
 from accounts.models import Membership, Project
-from collab.models import Branch, Event, Job, Session
+from collab.models import Branch, Event, Job
 from collab.models.ids import new_id
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,6 +4,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from collab.models.ids import id_field
+from collab.models.sessions import TASK_NAME_DB
 
 
 class NameStage(models.IntegerChoices):
@@ -66,7 +67,7 @@ class Branch(models.Model):
             ),
             models.CheckConstraint(condition=Q(name_stage__in=NameStage.values), name="branch_name_stage_valid"),
             models.CheckConstraint(
-                condition=Q(task_name__isnull=True) | Q(task_name__regex=r"^[a-z][a-z0-9_]{0,47}$"),
+                condition=Q(task_name__isnull=True) | Q(task_name__regex=TASK_NAME_DB),
                 name="branch_task_name_format",
             ),
             models.UniqueConstraint(

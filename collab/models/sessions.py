@@ -5,6 +5,10 @@ from django.utils import timezone
 
 from collab.models.ids import id_field
 
+# OW §3's task_name format for the database CHECKs: ``\A``/``\Z`` anchor at the very start and end
+# on both PostgreSQL (ARE) and SQLite (Python ``re``), where ``$`` would accept a trailing newline
+TASK_NAME_DB = r"\A[a-z][a-z0-9_]{0,47}\Z"
+
 
 class Session(models.Model):
     """A conversation DAG in one project.
@@ -30,6 +34,10 @@ class Session(models.Model):
         max_length=16, null=True, blank=True,
         help_text="for an OpenWork child session: its role (explorer); null for a root session",
     )
+    task_name = models.CharField(
+        max_length=48, null=True, blank=True,
+        help_text="for an OpenWork child session: its task_name, unique among the children of its root session",
+    )
     last_event_seq = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
     last_active_at = models.DateTimeField(default=timezone.now)
@@ -45,6 +53,15 @@ class Session(models.Model):
                 name="session_child_fields_consistent",
             ),
             models.CheckConstraint(condition=~Q(parent_session=models.F("id")), name="session_parent_not_self"),
+            # OW §3 uq_sessions_parent_task_name: a task_name names one child of one root session
+            models.UniqueConstraint(
+                fields=["parent_session", "task_name"], condition=Q(task_name__isnull=False),
+                name="session_task_name_unique_per_root",
+            ),
+            models.CheckConstraint(
+                condition=Q(task_name__isnull=True) | Q(parent_session__isnull=False, task_name__regex=TASK_NAME_DB),
+                name="session_task_name_format",
+            ),
         ]
 
     @property

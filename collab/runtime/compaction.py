@@ -11,8 +11,9 @@ taken for the request, however recent or long they are.
 import json
 from dataclasses import dataclass, field
 
+from collab.services.results import CHARS_PER_TOKEN
+
 CONTEXTUAL_KINDS = frozenset({"agent_message", "followup", "notice", "attach"})
-CHARS_PER_TOKEN = 4
 HISTORY_SHARE = 0.6
 
 

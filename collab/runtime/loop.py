@@ -282,7 +282,15 @@ def _run_claimed(job, inline_parents: tuple[str, ...]) -> str:
             is_error=True, error_code="internal_error", error_reason=reason, usage=ctx.usage(),
         )
     else:
-        finish_job(job, status=JobStatus.SUCCEEDED, final_text=text, result_text=text, usage=ctx.usage())
+        try:
+            finish_job(job, status=JobStatus.SUCCEEDED, final_text=text, result_text=text, usage=ctx.usage())
+        except Exception as exc:  # the answer could not be stored: the job still ends, never stays running
+            log.exception("turn %s could not store its answer", job_id)
+            reason = f"internal error: the final answer could not be stored ({type(exc).__name__})"
+            finish_job(
+                job, status=JobStatus.FAILED, final_text=None, result_text=reason,
+                is_error=True, error_code="internal_error", error_reason=reason, usage=ctx.usage(),
+            )
     return job.status
 
 

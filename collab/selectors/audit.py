@@ -13,7 +13,10 @@ PAGE_SIZE = 100
 def _when(value: str | None, name: str) -> datetime | None:
     if not value:
         return None
-    parsed = parse_datetime(value)
+    try:
+        parsed = parse_datetime(value)
+    except ValueError:  # well formed but not a date, e.g. month 13
+        parsed = None
     if parsed is None:
         raise Invalid(f"{name} must be an ISO date-time, e.g. 2026-11-29T12:00:00Z", code="invalid_filter")
     return parsed

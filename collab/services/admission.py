@@ -14,6 +14,7 @@ from collab.events import send_event_on_commit
 from collab.models import OPEN_STATUSES, Branch, Job, JobKind, JobStatus, MessageKind, MessageRole, Session
 from collab.services.limits import check_admission_quota
 from collab.services.messages import append_message
+from collab.text import clean_text
 
 PROMPT_KIND = {
     JobKind.USER: MessageKind.NORMAL,
@@ -73,6 +74,7 @@ def admit_job(
         raise Invalid(f"agent {locked.display_name} is archived; fork it with start_from to continue", code="archived")
     if check_quota:
         check_admission_quota(session)
+    prompt, header = clean_text(prompt or ""), clean_text(header or "")[:300]
     job = Job.objects.create(
         project_id=session.project_id,
         session=session,

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from collab.events import send_event_on_commit
 from collab.models import Branch
+from collab.text import clean_text
 
 
 AUTOMATIC_REASON = "archive_when_done"
@@ -18,7 +19,7 @@ AUTOMATIC_REASON = "archive_when_done"
 
 def do_archive_branch(branch: Branch, *, user=None, reason: str = "", automatic: bool = False) -> Branch:
     """Archive idempotently. Authorization is the caller's job (``check_can_archive``)."""
-    reason = (reason or "").strip()[:500]
+    reason = clean_text((reason or "").strip())[:500]
     now = timezone.now()
     with transaction.atomic():
         first = Branch.objects.filter(pk=branch.pk, archived=False).update(

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from collab.models import Artifact
 from collab.services.results import RESULT_LIMIT, bound_text
+from collab.text import clean_text
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +17,8 @@ log = logging.getLogger(__name__)
 def store_result(job, text: str, limit: int = RESULT_LIMIT) -> tuple[str, Artifact | None]:
     """The bounded summary of ``text`` and, when it had to be cut, the Artifact holding
     the whole. If the Artifact cannot be written the summary says so and no reference
-    is returned — never a reference to nothing."""
+    is returned — never a reference to nothing. The text passes the text boundary first."""
+    text = clean_text(text or "")
     if len(text) <= limit:
         return text, None
     summary, _ = bound_text(text, limit - 120)  # room for the reference line

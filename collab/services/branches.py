@@ -6,6 +6,7 @@ from django.db import transaction
 
 from collab.events import send_event_on_commit
 from collab.models import Branch, NameStage
+from collab.text import fit_text
 
 LABEL_CHARS = 24
 
@@ -26,13 +27,14 @@ def name_for(description: str, prompt: str) -> tuple[str, int]:
     """An explicit description wins and is never renamed; otherwise a label from the prompt."""
     description = (description or "").strip()
     if description:
-        return description[:100], NameStage.MANUAL
+        return fit_text(description, 100), NameStage.MANUAL
     return label_from(prompt), NameStage.LABEL
 
 
 def create_branch(session, *, name: str, name_stage: int, forked_from=None, agent_spec=None, created_by=None,
                   created_by_job=None, parent_branch=None, task_name=None) -> Branch:
     """Precondition: inside ``transaction.atomic``; the caller has authorized the session."""
+    name = fit_text(name, 100)
     branch = Branch.objects.create(
         session=session, name=name, name_stage=name_stage, forked_from=forked_from, agent_spec=agent_spec,
         created_by=created_by, created_by_job=created_by_job, parent_branch=parent_branch, task_name=task_name,

@@ -15,6 +15,7 @@ from django.utils import timezone
 from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
 from collab.models import OPEN_STATUSES, Branch, InboxEntry, InboxKind, Job, JobKind
+from collab.text import clean_text
 from collab.services.acting import Actor, message_header, task_header
 from collab.services.addressing import resolve_target
 from collab.services.admission import admit_job
@@ -133,7 +134,7 @@ def _queue_for_busy_target(actor, target, message, chain_messages, chain_generat
                 code="inbox_overflow", reason=reason,
             )
     entry = InboxEntry.objects.create(
-        target_branch=target, session=target.session, kind=InboxKind.MESSAGE, text=message,
+        target_branch=target, session=target.session, kind=InboxKind.MESSAGE, text=clean_text(message),
         sender_session=actor.session, sender_branch=actor.branch, sender_address=actor.address,
         sender_job=actor.job, created_by=actor.user, chain_messages=chain_messages,
         chain_generations=chain_generations,

@@ -16,9 +16,8 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from accounts.limits import effective_limit
-from collab.events import send_event_on_commit
 from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageRole, Session
-from collab.services.admission import enqueue_job, follow_head, job_wire, send_job_event, write_prompt_node
+from collab.services.admission import enqueue_job, follow_head, send_job_event, write_prompt_node
 from collab.services.archive import AUTOMATIC_REASON, do_archive_branch
 from collab.services.artifacts import store_result
 from collab.services.deliver import drain_inbox_locked
@@ -28,6 +27,7 @@ from collab.services.limits import live_slots_free
 from collab.services.messages import append_message
 from collab.services.naming import schedule_naming
 from collab.services.retry import retry_on_deadlock
+from collab.text import clean_text
 
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -153,7 +153,7 @@ def finish_job(
             result_artifact=artifact,
             is_error=is_error,
             error_code=error_code,
-            error_reason=error_reason,
+            error_reason=clean_text(error_reason),
             lease_expires_at=None,
             followup_state=FollowupState.OWED if owed else FollowupState.NONE,
             **{k: usage[k] for k in ("model_calls", "tool_calls", "tokens_in", "tokens_out", "cost") if k in usage},

@@ -17,8 +17,9 @@ from django.db import transaction
 from collab.errors import DomainError
 from collab.events import send_event_on_commit
 from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageKind, MessageRole
+from collab.text import clean_text
 from collab.services.messages import append_message
-from collab.services.results import bound_text, result_limit_for
+from collab.services.results import bound_text, estimate_tokens, result_limit_for
 from collab.services.retry import retry_on_deadlock
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ INTERRUPTED_RESTART = (
 )
 CANCELLED_RECONCILED = "cancelled: Sub-agent turn was cancelled."
 EMPTY_FINAL = "Sub-agent completed without a persisted final response."
+MAX_DELIVERY_TOKENS = 4_000  # OW §6.2: an envelope of this size or more is refused (agent_delivery_failed)
 
 
 def envelope(job: Job, *, reconciling: bool) -> tuple[str, str]:
@@ -74,11 +76,23 @@ def envelope(job: Job, *, reconciling: bool) -> tuple[str, str]:
         kind, body = ("failed", CANCELLED_RECONCILED) if reconciling else ("interrupted", INTERRUPTED_LIVE)
     else:
         kind, body = "failed", f"{job.error_code or 'failed'}: {job.error_reason or job.result_text or job.status}"
-    text = (
-        f"<agent_message>\n<task>{job.branch.task_name}</task>\n<kind>{kind}</kind>\n"
+    text = _agent_message(job.branch.task_name, kind, body)
+    if estimate_tokens(text) >= MAX_DELIVERY_TOKENS:
+        # OW §6.2: refused rather than delivered; the parent is told (it never waits for nothing)
+        kind = "failed"
+        kept = f" (full text: artifact {job.result_artifact_id})" if job.result_artifact_id else ""
+        text = _agent_message(job.branch.task_name, kind, (
+            f"agent_delivery_failed: the sub-agent's message is about {estimate_tokens(text)} tokens, over the "
+            f"{MAX_DELIVERY_TOKENS}-token limit for delivered messages; its result stays with execution {job.pk}"
+            f"{kept}. Ask it (followup_task) for a shorter answer if you still need it."))
+    return kind, text
+
+
+def _agent_message(task_name: str, kind: str, body: str) -> str:
+    return (
+        f"<agent_message>\n<task>{task_name}</task>\n<kind>{kind}</kind>\n"
         f"<body>\n{body}\n</body>\n</agent_message>"
     )
-    return kind, text
 
 
 def mailbox_entry(debt: Job, *, reconciling: bool) -> dict:
@@ -192,7 +206,7 @@ def record_failed_delivery(*, target, kind: str, text: str, sender_session, send
 
     job = Job.objects.create(
         project_id=target.session.project_id, session=target.session, branch=target,
-        kind=JobKind.TASK if kind == "task" else JobKind.MESSAGE, status=JobStatus.FAILED, prompt=text,
+        kind=JobKind.TASK if kind == "task" else JobKind.MESSAGE, status=JobStatus.FAILED, prompt=clean_text(text),
         caller_session=sender_session, caller_branch=sender_branch, caller_job=sender_job, parent_job=sender_job,
         started_by=started_by, result_text=reason, is_error=True, error_code=code, error_reason=reason,
         finished_at=timezone.now(), followup_state=FollowupState.OWED if sender_branch else FollowupState.NONE,

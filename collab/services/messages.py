@@ -4,7 +4,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from collab.events import clip, send_event_on_commit
-from collab.models import Branch, Message, MessageKind, MessageRole, Session
+from collab.models import Branch, Message, MessageKind, Session
+from collab.text import clean_data, clean_text
 
 
 def append_message(
@@ -29,7 +30,12 @@ def append_message(
     Precondition: inside ``transaction.atomic``, and the caller owns the branch's
     write side — it holds the branch row lock or runs the branch's active job.
     Cost is O(1) in history length: only the predecessor's depth and turn are read.
+    Text, tool calls and metadata pass the text boundary (``collab.text``) here, whoever wrote them.
     """
+    text = clean_text(text or "")
+    tool_calls = clean_data(tool_calls)
+    metadata = clean_data(metadata)
+    tool_call_id = clean_text(tool_call_id or "")[:100]  # a model's call id: the column holds 100
     pred = predecessor if predecessor is not None else (branch.tip or branch.forked_from)
     now = timezone.now()
     message = Message.objects.create(

@@ -10,6 +10,7 @@ from django.db import transaction
 from collab.events import send_event_on_commit
 from collab.models import Branch, NameStage
 from collab.runtime.providers import ProviderError, get_provider
+from collab.text import fit_text
 
 NAMING_TURNS = frozenset({1, 6, 16, 40})
 RENAMABLE = (NameStage.NONE, NameStage.LABEL, NameStage.AUTO)
@@ -33,7 +34,7 @@ def do_auto_name_branch(branch_id: str) -> Branch | None:
         title = get_provider(spec).title(list(branch.messages.order_by("depth")[:20]))
     except ProviderError:
         return None
-    title = (title or "").strip()[:100]
+    title = fit_text((title or "").strip(), 100)
     if not title or title == branch.name:
         return branch
     with transaction.atomic():

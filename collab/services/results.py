@@ -2,6 +2,7 @@
 inline follow-ups and API answers all go through ``bound_text``."""
 
 RESULT_LIMIT = 30_000
+CHARS_PER_TOKEN = 4  # the estimate used wherever a size in tokens is needed without a tokenizer
 MIN_RESULT_LIMIT = 2_000
 MARKER = "\n\n[… {omitted} characters omitted …]\n\n"
 
@@ -17,6 +18,11 @@ def bound_text(text: str, limit: int = RESULT_LIMIT) -> tuple[str, bool]:
     tail = keep - head
     omitted = len(text) - head - tail
     return text[:head] + MARKER.format(omitted=omitted) + (text[-tail:] if tail else ""), True
+
+
+def estimate_tokens(text: str) -> int:
+    """About how many tokens ``text`` is (~4 characters a token, rounded up)."""
+    return -(-len(text) // CHARS_PER_TOKEN)
 
 
 def result_limit_for(spec) -> int:

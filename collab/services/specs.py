@@ -3,6 +3,7 @@ from django.db import IntegrityError, transaction
 from collab.errors import Conflict, Invalid
 from collab.events import record_project_event
 from collab.models import AgentRole, AgentSpec, FollowupMode, ModelConnection, Toolset
+from collab.text import clean_data
 from collab.runtime.providers import IMPLEMENTED_PROVIDERS
 from collab.runtime.providers.scripted import check_script
 from collab.services.connections import choose_connection, sync_settings_connections
@@ -24,6 +25,7 @@ def do_create_agent_spec(project, *, replace: bool = False, **data) -> AgentSpec
     ``base_url``/``api_key_env`` of one; services/connections.py); without a provider the
     connection's is taken. ``replace`` (operators' commands) overwrites a spec with the
     same ``agent_id``."""
+    data = clean_data(data)
     connection_name = (data.pop("connection", None) or "").strip()
     base_url, api_key_env = data.pop("base_url", None) or "", data.pop("api_key_env", None) or ""
     if not data.get("provider"):

@@ -7,17 +7,19 @@ one transaction: a refused or failed spawn writes nothing, so the name and the
 slot are released by the rollback (OW §5). The concurrency limit
 (``Project.max_active_turns``) counts the open child jobs of one root session,
 checked with the root session row locked so two spawns cannot both take the
-last slot (OW §7.1). Results travel back through the ordinary follow-up debt
+last slot (OW §7.1); under the same lock a task_name is checked unique in the whole
+root session (OW §3), the child session's ``task_name`` index backing it up. Results travel back through the ordinary follow-up debt
 (``Job.followup_state``) in mode ``mailbox``: drained into the parent's running
 turn, or held for its next user turn; never a new parent turn (OW §6).
 """
 
 import re
+import uuid
 
 from django.db import IntegrityError, transaction
 
 from accounts.limits import effective_limit
-from collab.errors import DomainError
+from collab.errors import Conflict, DomainError
 from collab.events import send_event_on_commit
 from collab.models import (
     OPEN_STATUSES,
@@ -32,13 +34,13 @@ from collab.selectors.children import children_of
 from collab.services.acting import Actor
 from collab.services.admission import admit_job
 from collab.services.branches import create_branch
-from collab.services.cancel import check_can_cancel, request_cancel_tree
+from collab.services.cancel import CANCEL, do_execution_command
 from collab.services.followup import results_owed
 from collab.services.retry import retry_on_deadlock
 from collab.services.turns import check_prompt
 from collab.services.waiting import wait_until
 
-TASK_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+TASK_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")  # always fullmatch: "$" alone would accept a trailing newline
 WAIT_DEFAULT_MS = 60_000
 WAIT_MIN_MS = 10_000
 WAIT_MAX_MS = 600_000
@@ -51,7 +53,7 @@ def ow_error(code: str, message: str) -> DomainError:
 
 
 def check_task_name(task_name: str) -> None:
-    if not TASK_NAME.match(task_name or ""):
+    if not isinstance(task_name, str) or not TASK_NAME.fullmatch(task_name):
         raise ow_error(
             "invalid_task_name",
             f"{task_name!r} is not a valid task_name: use lowercase letters, digits and underscores, "
@@ -74,9 +76,19 @@ def active_child_turns(root: Session) -> int:
     return Job.objects.filter(session__parent_session=root, status__in=OPEN_STATUSES).count()
 
 
-def _take_slot(actor: Actor) -> Session:
-    """Lock the root session row and check a child turn slot is free (OW §7.1)."""
-    root = Session.objects.select_for_update().select_related("project").get(pk=root_of(actor.session).pk)
+def _lock_root(actor: Actor) -> Session:
+    """Lock the root session row: spawns, follow-ups and names of one root are decided one at a time."""
+    return Session.objects.select_for_update().select_related("project").get(pk=root_of(actor.session).pk)
+
+
+def task_name_taken(root: Session, task_name: str) -> bool:
+    """Whether a child of ``root`` (from any of its branches) already has this name (OW §3)."""
+    return Session.objects.filter(parent_session=root, task_name=task_name).exists() or Branch.objects.filter(
+        session__parent_session=root, task_name=task_name).exists()
+
+
+def _take_slot(root: Session) -> None:
+    """Check a child turn slot of the (locked) root session is free (OW §7.1)."""
     limit = effective_limit(root.project, "max_active_turns")
     if active_child_turns(root) >= limit:
         raise ow_error(
@@ -84,7 +96,6 @@ def _take_slot(actor: Actor) -> Session:
             f"{limit} sub-agent turns are already running (max_active_turns); wait_agent for one to finish "
             "or do the work yourself",
         )
-    return root
 
 
 def _child_job_fields(actor: Actor) -> dict:
@@ -107,12 +118,13 @@ def do_spawn_child(actor: Actor, *, task_name: str, message: str) -> Job:
     spec = actor.branch.agent_spec or actor.session.agent_spec
     try:
         with transaction.atomic():
-            _take_slot(actor)
-            if children_of(actor.branch).filter(task_name=task_name).exists():
-                raise ow_error("duplicate_task_name", f"you already have a sub-agent named {task_name!r}")
+            root = _lock_root(actor)
+            if task_name_taken(root, task_name):  # OW §5: the name is checked before the slot
+                raise ow_error("duplicate_task_name", f"a sub-agent named {task_name!r} already exists in this session")
+            _take_slot(root)
             child_session = Session.objects.create(
                 project_id=actor.session.project_id, title=task_name, agent_spec=spec, created_by=actor.user,
-                parent_session=actor.session, agent_role=AgentRole.EXPLORER,
+                parent_session=actor.session, agent_role=AgentRole.EXPLORER, task_name=task_name,
             )
             branch = create_branch(
                 child_session, name=task_name, name_stage=NameStage.MANUAL, agent_spec=spec, created_by=actor.user,
@@ -128,8 +140,8 @@ def do_spawn_child(actor: Actor, *, task_name: str, message: str) -> Job:
                 actor=actor.user,
             )
     except IntegrityError as exc:  # the database's own refusals (the unique name index, the CHECKs)
-        if children_of(actor.branch).filter(task_name=task_name).exists():
-            raise ow_error("duplicate_task_name", f"you already have a sub-agent named {task_name!r}") from None
+        if task_name_taken(root_of(actor.session), task_name):
+            raise ow_error("duplicate_task_name", f"a sub-agent named {task_name!r} already exists in this session") from None
         raise ow_error("agent_start_failed", f"could not start {task_name!r}: {exc}") from None
     except DomainError as exc:
         if exc.code in ("agent_limit_reached", "duplicate_task_name"):
@@ -140,15 +152,18 @@ def do_spawn_child(actor: Actor, *, task_name: str, message: str) -> Job:
 
 @retry_on_deadlock
 def do_followup_child(actor: Actor, *, task_name: str, message: str) -> Job:
-    """``followup_task``: a new turn on an idle child, sharing the concurrency limit."""
+    """``followup_task``: a new turn on an idle child, sharing the concurrency limit. A running
+    child answers ``agent_turn_start_failed`` before a full limit answers ``agent_limit_reached``
+    (OW §5: its own turn holds one of those slots)."""
     actor.require("turn.start")
     child = find_child(actor, task_name)
     check_prompt(message)
     try:
         with transaction.atomic():
-            _take_slot(actor)
+            root = _lock_root(actor)
             if Job.objects.filter(branch=child, status__in=OPEN_STATUSES).exists():
                 raise ow_error("agent_turn_start_failed", f"{task_name!r} is still running; wait_agent for its result first")
+            _take_slot(root)
             job = admit_job(session=child.session, branch=child, kind=JobKind.TASK, prompt=message,
                             started_by=actor.user, **_child_job_fields(actor))
     except DomainError as exc:
@@ -159,20 +174,28 @@ def do_followup_child(actor: Actor, *, task_name: str, message: str) -> Job:
 
 
 def do_interrupt_child(actor: Actor, *, task_name: str) -> Job:
-    """``interrupt_agent``: cancel the child's open turn through the cancel service (SPEC §7)."""
+    """``interrupt_agent``: cancel the child's open turn with a versioned ``execution.cancel``
+    command (SPEC §7), recorded as an ExecutionCommand like one from the UI or the API. A
+    version that moved meanwhile (the turn was claimed) is read again; a turn that ended
+    meanwhile answers ``agent_interrupt_failed``."""
     child = find_child(actor, task_name)
-    job = Job.objects.filter(branch=child, status__in=OPEN_STATUSES).order_by("-created_at").first()
-    if job is None:
-        raise ow_error("agent_interrupt_failed", f"{task_name!r} has no running turn to interrupt")
-    try:
-        check_can_cancel(actor.user, job)
-    except DomainError as exc:
-        raise ow_error("agent_interrupt_failed", exc.detail) from None
-    with transaction.atomic():
-        request_cancel_tree(job, actor.user)
-        send_event_on_commit(actor.session.pk, "agent.interrupted", {"job": job.pk, "task_name": task_name},
-                             actor=actor.user)
-    return job
+    command_id = f"interrupt_agent:{uuid.uuid4().hex}"
+    for _ in range(3):
+        job = Job.objects.filter(branch=child, status__in=OPEN_STATUSES).order_by("-created_at").first()
+        if job is None:
+            raise ow_error("agent_interrupt_failed", f"{task_name!r} has no running turn to interrupt")
+        try:
+            do_execution_command(actor.user, job, command_id=command_id, action=CANCEL,
+                                 expected_version=job.version, payload={})
+        except Conflict:
+            continue
+        except DomainError as exc:
+            raise ow_error("agent_interrupt_failed", exc.detail) from None
+        with transaction.atomic():
+            send_event_on_commit(actor.session.pk, "agent.interrupted",
+                                 {"job": job.pk, "task_name": task_name, "command_id": command_id}, actor=actor.user)
+        return job
+    raise ow_error("agent_interrupt_failed", f"{task_name!r} kept changing state; try again")
 
 
 def wait_for_mail(actor: Actor, timeout_ms: int) -> bool:

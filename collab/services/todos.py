@@ -6,6 +6,7 @@ from django.utils import timezone
 from collab.errors import Invalid, NotFound
 from collab.events import send_event_on_commit
 from collab.models import Todo, TodoStatus
+from collab.text import clean_text
 
 
 def _check_blockers(session, ids) -> list[Todo]:
@@ -18,7 +19,7 @@ def _check_blockers(session, ids) -> list[Todo]:
 
 
 def do_create_todo(session, branch, *, subject: str, description: str = "", blocked_by=(), user=None) -> Todo:
-    subject = (subject or "").strip()
+    subject, description = clean_text((subject or "").strip()), clean_text(description or "")
     if not subject:
         raise Invalid("subject must not be empty", code="invalid_subject")
     with transaction.atomic():
@@ -41,9 +42,9 @@ def do_update_todo(session, todo_id: int, *, status=None, subject=None, descript
         if subject is not None:
             if not subject.strip():
                 raise Invalid("subject must not be empty", code="invalid_subject")
-            todo.subject = subject.strip()[:300]
+            todo.subject = clean_text(subject.strip())[:300]
         if description is not None:
-            todo.description = description
+            todo.description = clean_text(description)
         if blocked_by is not None:
             if todo.pk in blocked_by:
                 raise Invalid("a todo cannot block itself", code="invalid_blocked_by")

@@ -11,6 +11,7 @@ from accounts.policy import member_project_ids
 from collab.errors import Conflict, NotFound
 from collab.events import send_event_on_commit
 from collab.models import HeldDelivery, HoldStatus
+from collab.text import clean_text
 from collab.services.acting import Actor
 from collab.services.retry import retry_on_deadlock
 
@@ -21,6 +22,7 @@ def is_watched(actor: Actor) -> bool:
 
 def hold_delivery(actor: Actor, target, kind: str, text: str) -> HeldDelivery:
     """Precondition: inside the delivery's transaction, after every other check passed."""
+    text = clean_text(text)
     hold = HeldDelivery.objects.create(
         project_id=actor.session.project_id, kind=kind, text=text, target_branch=target,
         sender_session=actor.session, sender_branch=actor.branch, sender_job=actor.job, created_by=actor.user,

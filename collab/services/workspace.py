@@ -11,6 +11,9 @@ address space, file size and open files (P-SEC-5); it never runs a command
 unsandboxed. ``check_workspace_path`` decides which directories may be a workspace.
 
 Errors are ``WorkspaceError(code, detail)``; the tool adapters render them.
+Every answer passes the text boundary (``collab.text``): a file name that is not
+UTF-8 (Python hands it over with surrogate escapes), a NUL in a file or in a
+command's output become U+FFFD, so an explorer never stores what PostgreSQL refuses.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from pathlib import Path, PurePosixPath
 
 import re2
 from django.conf import settings
+
+from collab.text import clean_text
 
 MAX_READ_BYTES = 5 * 1024 * 1024
 MAX_OUTPUT_CHARS = 30_000
@@ -106,7 +111,7 @@ class Workspace:
             size += len(entry) + 1
             last = number
         out.append(f"(lines {offset}–{last} of {total})")
-        return "\n".join(out)
+        return clean_text("\n".join(out))
 
     def list(self, path: str = ".") -> str:
         """The directory's entries, sorted; symlinks are shown, not followed."""
@@ -293,7 +298,7 @@ def _bounded(lines: list[str], total: int) -> str:
         size += len(line) + 1
     if len(out) < total:
         out.append(f"[… {total - len(out)} more]")
-    return "\n".join(out)
+    return clean_text("\n".join(out))
 
 
 # --- bash under bubblewrap ------------------------------------------------------
@@ -318,7 +323,7 @@ class BashResult:
             status = f"exit code {self.exit_code}" + (f" ({note})" if (note := limit_note(self.exit_code)) else "")
         if self.process_limit_hit:
             status += f"; the process limit ({MAX_PROCESSES}) was reached and some processes could not start"
-        return f"{status}\n{self.output}"
+        return clean_text(f"{status}\n{self.output}")
 
 
 # What a sandboxed command may use (P-SEC-5). Processes count every task of the command;

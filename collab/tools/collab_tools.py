@@ -24,15 +24,10 @@ from collab.services.results import bound_text, result_limit_for
 from collab.services.spawn import do_spawn
 from collab.services.todos import do_create_todo, do_update_todo
 from collab.services.waiting import wait_until
-from collab.tools.registry import ToolParams, ToolResult, register
+from collab.tools.registry import ToolParams, ToolResult, reading_spec, register
 
 COLLAB = ("collab",)
 BOTH = ("collab", "openwork")  # the plan tools: OpenWork roots have them too, explorers never
-
-
-def reading_spec(ctx):
-    """The spec of the model that reads this tool's result (bounds it to its context window)."""
-    return ctx.branch.agent_spec or ctx.session.agent_spec
 
 
 def _job_line(job: Job) -> str:

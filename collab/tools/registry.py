@@ -4,8 +4,13 @@ A tool is a thin adapter over a service. Its parameters are a pydantic model
 with ``extra="forbid"`` — the same model validates gateway calls and model
 calls and yields the JSON Schema offered to real models. Any ``DomainError``
 becomes an error *result* (``<code>: <detail>``); the calling turn goes on.
+
+``run_tool`` is also a boundary: arguments (model output or gateway input) are cleaned
+(``collab.text``) before validation, and every result — whatever the tool — is cleaned and
+held to the one bounded summary of SPEC §9 (``collab.services.results``).
 """
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -13,6 +18,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from collab.errors import DomainError
 from collab.services.acting import Actor
+from collab.services.results import bound_text, result_limit_for
+from collab.text import clean_data, clean_text
+
+
+DETAIL_FIELD_CHARS = 2_000  # a detail field larger than this is left out of an over-long result
 
 
 class ToolParams(BaseModel):
@@ -76,7 +86,47 @@ def tools_for(toolset: str, allow: list[str] | None = None) -> list[Tool]:
 
 def run_tool(ctx: ToolContext, name: str, arguments: Any, *, tools: list[Tool]) -> ToolResult:
     """Run ``name`` if it is among ``tools`` (the caller's surface: what is not offered is not
-    dispatched either); arguments are validated against the tool's strict schema."""
+    dispatched either); arguments are cleaned and validated against the tool's strict schema;
+    the result is cleaned and bounded (SPEC §9) for the model that reads it."""
+    if isinstance(arguments, dict):
+        arguments = clean_data(arguments)
+    return bounded_result(ctx, _run_tool(ctx, name, arguments, tools=tools))
+
+
+def bounded_result(ctx: ToolContext, result: ToolResult) -> ToolResult:
+    """``result`` with storable text and details, its text within the reader's result bound
+    (``details.truncated`` says when it was cut; a tool may have set it already)."""
+    limit = result_limit_for(reading_spec(ctx))
+    text, truncated = bound_text(clean_text(result.text), limit)
+    details = _bounded_details(clean_data(result.details), limit)
+    if truncated:
+        details = {**details, "truncated": True, "full_length": len(result.text)}
+    return ToolResult(text=text, details=details, is_error=result.is_error)
+
+
+def _bounded_details(details: dict, limit: int) -> dict:
+    """Details within the same bound: when they are larger, their large fields (a transcript's
+    ``turns``, a long listing) are left out and named in ``details_omitted``; the text carries
+    the bounded rendering of the same content."""
+    if len(json.dumps(details, default=str)) <= limit:
+        return details
+    kept, omitted = {}, []
+    for key, value in details.items():
+        if len(json.dumps(value, default=str)) <= DETAIL_FIELD_CHARS:
+            kept[key] = value
+        else:
+            omitted.append(key)
+    return {**kept, "details_omitted": omitted}
+
+
+def reading_spec(ctx: ToolContext):
+    """The spec of the model that reads a tool's result (bounds it to its context window)."""
+    branch = getattr(ctx, "branch", None)
+    session = getattr(ctx, "session", None)
+    return (getattr(branch, "agent_spec", None) if branch is not None else None) or getattr(session, "agent_spec", None)
+
+
+def _run_tool(ctx: ToolContext, name: str, arguments: Any, *, tools: list[Tool]) -> ToolResult:
     available = {t.name: t for t in tools}
     tool = available.get(name)
     if tool is None:

@@ -109,11 +109,11 @@ def test_ow_01_03_04_the_database_refuses_inconsistent_child_rows_on_its_own(tea
         Branch.objects.create(session=child.session, parent_branch=other, task_name="scout")
 
 
-def test_ow_a_huge_child_result_reaches_the_parent_bounded_with_its_full_text_kept(team, scripted_session):
-    """Issue 7 §4: where OpenWork refuses envelopes over 4,000 tokens, Trellis bounds the body
-    with the SPEC §9 summary (head + tail, at most 30,000 characters) and keeps the full text as
-    an artifact readable by the parent's members — no result is lost. Turns run in-process as a
-    worker runs them."""
+def test_ow_a_huge_child_result_is_refused_as_agent_delivery_failed_with_its_full_text_kept(team, scripted_session):
+    """OW §6.2 (issue 12 item 9; before, issue 7 §4 bounded the body instead): an envelope of
+    4,000 tokens or more is refused — the parent reads a failed envelope ``agent_delivery_failed``
+    naming the execution and the artifact that keeps the full text, readable by the parent's
+    members — no result is lost. Turns run in-process as a worker runs them."""
     from collab.runtime.loop import run_job
 
     huge = "".join(f"line {n}: the explorer found something\n" for n in range(4000))  # ~150k characters
@@ -126,10 +126,10 @@ def test_ow_a_huge_child_result_reaches_the_parent_bounded_with_its_full_text_ke
     assert run_job(child_job) == "succeeded"
     assert run_job(parent_job) == "succeeded"  # its first drain settles the owed result
     [envelope] = Message.objects.filter(session_id=sid, kind="agent_message")
-    assert envelope.text.startswith("<agent_message>\n<task>big</task>\n<kind>final_answer</kind>\n<body>\nline 0:")
-    assert len(envelope.text) <= 30_000 + 200 and "line 3999:" in envelope.text
+    assert envelope.text.startswith("<agent_message>\n<task>big</task>\n<kind>failed</kind>\n<body>\nagent_delivery_failed: ")
+    assert len(envelope.text) < 1000 and "line 0:" not in envelope.text and child_job in envelope.text
     artifact_id = Job.objects.get(pk=child_job).result_artifact_id
-    assert f"[full text: artifact {artifact_id}," in envelope.text
+    assert f"(full text: artifact {artifact_id})" in envelope.text
     full = api.get(f"/api/artifacts/{artifact_id}")
     assert full.status_code == 200 and full.content.decode() == huge
 

@@ -67,7 +67,7 @@ class Turn:
 def safe_name(name: Any) -> str:
     """Tool names the APIs accept (``^[A-Za-z0-9_-]{1,64}$``); a malformed name is replayed sanitized."""
     name = str(name or "")
-    if _NAME_OK.match(name):
+    if _NAME_OK.fullmatch(name):
         return name
     return (re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64]) or "invalid_tool"
 
@@ -91,7 +91,7 @@ def canonical(history, *, fallback_user_text: str = CONTINUE) -> list[Turn]:
             pending.clear()
 
     def wire_id(original: str) -> str:
-        candidate = original if _NAME_OK.match(original or "") else ""
+        candidate = original if _NAME_OK.fullmatch(original or "") else ""
         if not candidate or candidate in used_ids:
             n = len(used_ids)
             while f"call_{n}" in used_ids:
