@@ -48,3 +48,10 @@ class MembershipAdmin(admin.ModelAdmin):
         if not change:
             _as_invitation(obj, request)
         super().save_model(request, obj, form, change)
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ["hint", "user", "name", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["key_hash", "hint", "created_at", "last_used_at"]
+    search_fields = ["user__username", "name", "hint"]
