@@ -57,10 +57,7 @@ def add_member(project: Project, user, role: str, invited_by=None) -> Membership
 
 def _own_invitation(user, invitation_id: int) -> Membership:
     """The user's own pending invitation, locked; anyone else's (or none) is "not found"."""
-    invitation = (
-        Membership.objects.pending().select_for_update().filter(pk=invitation_id, user=user).first()
-        if isinstance(invitation_id, int) else None
-    )
+    invitation = Membership.objects.pending().select_for_update().filter(pk=invitation_id, user=user).first()
     if invitation is None:
         raise MembershipError("no such invitation", "not_found")
     return invitation
