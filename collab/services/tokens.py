@@ -12,7 +12,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts import services as accounts
-from accounts.models import ApiToken, Membership
+from accounts.models import ApiToken
+from accounts.policy import member_project_ids
 from collab.errors import Forbidden, Invalid
 from collab.events import record_project_event
 from collab.services.members import send_to_user
@@ -26,7 +27,7 @@ _CODES = {"scope_escalation": Forbidden, "expiry_escalation": Forbidden}
 def _audit(token: ApiToken, type_: str, actor, **extra) -> None:
     payload = {"token": token.pk, "name": token.name, "user": token.user.username, "scopes": token.scopes,
                "expires_at": token.expires_at.isoformat() if token.expires_at else None, **extra}
-    for project_id in Membership.objects.filter(user_id=token.user_id).values_list("project_id", flat=True):
+    for project_id in member_project_ids(token.user).values_list("project_id", flat=True):
         record_project_event(project_id, type_, payload, actor=actor)
 
 
