@@ -110,8 +110,8 @@ def test_ow_interrupt_agent_records_a_versioned_cancel_command(team, api_as):
 
 
 def test_ow_interrupt_agent_needs_the_right_to_cancel(team, api_as):
-    """SPEC §8: through the command, interrupt_agent is refused (agent_interrupt_failed) to a
-    member who did not start the child's turn, and records no command."""
+    """SPEC §8, P-SEC-7: a member who did not start the branch cannot act as it through the
+    gateway at all (403), so cannot interrupt its child; no command is recorded."""
     owner, api = api_as(team.owner), api_as(team.member)
     sid, main = queued_root(api, owner)
     job_id = tool(api, main, "spawn_agent", task_name="kid", message="work")["details"]["execution_id"]
@@ -119,7 +119,8 @@ def test_ow_interrupt_agent_needs_the_right_to_cancel(team, api_as):
     from accounts.models import Membership
 
     Membership.objects.create(user=other, project=team.alpha, role="member")
-    refused(tool(api_as(other), main, "interrupt_agent", task_name="kid"), "agent_interrupt_failed")
+    r = api_as(other).post(f"/api/branches/{main}/tools/interrupt_agent", {"arguments": {"task_name": "kid"}})
+    assert r.status_code == 403 and r.json()["code"] == "forbidden", r.content
     assert not ExecutionCommand.objects.filter(job_id=job_id).exists()
     assert Job.objects.get(pk=job_id).status == "queued"
 
