@@ -9,10 +9,10 @@ Blocking calls are bounded per user and per web process (``TRELLIS_GATEWAY_MAX_B
 past the bound the call is refused with 429 ``too_many_blocking_calls`` before anything runs.
 """
 
+import asyncio
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -52,8 +52,7 @@ class InFlight:
         self._counts: Counter = Counter()
         self._lock = threading.Lock()
 
-    @contextmanager
-    def hold(self, user_id: int, limit: int):
+    def take(self, user_id: int, limit: int) -> "Slot":
         with self._lock:
             if self._counts[user_id] >= limit:
                 raise TooManyBlockingCalls(
@@ -62,13 +61,44 @@ class InFlight:
                     retryable=True,
                 )
             self._counts[user_id] += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._counts[user_id] -= 1
-                if self._counts[user_id] <= 0:
-                    del self._counts[user_id]
+        return Slot(self, user_id)
+
+    def _give_back(self, user_id: int) -> None:
+        with self._lock:
+            self._counts[user_id] -= 1
+            if self._counts[user_id] <= 0:
+                del self._counts[user_id]
+
+
+class Slot:
+    """One admitted blocking call. It is given back when its work ends — not when the client
+    goes away, since a thread cannot be stopped: a client that hangs up and calls again does
+    not get past the bound. Work abandoned before its thread started never runs."""
+
+    def __init__(self, owner: InFlight | None = None, user_id: int = 0):
+        self._owner, self._user_id = owner, user_id
+        self._lock = threading.Lock()
+        self._started = self._freed = False
+
+    def start(self) -> bool:
+        with self._lock:
+            self._started = not self._freed
+            return self._started
+
+    def free(self) -> None:
+        with self._lock:
+            if self._freed:
+                return
+            self._freed = True
+        if self._owner is not None:
+            self._owner._give_back(self._user_id)
+
+    def abandon(self) -> None:
+        """The caller stopped waiting: free the slot now unless its work already runs."""
+        with self._lock:
+            if self._started:
+                return
+        self.free()
 
 
 IN_FLIGHT = InFlight()
@@ -93,11 +123,14 @@ def run_as_branch(user, address: str, tool: str, arguments) -> dict:
     return run_tool(gateway_actor(user, branch), tool, arguments, tools=branch_tools(branch)).as_dict()
 
 
-def _run_in_pool_thread(user, address: str, tool: str, arguments) -> dict:
+def _run_in_pool_thread(slot: Slot, user, address: str, tool: str, arguments) -> dict | None:
+    if not slot.start():
+        return None  # the caller hung up before this thread got to it
     try:
         return run_as_branch(user, address, tool, arguments)
     finally:
         connections.close_all()  # a pool thread outlives the request: give its connections back
+        slot.free()
 
 
 async def call_tool(request, address: str, tool: str, arguments) -> dict:
@@ -107,10 +140,16 @@ async def call_tool(request, address: str, tool: str, arguments) -> dict:
     views share. Under WSGI (and Django's test client) a request already has a thread of its
     own, so the call stays on it (and on its database connection and transaction)."""
     user = request.auth
-    limit = settings.TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER
-    with IN_FLIGHT.hold(user.pk, limit) if is_blocking(tool, arguments) else nullcontext():
-        if isinstance(request, ASGIRequest):
-            run = sync_to_async(_run_in_pool_thread, thread_sensitive=False, executor=_pool())
-        else:
-            run = sync_to_async(run_as_branch)
-        return await run(user, address, tool, arguments)
+    blocking = is_blocking(tool, arguments)
+    slot = IN_FLIGHT.take(user.pk, settings.TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER) if blocking else Slot()
+    if not isinstance(request, ASGIRequest):
+        try:
+            return await sync_to_async(run_as_branch)(user, address, tool, arguments)
+        finally:
+            slot.free()
+    run = sync_to_async(_run_in_pool_thread, thread_sensitive=False, executor=_pool())
+    try:
+        return await run(slot, user, address, tool, arguments)
+    except asyncio.CancelledError:
+        slot.abandon()
+        raise

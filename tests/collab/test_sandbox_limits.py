@@ -7,6 +7,7 @@ files; a workspace that is ``/``, a file, or holds or lies in Trellis's files is
 import io
 import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def test_p_sec_5_the_limits_are_set_inside_the_sandbox(bash_as):
 
 
 def test_p_sec_5_bash_sees_the_needed_parts_of_usr_and_none_of_trellis(bash_as):
-    own = [str(settings.BASE_DIR / "config" / "settings.py"), str(settings.VAR_DIR), str(Path(os.sys.prefix) / "bin")]
+    own = [str(settings.BASE_DIR / "config" / "settings.py"), str(settings.VAR_DIR), str(Path(sys.prefix) / "bin")]
     db = settings.DATABASES["default"]
     if db["ENGINE"].endswith("sqlite3"):
         own.append(str(db["NAME"]))

@@ -12,7 +12,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.core.management import call_command
+from django.db import connection
 
 from accounts.models import ApiToken
 from tests.collab.test_live_events import WsClient, auth_header, run, write_events, ws_url
@@ -153,14 +155,20 @@ def test_p_sec_4_a_socket_with_a_huge_after_silences_no_one(team, scripted_sessi
     _, sid = scripted_session(team.member, [{"text": "ok"}])
     origin = server.url
 
+    def write_two_events():  # in a thread of its own, as another process would; its connection closed after
+        try:
+            return write_events(sid, 2, "test.note")
+        finally:
+            connection.close()
+
+    viewer, member = auth_header(team.viewer), auth_header(team.member)
+
     async def body():
-        greedy = await WsClient.connect(ws_url(server, sid, 10**12), auth_header(team.viewer), origin)
-        plain = await WsClient.connect(ws_url(server, sid, 0), auth_header(team.member), origin)
+        greedy = await WsClient.connect(ws_url(server, sid, 10**12), viewer, origin)
+        plain = await WsClient.connect(ws_url(server, sid, 0), member, origin)
         try:
             assert (await plain.recv())["type"] == "session.created"
-            from asgiref.sync import sync_to_async
-
-            seqs = await sync_to_async(write_events)(sid, 2, "test.note")
+            seqs = await sync_to_async(write_two_events, thread_sensitive=False)()
             got_plain = await plain.frames_until("test.note")
             got_plain += [await plain.recv()]
             got_greedy = [await greedy.recv(), await greedy.recv()]
@@ -205,3 +213,4 @@ def test_p_sec_4_unbounded_parameters_are_clamped_or_refused_never_500(team, scr
     ]:
         body = api.post(f"/api/branches/{address}/tools/{tool}", {"arguments": arguments}).json()
         assert body["is_error"] and body["details"]["code"] == "invalid_arguments", (tool, body)
+
