@@ -7,8 +7,9 @@ one transaction: a refused or failed spawn writes nothing, so the name and the
 slot are released by the rollback (OW §5). The concurrency limit
 (``Project.max_active_turns``) counts the open child jobs of one root session,
 checked with the root session row locked so two spawns cannot both take the
-last slot (OW §7.1); under the same lock a task_name is checked unique in the whole
-root session (OW §3), the child session's ``task_name`` index backing it up. Results travel back through the ordinary follow-up debt
+last slot (OW §7.1); under the same lock a task_name is checked unique in the
+whole root session (OW §3), the child sessions' ``task_name`` index backing it
+up. Results travel back through the ordinary follow-up debt
 (``Job.followup_state``) in mode ``mailbox``: drained into the parent's running
 turn, or held for its next user turn; never a new parent turn (OW §6).
 """
