@@ -4,7 +4,6 @@ import io
 import subprocess
 import sys
 
-import pytest
 from django.core.management import call_command
 from django.test import Client
 
