@@ -88,6 +88,8 @@ def test_p_sec_markup_from_people_and_agents_is_shown_as_text_and_never_runs(tea
     assert page.locator("table.audit script, table.audit img").count() == 0
     assert dialogs == []
 
-    # control: the payload is live markup in this browser — inserted as HTML, it runs
+    # control: the payload is live markup in this browser — inserted as HTML, it runs (on a blank
+    # page: the site's Content-Security-Policy would block it, and Playwright's own polling, too)
+    page.goto("about:blank")
     page.set_content(f"<body>{XSS}</body>")
     page.wait_for_function("window.__xss !== undefined")
