@@ -211,6 +211,9 @@ Q_CLUSTER = {
     "catch_up": False,
     "poll": env_int("TRELLIS_Q_POLL_MS", 100, minimum=10) / 1000,
     "label": "Worker queue",
+    # `Q_CLUSTER_NAME=other manage.py qcluster` (django-q2) serves the broker list `other` with the
+    # same signing salt; django-q2 then requires this key (tests and bench/recovery.py use it)
+    "ALT_CLUSTERS": {},
 }
 if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL

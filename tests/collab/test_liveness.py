@@ -51,8 +51,10 @@ def queue_name(process_env):
 
 @pytest.fixture(scope="module")
 def short_lease_env(process_env, queue_name):
+    # Q_CLUSTER_NAME (django-q2) is the broker list a cluster serves; its TRELLIS_QUEUE_NAME (the
+    # signing salt of every task) stays the test run's
     return dict(process_env, TRELLIS_LEASE_SECONDS=str(LEASE), TRELLIS_RECONCILE_SECONDS=str(RECONCILE),
-                TRELLIS_QUEUE_NAME=queue_name, **{KEY_ENV: os.environ[KEY_ENV]})
+                Q_CLUSTER_NAME=queue_name, **{KEY_ENV: os.environ[KEY_ENV]})
 
 
 def start_cluster(env, log: Path, workers: int):
