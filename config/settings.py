@@ -230,7 +230,7 @@ TRELLIS_API_KEY_ENV_PATTERN = env_str("TRELLIS_API_KEY_ENV_PATTERN", r"(?!DJANGO
 # interrupted, and the queued jobs it had taken handed off again, within lease + reconcile
 # interval of its death (30 + 10 = 40 s by default; at most 2 x lease, checked here).
 TRELLIS_LEASE_SECONDS = env_int("TRELLIS_LEASE_SECONDS", 30, minimum=2)
-TRELLIS_RECONCILE_SECONDS = env_int("TRELLIS_RECONCILE_SECONDS", 10, minimum=1)
+TRELLIS_RECONCILE_SECONDS = env_int("TRELLIS_RECONCILE_SECONDS", max(1, TRELLIS_LEASE_SECONDS // 3), minimum=1)
 if TRELLIS_RECONCILE_SECONDS > TRELLIS_LEASE_SECONDS:
     raise ImproperlyConfigured(
         f"TRELLIS_RECONCILE_SECONDS ({TRELLIS_RECONCILE_SECONDS}) must not exceed TRELLIS_LEASE_SECONDS "

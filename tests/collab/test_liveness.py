@@ -330,13 +330,15 @@ def test_p_rel_1_lease_and_reconcile_interval_are_validated_loudly(tmp_path, env
     assert r.returncode != 0 and message in r.stderr, r.stderr[-2000:]
 
 
-def test_p_rel_1_defaults_state_a_bound_within_two_leases(tmp_path):
-    """P-REL-1: the defaults are a 30 s lease and a 10 s reconcile interval (bound 40 s <= 60 s)."""
+@pytest.mark.parametrize(("env", "expected"), [({}, (30, 10)), ({"TRELLIS_LEASE_SECONDS": "5"}, (5, 1)),
+                                               ({"TRELLIS_LEASE_SECONDS": "3", "TRELLIS_RECONCILE_SECONDS": "3"}, (3, 3))])
+def test_p_rel_1_defaults_state_a_bound_within_two_leases(tmp_path, env, expected):
+    """P-REL-1: the defaults are a 30 s lease and a reconcile every lease/3 (bound 40 s <= 60 s)."""
     code = "import config.settings as s; print(s.TRELLIS_LEASE_SECONDS, s.TRELLIS_RECONCILE_SECONDS)"
     from tests.test_settings import CLEAN
 
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       env={**CLEAN, "TRELLIS_VAR_DIR": str(tmp_path)})
+                       env={**CLEAN, "TRELLIS_VAR_DIR": str(tmp_path), **env})
     assert r.returncode == 0, r.stderr
     lease, reconcile = map(int, r.stdout.split())
-    assert (lease, reconcile) == (30, 10) and lease + reconcile <= 2 * lease
+    assert (lease, reconcile) == expected and lease + reconcile <= 2 * lease
