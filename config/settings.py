@@ -237,6 +237,9 @@ Q_CLUSTER = {
     "catch_up": False,
     "poll": env_int("TRELLIS_Q_POLL_MS", 100, minimum=10) / 1000,
     "label": "Worker queue",
+    # `Q_CLUSTER_NAME=other manage.py qcluster` (django-q2) serves the broker list `other` with the
+    # same signing salt; django-q2 then requires this key (tests and bench/recovery.py use it)
+    "ALT_CLUSTERS": {},
 }
 if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
@@ -250,7 +253,7 @@ TRELLIS_MAX_TOOL_CALLS = env_int("TRELLIS_MAX_TOOL_CALLS", 50, minimum=1)
 # interrupted, and the queued jobs it had taken handed off again, within lease + reconcile
 # interval of its death (30 + 10 = 40 s by default; at most 2 x lease, checked here).
 TRELLIS_LEASE_SECONDS = env_int("TRELLIS_LEASE_SECONDS", 30, minimum=2)
-TRELLIS_RECONCILE_SECONDS = env_int("TRELLIS_RECONCILE_SECONDS", 10, minimum=1)
+TRELLIS_RECONCILE_SECONDS = env_int("TRELLIS_RECONCILE_SECONDS", max(1, TRELLIS_LEASE_SECONDS // 3), minimum=1)
 if TRELLIS_RECONCILE_SECONDS > TRELLIS_LEASE_SECONDS:
     raise ImproperlyConfigured(
         f"TRELLIS_RECONCILE_SECONDS ({TRELLIS_RECONCILE_SECONDS}) must not exceed TRELLIS_LEASE_SECONDS "

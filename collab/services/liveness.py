@@ -88,7 +88,7 @@ def _start(name: str, target) -> None:
         owner, thread = _threads.get(name, (None, None))
         if owner == pid and thread.is_alive():
             return
-        if owner != pid:  # a forked child inherits the registry of its parent, not its threads
+        if owner is not None and owner != pid:  # a forked child inherits its parent's registry, not its threads
             _jobs.clear()
         thread = threading.Thread(target=target, name=f"trellis-{name}", daemon=True)
         _threads[name] = (pid, thread)

@@ -51,8 +51,10 @@ def queue_name(process_env):
 
 @pytest.fixture(scope="module")
 def short_lease_env(process_env, queue_name):
+    # Q_CLUSTER_NAME (django-q2) is the broker list a cluster serves; its TRELLIS_QUEUE_NAME (the
+    # signing salt of every task) stays the test run's
     return dict(process_env, TRELLIS_LEASE_SECONDS=str(LEASE), TRELLIS_RECONCILE_SECONDS=str(RECONCILE),
-                TRELLIS_QUEUE_NAME=queue_name, **{KEY_ENV: os.environ[KEY_ENV]})
+                Q_CLUSTER_NAME=queue_name, **{KEY_ENV: os.environ[KEY_ENV]})
 
 
 def start_cluster(env, log: Path, workers: int):
@@ -250,7 +252,8 @@ def test_p_rel_1_slow_non_streaming_model_call_outlives_the_lease(team, api_as, 
 # --- P-REL-1: a dead worker's jobs are recovered ----------------------------------------------------
 
 
-def test_p_rel_1_killed_worker_jobs_are_recovered_by_a_new_worker(team, api_as, short_lease_env, tmp_path):
+def test_p_rel_1_killed_worker_jobs_are_recovered_by_a_new_worker(team, api_as, short_lease_env, queue_name,
+                                                                  tmp_path, monkeypatch):
     """P-REL-1 / OW-§8: SIGKILL a whole worker machine (its qcluster process group) while it runs
     two turns, one of which is then cancelled (``stopping`` with nobody to confirm it), and a
     third turn waits behind one of them on its branch. The surviving workers (and a new one
@@ -263,7 +266,11 @@ def test_p_rel_1_killed_worker_jobs_are_recovered_by_a_new_worker(team, api_as, 
     make_spec(owner, "long", [{"sleep_ms": 600_000}, {"text": "never"}])
     make_spec(owner, "quick", [{"text": "quick answer"}])
     api = api_as(team.member)
-    doomed = start_cluster(short_lease_env, tmp_path / "doomed.log", workers=2)
+    from django_q.conf import Conf
+
+    doomed_queue = queue_name + "-doomed"  # only the doomed machine serves it
+    doomed = start_cluster(dict(short_lease_env, Q_CLUSTER_NAME=doomed_queue), tmp_path / "doomed.log", workers=2)
+    monkeypatch.setattr(Conf, "CLUSTER_NAME", doomed_queue)
     new = None
     try:
         s1, s2 = open_session(api, "long", title="one"), open_session(api, "long", title="two")
@@ -303,3 +310,35 @@ def test_p_rel_1_killed_worker_jobs_are_recovered_by_a_new_worker(team, api_as, 
         stop_cluster(doomed)
         if new is not None:
             stop_cluster(new)
+
+
+# --- the stated bound is validated at start-up ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"TRELLIS_LEASE_SECONDS": "thirty"}, "TRELLIS_LEASE_SECONDS must be an integer"),
+    ({"TRELLIS_LEASE_SECONDS": "1"}, "TRELLIS_LEASE_SECONDS must be >= 2"),
+    ({"TRELLIS_RECONCILE_SECONDS": "0"}, "TRELLIS_RECONCILE_SECONDS must be >= 1"),
+    ({"TRELLIS_LEASE_SECONDS": "10", "TRELLIS_RECONCILE_SECONDS": "11"}, "must not exceed TRELLIS_LEASE_SECONDS"),
+])
+def test_p_rel_1_lease_and_reconcile_interval_are_validated_loudly(tmp_path, env, message):
+    """P-REL-1: recovery takes up to lease + reconcile interval, so a reconcile interval longer than
+    the lease (a bound over 2 x lease) or a value that is not a positive integer stops start-up."""
+    from tests.test_settings import load_settings
+
+    r = load_settings(tmp_path, **env)
+    assert r.returncode != 0 and message in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("env", "expected"), [({}, (30, 10)), ({"TRELLIS_LEASE_SECONDS": "5"}, (5, 1)),
+                                               ({"TRELLIS_LEASE_SECONDS": "3", "TRELLIS_RECONCILE_SECONDS": "3"}, (3, 3))])
+def test_p_rel_1_defaults_state_a_bound_within_two_leases(tmp_path, env, expected):
+    """P-REL-1: the defaults are a 30 s lease and a reconcile every lease/3 (bound 40 s <= 60 s)."""
+    code = "import config.settings as s; print(s.TRELLIS_LEASE_SECONDS, s.TRELLIS_RECONCILE_SECONDS)"
+    from tests.test_settings import CLEAN
+
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env={**CLEAN, "TRELLIS_VAR_DIR": str(tmp_path), **env})
+    assert r.returncode == 0, r.stderr
+    lease, reconcile = map(int, r.stdout.split())
+    assert (lease, reconcile) == expected and lease + reconcile <= 2 * lease
