@@ -165,6 +165,7 @@ AXES_COOLOFF_TIME = env_int("TRELLIS_LOGIN_COOLOFF_MINUTES", 15, minimum=1) / 60
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = False  # no start-up banner in every manage.py command
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "collab:projects"
