@@ -157,7 +157,7 @@ def test_p_sec_7_project_edits_in_the_admin_go_through_the_services(team, rows, 
     project = Project.objects.get(pk=team.alpha.pk)
     assert (project.name, project.max_messages, project.workspace) == ("Alpha 2", 5, str(tmp_path))
     types = set(Event.objects.filter(project=team.alpha, actor=user).values_list("type", flat=True))
-    assert {"project.updated", "limits.changed", "workspace.changed", "member.added"} <= types
+    assert {"project.updated", "limits.changed", "workspace.changed", "member.invited"} <= types
 
 
 def test_p_sec_7_a_refused_admin_edit_changes_nothing(team, rows, operator, settings):
