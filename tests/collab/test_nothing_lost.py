@@ -218,3 +218,54 @@ def test_op_c4_a_start_refused_on_an_archived_branch_writes_nothing_there(team, 
     notices = [m for m in transcript_messages(api, sender)
                if m["role"] == "user" and f"did not finish execution {task}" in m["text"]]
     assert len(notices) == 1
+
+
+def test_op_5_4_fifo_claim_order_and_the_duplicate_window_use_the_database_clock(team, api_as, worker, monkeypatch):
+    """SPEC §7 (issue 12 item 7): deliveries accepted by app servers whose clocks disagree (here
+    this process's clock set ten minutes ahead, then ten minutes behind) still wait, drain and
+    run in the order they were accepted, every stored time is the database's, and the 60-s
+    duplicate window holds across them."""
+    from datetime import timedelta
+
+    from django.db.models.functions import Now
+    from django.utils import timezone
+
+    from collab.models import InboxEntry, Job
+
+    owner = api_as(team.owner)
+    make_spec(owner, "slow", [{"sleep_ms": LONG_MS}, {"text": "slept"}])
+    make_spec(owner, "quiet", [{"text": "quiet: {{prompt}}"}])
+    api = api_as(team.member)
+    sender = address_of(api.wait(turn(api, open_session(api, "quiet", title="sender"), "hello")))
+    tsid = open_session(api, "quiet", title="target")
+    busy = turn(api, tsid, "hold the branch", agent_id="slow")
+    target = address_of(api.wait(busy, {"running"}))
+
+    real_now = timezone.now
+
+    def app_clock(skew_minutes):
+        monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(minutes=skew_minutes))
+
+    app_clock(+10)
+    assert tool(api, sender, "send_message", to=target, message="first message")["details"]["queued"] is True
+    assert tool(api, sender, "agent", to=target, prompt="first task")["details"]["queued"] is True
+    app_clock(-10)
+    assert tool(api, sender, "send_message", to=target, message="second message")["details"]["queued"] is True
+    assert tool(api, sender, "agent", to=target, prompt="second task")["details"]["queued"] is True
+    app_clock(+10)
+    again = tool(api, sender, "send_message", to=target, message="second message")
+    assert again["is_error"] and again["details"]["code"] == "duplicate_message", again
+    monkeypatch.setattr(timezone, "now", real_now)
+
+    target_id = execution(api, busy)["branch"]
+    stored = list(InboxEntry.objects.filter(target_branch_id=target_id).annotate(db_now=Now())
+                  .values_list("created_at", "db_now"))
+    stored += list(Job.objects.filter(branch_id=target_id).annotate(db_now=Now()).values_list("created_at", "db_now"))
+    assert len(stored) == 5 and all(abs(db_now - at) < timedelta(minutes=5) for at, db_now in stored), stored
+
+    assert cancel(api, busy).status_code == 202
+    settle(api, tsid)
+    prompts = [m["text"] for m in transcript_messages(api, target) if m["role"] == "user"]
+    order = [next(i for i, text in enumerate(prompts) if text.endswith(p))
+             for p in ("first message", "first task", "second message", "second task")]
+    assert order == sorted(order), prompts
