@@ -80,6 +80,8 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
             job = Job.objects.select_related("project", "session", "branch", "agent_spec", "branch__tip").get(pk=job_id)
             if job.prompt_msg_id is None:
                 branch = Branch.objects.select_for_update(of=("self",)).select_related("tip").get(pk=job.branch_id)
+                if branch.archived and not inline:
+                    raise _Archived  # archived since the check above: refused, nothing written
                 write_prompt_node(job, branch)
                 job.branch = branch
             limit = effective_limit(job.project, "max_live_per_session")
@@ -93,12 +95,19 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
             return job
     except _NoLiveSlot:  # rolled back; the job that holds the slot wakes the next one when it ends
         return None
+    except _Archived:  # rolled back: still queued, now refused
+        refuse_start(job)
+        return None
     except IntegrityError:
         # the one-active-job-per-branch index: another claim on this branch won the race
         return None
 
 
 class _NoLiveSlot(Exception):
+    pass
+
+
+class _Archived(Exception):
     pass
 
 
