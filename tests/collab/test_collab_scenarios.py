@@ -548,8 +548,11 @@ def test_op_5_4_inbox_cap_drops_oldest_with_notice_and_rejects_duplicates(team, 
     # sender exactly once (issue 12 item 5): one follow-up per message, in the sender's session
     refused = list(Job.objects.filter(error_code="archived", kind="message").values_list("caller_session_id", flat=True))
     assert sorted(refused) == sorted([first_sid] + [other_sid] * 49), refused
-    heard = list(Job.objects.filter(kind="followup", followup_of__error_code="archived").values_list("session_id", flat=True))
-    assert sorted(heard) == sorted(refused)
+    def heard():
+        return sorted(Job.objects.filter(kind="followup", followup_of__error_code="archived").values_list("session_id", flat=True))
+
+    poll(lambda: heard() == sorted(refused), what="one follow-up per refused message")
+    settle(api, first_sid, other_sid)
     assert job_count() == jobs_before + 2 + notices + 2 * len(refused)
 
 
