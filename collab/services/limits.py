@@ -66,8 +66,8 @@ def check_topology(actor, *, spawn: bool) -> None:
 
 
 def lock_caller(actor) -> None:
-    """The caller's lock: its branch row (first in the admission transaction; lock order
-    session → branch → job, the caller's before the target's)."""
+    """The caller's lock: its branch row, taken in the admission transaction before anything is
+    counted or written (lock order session → branch → job: after any session row)."""
     Branch.objects.select_for_update(of=("self",)).filter(pk=actor.branch.pk).first()
 
 

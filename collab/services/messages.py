@@ -61,7 +61,7 @@ def append_message(
         branch.tip = message
         branch.chars += len(text)
         branch.last_active_at = now
-    Session.objects.filter(pk=branch.session_id).update(last_active_at=Now())
+    Session.objects.filter(pk=branch.session_id).update(last_active_at=now)
     send_event_on_commit(
         branch.session_id,
         "message.created",

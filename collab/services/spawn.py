@@ -75,11 +75,11 @@ def do_spawn(actor: Actor, *, prompt: str, description: str = "", agent_id: str 
 def _admit_spawn(actor: Actor, *, prompt, description, agent_id, start_from, run_in_background, archive_when_done) -> Job:
     messages, generations = actor.chain
     with transaction.atomic():
-        lock_caller(actor)
-        check_topology(actor, spawn=True)  # counted under the caller's lock (OP §5.1)
         session, fork_node = resolve_start_from(actor, start_from)
         spec = pick_spec(actor, session, agent_id)
         name, stage = name_for(description, prompt)
+        lock_caller(actor)
+        check_topology(actor, spawn=True)  # counted under the caller's lock (OP §5.1)
         branch = create_branch(
             session, name=name, name_stage=stage, forked_from=fork_node, agent_spec=spec,
             created_by=actor.user, created_by_job=actor.job,
