@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
-from django.utils import timezone
+from django.db.models.functions import Now
 
 
 class InboxKind(models.TextChoices):
@@ -25,7 +25,8 @@ class InboxEntry(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     chain_messages = models.PositiveIntegerField(default=0)
     chain_generations = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField(default=timezone.now)
+    # the database's clock (SPEC §7): FIFO order and the 60-s duplicate window hold across app servers
+    created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
         ordering = ["created_at", "id"]

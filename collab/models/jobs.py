@@ -1,6 +1,7 @@
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from collab.models.ids import id_field
@@ -108,7 +109,9 @@ class Job(models.Model):
     followup_state = models.CharField(max_length=16, choices=FollowupState.choices, default=FollowupState.NONE)
     followup_mode = models.CharField(max_length=16, blank=True, default="")
 
-    created_at = models.DateTimeField(default=timezone.now)
+    # the database's clock (SPEC §7): the claim order of a branch's queued jobs never depends
+    # on which app server admitted them
+    created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

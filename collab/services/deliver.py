@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
-from collab.models import OPEN_STATUSES, Branch, InboxEntry, InboxKind, Job, JobKind
+from collab.models import ACTIVE_STATUSES, OPEN_STATUSES, Branch, InboxEntry, InboxKind, Job, JobKind
 from collab.text import clean_text
 from collab.services.acting import Actor, message_header, task_header
 from collab.services.addressing import resolve_target
@@ -103,10 +103,10 @@ def do_send_message(actor: Actor, *, to: str, message: str, gate: bool = True) -
 
 
 def _queue_for_busy_target(actor, target, message, chain_messages, chain_generations) -> Receipt:
-    """Precondition: the target row is locked. Persist, de-duplicate, cap (OP §5.4)."""
-    now = timezone.now()
+    """Precondition: the target row is locked. Persist, de-duplicate, cap (OP §5.4).
+    The window and the FIFO order are the database's clock (SPEC §7)."""
     duplicate = InboxEntry.objects.filter(
-        target_branch=target, sender_branch=actor.branch, text=message, created_at__gte=now - DUPLICATE_WINDOW
+        target_branch=target, sender_branch=actor.branch, text=message, created_at__gte=Now() - DUPLICATE_WINDOW
     ).exists()
     if duplicate:
         raise Conflict(
@@ -131,7 +131,7 @@ def _queue_for_busy_target(actor, target, message, chain_messages, chain_generat
             record_failed_delivery(
                 target=target, kind="message", text=dropped.text, sender_session=dropped.sender_session,
                 sender_branch=dropped.sender_branch, sender_job=dropped.sender_job, started_by=dropped.created_by,
-                code="inbox_overflow", reason=reason,
+                code="inbox_overflow", reason=reason, chain=(dropped.chain_messages, dropped.chain_generations),
             )
     entry = InboxEntry.objects.create(
         target_branch=target, session=target.session, kind=InboxKind.MESSAGE, text=clean_text(message),
@@ -146,15 +146,25 @@ def _queue_for_busy_target(actor, target, message, chain_messages, chain_generat
 
 def drain_inbox_locked(branch: Branch) -> list[Job]:
     """Turn the branch's inbox into message turns, FIFO, deliver-then-delete in one transaction.
+    On a branch archived meanwhile each entry goes back to its sender as a failed result, once.
 
-    Precondition: the branch row is locked (the completion transaction of its turn).
+    Precondition: the branch row is locked, and the branch has no running job (the completion
+    transaction of its last job, or ``drain_idle_inbox``).
     """
     admitted = []
-    for entry in InboxEntry.objects.filter(target_branch=branch).select_related("sender_session").order_by("created_at", "id"):
+    entries = InboxEntry.objects.filter(target_branch=branch).select_related(
+        "sender_session", "sender_branch", "sender_job").order_by("created_at", "id")
+    for entry in entries:
         if branch.archived:
             if entry.sender_session_id:
                 send_event_on_commit(entry.sender_session_id, "delivery.rejected",
                                      {"target_branch": branch.pk, "code": "archived", "text_preview": entry.text[:200]})
+                record_failed_delivery(
+                    target=branch, kind="message", text=entry.text, sender_session=entry.sender_session,
+                    sender_branch=entry.sender_branch, sender_job=entry.sender_job, started_by=entry.created_by,
+                    code="archived", reason=f"your message to {branch.display_name!r} was not delivered: the agent "
+                    "was archived before it could read it", chain=(entry.chain_messages, entry.chain_generations),
+                )
         else:
             header = message_header(entry.sender_address)
             # created_at = when the delivery was accepted, so it keeps its FIFO place
@@ -174,6 +184,16 @@ def drain_inbox_locked(branch: Branch) -> list[Job]:
     if admitted:
         send_event_on_commit(branch.session_id, "inbox.drained", {"branch": branch.pk, "jobs": [j.pk for j in admitted]})
     return admitted
+
+
+@retry_on_deadlock
+def drain_idle_inbox(branch_id: str) -> list[Job]:
+    """Drain the inbox of a branch that has no running job (reconcile: whatever left it waiting)."""
+    with transaction.atomic():
+        branch = Branch.objects.select_for_update(of=("self",)).filter(pk=branch_id).first()
+        if branch is None or Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists():
+            return []
+        return drain_inbox_locked(branch)
 
 
 def _log_delivery(actor: Actor, target: Branch, kind: str, job=None, inbox_entry=None) -> None:

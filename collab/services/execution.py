@@ -46,10 +46,13 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     longer queued, or an earlier job on its branch must run first (it is re-enqueued
     when that one ends), or its session has no free live slot, or its project is at its
     running cap (P-SEC-6; ``inline`` jobs run in their caller's slot). A conditional
-    UPDATE, so two workers can never both win."""
-    now = timezone.now()
+    UPDATE, so two workers can never both win. A queued job whose branch was archived
+    meanwhile is refused instead (``refuse_start``)."""
     if not inline:
         job = Job.objects.select_related("project").filter(pk=job_id).first()
+        if job is not None and job.status == JobStatus.QUEUED and Branch.objects.filter(pk=job.branch_id, archived=True).exists():
+            refuse_start(job)
+            return None
         if job is None or not live_slots_free(job.session_id, job.project):
             return None
     busy = Job.objects.filter(branch=OuterRef("branch"), status__in=ACTIVE_STATUSES)
@@ -66,9 +69,9 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
                 .update(
                     status=JobStatus.RUNNING,
                     version=F("version") + 1,
-                    started_at=now,
+                    started_at=Now(),
                     worker=WORKER_NAME,
-                    heartbeat_at=now,
+                    heartbeat_at=Now(),
                     lease_expires_at=lease_deadline(),
                 )
             )
@@ -77,6 +80,8 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
             job = Job.objects.select_related("project", "session", "branch", "agent_spec", "branch__tip").get(pk=job_id)
             if job.prompt_msg_id is None:
                 branch = Branch.objects.select_for_update(of=("self",)).select_related("tip").get(pk=job.branch_id)
+                if branch.archived and not inline:
+                    raise _Archived  # archived since the check above: refused, nothing written
                 write_prompt_node(job, branch)
                 job.branch = branch
             limit = effective_limit(job.project, "max_live_per_session")
@@ -90,6 +95,9 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
             return job
     except _NoLiveSlot:  # rolled back; the job that holds the slot wakes the next one when it ends
         return None
+    except _Archived:  # rolled back: still queued, now refused
+        refuse_start(job)
+        return None
     except IntegrityError:
         # the one-active-job-per-branch index: another claim on this branch won the race
         return None
@@ -97,6 +105,19 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
 
 class _NoLiveSlot(Exception):
     pass
+
+
+class _Archived(Exception):
+    pass
+
+
+def refuse_start(job: Job) -> Job:
+    """A queued job whose branch was archived before it started: it ends ``failed`` without
+    writing anything on the branch (no prompt node, no turn), and its sender — whoever
+    delivered it, message or task — is owed the failure as a result (OP §5.4)."""
+    reason = f"agent {job.branch.display_name!r} was archived before this delivery started"
+    return finish_job(job, status=JobStatus.FAILED, final_text=None, result_text=reason, is_error=True,
+                      error_code="archived", error_reason=reason, from_statuses=(JobStatus.QUEUED,), refused=True)
 
 
 def current_status(job: Job) -> str:
@@ -117,6 +138,7 @@ def finish_job(
     usage: dict | None = None,
     from_statuses=ACTIVE_STATUSES,
     lease_expired: bool = False,
+    refused: bool = False,
 ) -> Job:
     """The completion transaction (SPEC §13: one commit): the final node, the terminal
     state, the bounded result (full text as an Artifact), the follow-up owed to the
@@ -128,11 +150,11 @@ def finish_job(
     ``lease_expired`` (reconcile) it must also still have a lease that ran out on the
     database clock, checked under the row lock and in the UPDATE that ends it, so a job
     whose live worker renewed it meanwhile is never ended. Returns ``job`` itself if this
-    call ended it, else the row as it is.
+    call ended it, else the row as it is. ``refused``: a start refused on an archived
+    branch, owed to its sender whatever its kind.
     """
-    now = timezone.now()
     usage = usage or {}
-    owed = owes_followup(job)
+    owed = owes_followup(job, refused=refused)
     with transaction.atomic():
         branch = Branch.objects.select_for_update(of=("self",)).select_related("tip", "session").filter(pk=job.branch_id).first()
         if branch is None:  # its session was deleted while the turn ran: nothing is left to finish
@@ -148,7 +170,7 @@ def finish_job(
         Job.objects.filter(guard, pk=job.pk).update(  # matches: the row is locked since the read
             status=status,
             version=F("version") + 1,
-            finished_at=now,
+            finished_at=Now(),
             result_text=summary,
             result_artifact=artifact,
             is_error=is_error,
@@ -172,8 +194,11 @@ def finish_job(
         send_job_event(job, f"job.{status}", branch.session)
         if job.archive_when_done:
             do_archive_branch(branch, user=job.started_by, reason=AUTOMATIC_REASON, automatic=True)
-        if ran:  # the branch's turn is over: what waited for it may go now
+        if ran or not Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists():
+            # the branch is idle (its turn ended, or a queued job ended before it started): its
+            # inbox goes now, whatever ended it (OP §5.4)
             drain_inbox_locked(branch)
+        if ran:  # the branch's turn is over: what waited for it may go now
             deliver_owed_locked(branch)
             schedule_naming(branch.pk, branch.turns, branch.name_stage)
         enqueue_next_on_branch(branch.pk)
@@ -190,7 +215,7 @@ def enqueue_next_on_branch(branch_id: str) -> None:
     """Wake the oldest queued job on the branch (queued behind the one that just ended)."""
     nxt = (
         Job.objects.filter(branch_id=branch_id, status=JobStatus.QUEUED)
-        .order_by("created_at")
+        .order_by("created_at", "pk")
         .values_list("pk", flat=True)
         .first()
     )
@@ -203,7 +228,7 @@ def enqueue_next_in_session(session_id: str) -> None:
     busy = Job.objects.filter(branch=OuterRef("branch"), status__in=ACTIVE_STATUSES)
     nxt = (
         Job.objects.filter(session_id=session_id, status=JobStatus.QUEUED, run_in_background=True)
-        .filter(~Exists(busy)).order_by("created_at").values_list("pk", flat=True).first()
+        .filter(~Exists(busy)).order_by("created_at", "pk").values_list("pk", flat=True).first()
     )
     if nxt:
         enqueue_job(nxt)

@@ -25,8 +25,19 @@ from collab.services.retry import retry_on_deadlock
 log = logging.getLogger(__name__)
 
 
-def owes_followup(job: Job) -> bool:
-    return bool(job.caller_branch_id) and job.kind in (JobKind.SPAWN, JobKind.TASK) and job.run_in_background
+def owes_followup(job: Job, *, refused: bool = False) -> bool:
+    """Whether the caller is owed ``job``'s result: a background task or spawn always; any
+    delivery (a message too) whose start was refused, so its sender hears of it (OP §5.4)."""
+    if not job.caller_branch_id:
+        return False
+    if refused:
+        return job.kind != JobKind.FOLLOWUP
+    return job.kind in (JobKind.SPAWN, JobKind.TASK) and job.run_in_background
+
+
+# failure notices: a delivery that never ran, reported to its sender. One that cannot be
+# delivered either is not reported again (its sender is gone too), so notices never loop.
+NOTICE_CODES = frozenset({"delivery_rejected", "inbox_overflow", "archived", "result_undeliverable"})
 
 
 def reader_spec(job: Job):
@@ -184,7 +195,22 @@ def deliver_owed_locked(branch: Branch) -> list[Job]:
             send_event_on_commit(
                 branch.session_id, "followup.undeliverable", {"job": debt.pk, "code": exc.code, "reason": exc.detail}
             )
+            bounce_result(branch, debt, exc)
     return admitted
+
+
+def bounce_result(branch: Branch, debt: Job, exc: DomainError) -> Job | None:
+    """A result ``branch`` can no longer take (archived meanwhile) goes back to the agent that
+    produced it as a failed result, once; a failure notice is never bounced again."""
+    if debt.error_code in NOTICE_CODES or debt.kind == JobKind.FOLLOWUP:
+        return None
+    reason = (f"the result of execution {debt.pk} could not be delivered to {branch.display_name!r}: "
+              f"{exc.detail}")
+    return record_failed_delivery(
+        target=branch, kind="message", text=f"(result of execution {debt.pk})", sender_session=debt.session,
+        sender_branch=debt.branch, sender_job=debt, started_by=debt.started_by, code="result_undeliverable",
+        reason=reason, chain=(debt.chain_messages + 1, debt.chain_generations),
+    )
 
 
 def deliver_owed_after_commit(branch_id: str) -> None:
@@ -198,20 +224,24 @@ def deliver_owed_after_commit(branch_id: str) -> None:
 
 
 def record_failed_delivery(*, target, kind: str, text: str, sender_session, sender_branch, sender_job, started_by,
-                           code: str, reason: str, followup_mode: str = "") -> Job:
-    """A delivery that will never run (rejected by a person, dropped from a full inbox) as a
-    failed execution whose result is owed to the sender: it reaches the sender exactly once
-    through the ordinary follow-up path. Precondition: inside ``transaction.atomic``."""
-    from django.utils import timezone
+                           code: str, reason: str, chain: tuple[int, int], followup_mode: str = "") -> Job:
+    """A delivery that will never run (rejected by a person, dropped from a full inbox, its
+    target archived meanwhile) as a failed execution whose result is owed to the sender: it
+    reaches the sender exactly once through the ordinary follow-up path. ``chain`` is the
+    delivery's (messages, generations) — the sender's plus the message it spent — so the
+    notice continues the sender's chain and a retry loop runs out of budget (OP §5.1).
+    Precondition: inside ``transaction.atomic``."""
+    from django.db.models.functions import Now
 
     job = Job.objects.create(
         project_id=target.session.project_id, session=target.session, branch=target,
         kind=JobKind.TASK if kind == "task" else JobKind.MESSAGE, status=JobStatus.FAILED, prompt=clean_text(text),
         caller_session=sender_session, caller_branch=sender_branch, caller_job=sender_job, parent_job=sender_job,
         started_by=started_by, result_text=reason, is_error=True, error_code=code, error_reason=reason,
-        finished_at=timezone.now(), followup_state=FollowupState.OWED if sender_branch else FollowupState.NONE,
-        followup_mode=followup_mode,
+        finished_at=Now(), followup_state=FollowupState.OWED if sender_branch else FollowupState.NONE,
+        followup_mode=followup_mode, chain_messages=chain[0], chain_generations=chain[1],
     )
+    job.refresh_from_db(fields=["finished_at"])
     if sender_branch is not None:
         deliver_owed_after_commit(sender_branch.pk)
     return job

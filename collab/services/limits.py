@@ -9,7 +9,7 @@ with the session row locked, so concurrent admissions cannot overshoot.
 from accounts.limits import effective_limit
 from accounts.models import Project
 from collab.errors import DomainError
-from collab.models import OPEN_STATUSES, Job, JobKind, JobStatus, Session
+from collab.models import OPEN_STATUSES, Branch, Job, JobKind, JobStatus, Session
 
 DELEGATION_TOOLS = frozenset({"agent", "send_message", "spawn_agent", "followup_task"})
 
@@ -30,7 +30,11 @@ def messages_left(project: Project, chain_messages: int) -> bool:
 
 
 def check_topology(actor, *, spawn: bool) -> None:
-    """Refuse a delivery the chain cannot afford; creates nothing."""
+    """Refuse a delivery the chain cannot afford; creates nothing.
+
+    Precondition for ``spawn``: inside the admission transaction with the calling branch's row
+    locked (``lock_caller``), so the fan-out count cannot be overtaken by a concurrent spawn of
+    the same turn (two spawns at 7 of 8 admit one)."""
     project = actor.session.project
     messages, generations = actor.chain
     if not messages_left(project, messages):
@@ -59,6 +63,12 @@ def check_topology(actor, *, spawn: bool) -> None:
                 "wait for their results or reuse them with agent(to=…)",
                 code="budget.fanout_exhausted",
             )
+
+
+def lock_caller(actor) -> None:
+    """The caller's lock: its branch row, taken in the admission transaction before anything is
+    counted or written (lock order session → branch → job: after any session row)."""
+    Branch.objects.select_for_update(of=("self",)).filter(pk=actor.branch.pk).first()
 
 
 def check_admission_quota(session: Session) -> None:

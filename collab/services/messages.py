@@ -1,6 +1,7 @@
 """Appending nodes to a branch. Messages are immutable once written."""
 
 from django.db.models import F
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from collab.events import clip, send_event_on_commit
@@ -55,7 +56,8 @@ def append_message(
         created_at=now,
     )
     if move_tip:
-        Branch.objects.filter(pk=branch.pk).update(tip=message, chars=F("chars") + len(text), last_active_at=now)
+        # last activity orders name resolution and listings: the database's clock (SPEC §7)
+        Branch.objects.filter(pk=branch.pk).update(tip=message, chars=F("chars") + len(text), last_active_at=Now())
         branch.tip = message
         branch.chars += len(text)
         branch.last_active_at = now

@@ -12,6 +12,8 @@
   handed to the queue), so several reconcilers hand it off once. The claim is
   idempotent, so a duplicate hand-off is harmless.
 - Results owed to idle branches (their delivery crashed) are settled.
+- Every branch with no running job whose inbox still holds messages is drained (OP §5.4),
+  whatever left them waiting.
 
 It runs in every worker process every ``TRELLIS_RECONCILE_SECONDS``, at worker start,
 and from ``manage.py reconcile``. All times are the database's.
@@ -24,19 +26,18 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
-from django.utils import timezone
 
-from collab.models import ACTIVE_STATUSES, FollowupState, Job, JobStatus
+from collab.models import ACTIVE_STATUSES, FollowupState, InboxEntry, Job, JobStatus
 
 log = logging.getLogger(__name__)
 
 
-def reconcile(now=None) -> dict:
+def reconcile() -> dict:
     from collab.services.admission import enqueue_job
+    from collab.services.deliver import drain_idle_inbox
     from collab.services.execution import finish_job
     from collab.services.followup import deliver_owed
 
-    now = now or timezone.now()
     interrupted = []
     for job in Job.objects.filter(status__in=ACTIVE_STATUSES, lease_expires_at__lt=Now()).select_related("branch"):
         stopping = job.status == JobStatus.STOPPING
@@ -63,14 +64,18 @@ def reconcile(now=None) -> dict:
                 stale.append(pk)
 
     owed_branches = set(
-        Job.objects.filter(followup_state=FollowupState.OWED, finished_at__lt=now - timedelta(seconds=5))
+        Job.objects.filter(followup_state=FollowupState.OWED, finished_at__lt=Now() - timedelta(seconds=5))
         .exclude(followup_mode="mailbox").values_list("caller_branch_id", flat=True)
     )
     settled = []
     for branch_id in owed_branches:
         if branch_id:
             settled += [j.pk for j in deliver_owed(branch_id)]
-    result = {"interrupted": interrupted, "requeued": stale, "followups": settled}
+    running = Job.objects.filter(branch=OuterRef("target_branch"), status__in=ACTIVE_STATUSES)
+    drained = []
+    for branch_id in set(InboxEntry.objects.filter(~Exists(running)).values_list("target_branch_id", flat=True)):
+        drained += [j.pk for j in drain_idle_inbox(branch_id)]
+    result = {"interrupted": interrupted, "requeued": stale, "followups": settled, "drained": drained}
     if any(result.values()):
         log.info("reconciled: %s", result)
     return result

@@ -16,7 +16,7 @@ from collab.services.acting import Actor, task_header
 from collab.services.addressing import parse_address
 from collab.services.admission import admit_job
 from collab.services.branches import create_branch, name_for
-from collab.services.limits import check_topology
+from collab.services.limits import check_topology, lock_caller
 from collab.services.messages import append_message
 from collab.services.turns import check_prompt
 from collab.services.retry import retry_on_deadlock
@@ -61,7 +61,6 @@ def do_spawn(actor: Actor, *, prompt: str, description: str = "", agent_id: str 
              run_in_background: bool = False, archive_when_done: bool = False) -> Job:
     check_prompt(prompt)
     actor.require("turn.start")
-    check_topology(actor, spawn=True)
     job = _admit_spawn(actor, prompt=prompt, description=description, agent_id=agent_id, start_from=start_from,
                        run_in_background=run_in_background, archive_when_done=archive_when_done)
     if not run_in_background:
@@ -79,6 +78,8 @@ def _admit_spawn(actor: Actor, *, prompt, description, agent_id, start_from, run
         session, fork_node = resolve_start_from(actor, start_from)
         spec = pick_spec(actor, session, agent_id)
         name, stage = name_for(description, prompt)
+        lock_caller(actor)
+        check_topology(actor, spawn=True)  # counted under the caller's lock (OP §5.1)
         branch = create_branch(
             session, name=name, name_stage=stage, forked_from=fork_node, agent_spec=spec,
             created_by=actor.user, created_by_job=actor.job,

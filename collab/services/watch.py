@@ -46,6 +46,16 @@ def access_hold(user, hold_id: int, capability: str = "turn.start") -> HeldDeliv
     return hold
 
 
+def sender_of(hold: HeldDelivery) -> Actor:
+    """The original sender's standing, chain counters included (OP §5.1): its job's, or for a
+    gateway call the branch's chain, as when it sent (``gateway_actor``)."""
+    from collab.services.acting import gateway_actor
+
+    if hold.sender_job is None and hold.sender_branch is not None:
+        return gateway_actor(hold.created_by, hold.sender_branch)
+    return Actor(user=hold.created_by, session=hold.sender_session, branch=hold.sender_branch, job=hold.sender_job)
+
+
 @retry_on_deadlock
 def do_decide_hold(user, hold: HeldDelivery, *, approve: bool) -> HeldDelivery:
     """Deliver (as the original sender, skipping only the gate) or reject with an explicit result."""
@@ -56,7 +66,7 @@ def do_decide_hold(user, hold: HeldDelivery, *, approve: bool) -> HeldDelivery:
         locked = HeldDelivery.objects.select_for_update().get(pk=hold.pk)
         if locked.status != HoldStatus.PENDING:
             raise Conflict(f"this delivery was already {locked.status}", code="already_decided")
-        sender = Actor(user=hold.created_by, session=hold.sender_session, branch=hold.sender_branch, job=hold.sender_job)
+        sender = sender_of(hold)
         now = timezone.now()
         result_job = None
         if approve:
@@ -72,6 +82,7 @@ def do_decide_hold(user, hold: HeldDelivery, *, approve: bool) -> HeldDelivery:
                 target=hold.target_branch, kind=hold.kind, text=hold.text, sender_session=hold.sender_session,
                 sender_branch=hold.sender_branch, sender_job=hold.sender_job, started_by=hold.created_by,
                 code="delivery_rejected", reason=reason, followup_mode=sender.followup_mode,
+                chain=(sender.chain[0] + 1, sender.chain[1]),  # the rejected delivery spent a message
             )
         HeldDelivery.objects.filter(pk=hold.pk).update(
             status=HoldStatus.APPROVED if approve else HoldStatus.REJECTED, decided_by=user, decided_at=now,

@@ -482,7 +482,8 @@ def test_op_5_4_inbox_cap_drops_oldest_with_notice_and_rejects_duplicates(team, 
     the dropped message's *sender session* gets an ``inbox.dropped`` event; the same text from the
     same sender still queued within 60 s is rejected with code duplicate_message (and drops nothing);
     the same text from another sender is not a duplicate. Queued deliveries re-check the archive
-    flag before they start: archiving the target meanwhile rejects them with a reason, never silently."""
+    flag before they start: archiving the target meanwhile rejects them with a reason, never silently:
+    each sender gets a failed result per refused message."""
     owner, api = api_as(team.owner), api_as(team.member)
     make_spec(owner, "slow2", {"user": [{"sleep_ms": 120000}, {"text": "slow done"}]})  # ended by a cancel below
     make_spec(owner, "sender2", {"user": [{"text": "ok"}]})
@@ -543,7 +544,16 @@ def test_op_5_4_inbox_cap_drops_oldest_with_notice_and_rejects_duplicates(team, 
                for e in events(api, s) if e["type"] == "delivery.rejected")
     notices = Job.objects.filter(kind="followup", followup_of__error_code="inbox_overflow").count()
     assert notices == 2  # each dropped message's sender heard of it exactly once
-    assert job_count() == jobs_before + 2 + notices
+    # each refused delivery is a failed execution (error_code archived) whose result reaches its
+    # sender exactly once (issue 12 item 5): one follow-up per message, in the sender's session
+    refused = list(Job.objects.filter(error_code="archived", kind="message").values_list("caller_session_id", flat=True))
+    assert sorted(refused) == sorted([first_sid] + [other_sid] * 49), refused
+    def heard():
+        return sorted(Job.objects.filter(kind="followup", followup_of__error_code="archived").values_list("session_id", flat=True))
+
+    poll(lambda: heard() == sorted(refused), what="one follow-up per refused message")
+    settle(api, first_sid, other_sid)
+    assert job_count() == jobs_before + 2 + notices + 2 * len(refused)
 
 
 # --- OP §2.6 / C3: archived targets -----------------------------------------------------------------
