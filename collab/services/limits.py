@@ -10,6 +10,7 @@ from accounts.limits import effective_limit
 from accounts.models import Project
 from collab.errors import DomainError
 from collab.models import OPEN_STATUSES, Job, JobKind, JobStatus, Session
+from collab.services.locking import lock_session
 
 DELEGATION_TOOLS = frozenset({"agent", "send_message", "spawn_agent", "followup_task"})
 
@@ -68,7 +69,7 @@ def check_admission_quota(session: Session) -> None:
     max_queued = effective_limit(project, "max_queued_per_session")
     if not (max_queued or max_jobs):
         return
-    Session.objects.select_for_update().filter(pk=session.pk).first()
+    lock_session(session.pk)  # taken first by admit_job already (lock order: collab/services/locking.py)
     if max_jobs:
         total = Job.objects.filter(session=session).count()
         if total >= max_jobs:

@@ -1,5 +1,6 @@
 """Appending nodes to a branch. Messages are immutable once written."""
 
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -59,7 +60,10 @@ def append_message(
         branch.tip = message
         branch.chars += len(text)
         branch.last_active_at = now
-    Session.objects.filter(pk=branch.session_id).update(last_active_at=now)
+    # after commit, on its own: a row lock on the session taken here, after the branch's,
+    # would invert the lock order (collab/services/locking.py)
+    session_id = branch.session_id
+    transaction.on_commit(lambda: Session.objects.filter(pk=session_id).update(last_active_at=now))
     send_event_on_commit(
         branch.session_id,
         "message.created",
