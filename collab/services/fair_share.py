@@ -29,7 +29,9 @@ def take_running_slot(project_id: int) -> bool:
     Precondition: inside the claim's transaction, before the job row is touched. The
     project row stays locked until that transaction ends, so concurrent claims of one
     project count one after another and the cap is never overshot."""
-    project = Project.objects.select_for_update().get(pk=project_id)
+    # NO KEY: rows inserted meanwhile that point at the project (events, jobs) check their
+    # foreign key with a KEY SHARE lock at commit, which a plain FOR UPDATE would block
+    project = Project.objects.select_for_update(no_key=True).get(pk=project_id)
     return _in_worker_slots(project_id).count() < effective_limit(project, "max_running_jobs")
 
 

@@ -18,7 +18,7 @@ from collab.errors import DomainError
 from collab.events import send_event_on_commit
 from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageKind, MessageRole
 from collab.text import clean_text
-from collab.services.locking import kept_on_rollback, lock_branch, lock_for_branch
+from collab.services.locking import kept_on_rollback, lock_for_branch
 from collab.services.messages import append_message
 from collab.services.results import bound_text, estimate_tokens, result_limit_for
 from collab.services.retry import retry_on_deadlock
@@ -123,7 +123,7 @@ def drain_mailbox(branch: Branch, job: Job | None, *, reconciling: bool = False)
         return []
     written = []
     with transaction.atomic(), kept_on_rollback(branch):
-        lock_branch(branch.pk)  # branch before jobs (collab/services/locking.py)
+        lock_for_branch(branch.pk)  # session, branch, then the jobs (collab/services/locking.py)
         owed = list(
             Job.objects.select_for_update(no_key=True)
             .filter(caller_branch=branch, followup_state=FollowupState.OWED)

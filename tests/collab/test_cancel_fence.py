@@ -127,6 +127,7 @@ def assert_well_formed(session_id) -> None:
     assert [k for k, n in chains.items() if n > 1] == [], "a branch forked inside itself"
 
 
+@pytest.mark.timeout(120 + 20 * ITERATIONS)  # a hang guard that grows with the iterations, not a latency bound
 def test_op_5_3_cancel_racing_a_five_spawn_step_lets_no_child_start_after_it(team, api_as, worker):
     """OP §5.3 / OP C1 / issue 12 item 2: cancels at random small delays against a turn whose one
     model step calls ``agent(run_in_background=true)`` five times. Whenever the cancel lands: no
