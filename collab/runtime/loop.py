@@ -25,6 +25,7 @@ from collab.services.followup import drain_mailbox
 from collab.services.liveness import running
 from collab.services.locking import kept_on_rollback
 from collab.services.messages import append_message
+from collab.services.retry import retry_on_deadlock
 from collab.tools.registry import ToolResult, run_tool
 from collab.tools.surface import branch_tools, role_of
 
@@ -343,11 +344,7 @@ def run_tool_step(ctx: TurnContext, response) -> None:
     it is asked to stop, no further call runs, and every call left gets a "cancelled" result, so
     each tool call in the transcript has its result (what providers require of a history)."""
     calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in response.tool_calls]
-    with transaction.atomic(), kept_on_rollback(ctx.branch):
-        append_message(
-            ctx.branch, role=MessageRole.ASSISTANT, text=response.text, job=ctx.job, tool_calls=calls,
-            metadata={"job": ctx.job.pk},
-        )
+    write_turn_node(ctx, role=MessageRole.ASSISTANT, text=response.text, tool_calls=calls, metadata={"job": ctx.job.pk})
     tool_ctx = Actor(user=ctx.job.started_by, session=ctx.job.session, branch=ctx.branch, job=ctx.job, turn=ctx)
     first = None
     for n, call in enumerate(response.tool_calls):
@@ -367,9 +364,15 @@ def run_tool_step(ctx: TurnContext, response) -> None:
 
 
 def write_tool_result(ctx: TurnContext, call, text: str, metadata: dict) -> None:
+    write_turn_node(ctx, role=MessageRole.TOOL, text=text, tool_call_id=call.id, metadata=metadata)
+
+
+@retry_on_deadlock
+def write_turn_node(ctx: TurnContext, **fields) -> None:
+    """One node of the running turn at its branch's tip, in its own transaction; the in-memory
+    tip moves only if it commits, so a retry (or the next node) never hangs off a rolled-back one."""
     with transaction.atomic(), kept_on_rollback(ctx.branch):
-        append_message(ctx.branch, role=MessageRole.TOOL, text=text, job=ctx.job, tool_call_id=call.id,
-                       metadata=metadata)
+        append_message(ctx.branch, job=ctx.job, **fields)
 
 
 def write_skipped_results(ctx: TurnContext, calls, why: Exception) -> None:
