@@ -147,3 +147,42 @@ def test_op_c1_fifty_concurrent_forks_turns_deliveries_and_cancels_keep_one_chai
         on_branch = Message.objects.filter(branch=branch).exclude(kind="attach")
         if on_branch.exists():
             assert not on_branch.filter(predecessor_id=branch.tip_id).exists(), branch.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_op_5_3_a_stopping_job_ends_only_cancelled_and_the_database_agrees(team, api_as):
+    """SPEC §7 / issue 12 item 3: ``stopping`` → ``succeeded``/``failed``/``interrupted`` is refused
+    by the database guard (migration 0012), ``stopping`` → ``cancelled`` is accepted; and
+    ``finish_job`` asked to end a stopping job as succeeded ends it cancelled, without its answer."""
+    from django.db import DatabaseError, transaction
+    from django.utils import timezone
+
+    from collab.models import Branch, Job, Message, Session
+    from collab.services.execution import finish_job
+    from collab.services.turns import selected_branch
+
+    owner = api_as(team.owner)
+    make_spec(owner, "quick", [{"text": "done"}])
+    api = api_as(team.member)
+    now = timezone.now()
+    ids = []
+    for n in range(2):  # rows made here, never handed to a worker: moved by hand to "stopping"
+        sid = api.post("/api/projects/alpha/sessions", {"title": f"guard {n}", "agent_id": "quick"}).json()["id"]
+        branch = selected_branch(Session.objects.get(pk=sid))
+        job = Job.objects.create(project_id=team.alpha.pk, session_id=sid, branch=branch, kind="user",
+                                 status="queued", prompt=f"p{n}", started_by=team.member)
+        Job.objects.filter(pk=job.pk).update(status="running", started_at=now)
+        Job.objects.filter(pk=job.pk).update(status="stopping", cancel_requested_at=now)
+        ids.append(job.pk)
+    assert Branch.objects.filter(jobs__pk__in=ids).count() == 2
+
+    for illegal in ("succeeded", "failed", "interrupted"):
+        with pytest.raises(DatabaseError), transaction.atomic():
+            Job.objects.filter(pk=ids[0]).update(status=illegal, finished_at=now)
+    assert Job.objects.get(pk=ids[0]).status == "stopping"
+
+    ended = finish_job(Job.objects.get(pk=ids[0]), status="succeeded", final_text="a late answer", result_text="a late answer")
+    assert (ended.status, ended.error_code, ended.is_error) == ("cancelled", "cancelled", True)
+    assert not Message.objects.filter(job_id=ids[0], text="a late answer").exists()
+    Job.objects.filter(pk=ids[1]).update(status="cancelled", finished_at=now)
+    assert Job.objects.get(pk=ids[1]).status == "cancelled"
