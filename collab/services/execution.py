@@ -163,7 +163,9 @@ def finish_job(
         if session_id is None:  # its session was deleted while the turn ran: nothing is left to finish
             return job
         lock_session_family(session_id)
-        branch = lock_branch(job.branch_id)
+        branch = Branch.objects.select_for_update(no_key=True).filter(pk=job.branch_id).first()  # lock_branch, or gone
+        if branch is None:
+            return job
         guard = Q(status__in=from_statuses)
         if lease_expired:
             guard &= Q(lease_expires_at__lt=Now())

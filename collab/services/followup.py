@@ -8,6 +8,8 @@ next model call, or, when the caller branch is idle, ``deliver_owed`` turns it
 into a follow-up turn at the current tip of the caller branch (mode ``turn``),
 or leaves it for the next user turn's drain (mode ``mailbox``). Each path
 claims the debt with a conditional UPDATE, so no result is lost or doubled.
+A result whose caller job was cancelled is written as a ``notice`` node on the
+idle caller branch instead of a follow-up turn (SPEC §7: cancel is a fence).
 """
 
 import logging
