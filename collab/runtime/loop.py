@@ -23,7 +23,9 @@ from collab.services.acting import Actor
 from collab.services.execution import claim_job, current_status, finish_job
 from collab.services.followup import drain_mailbox
 from collab.services.liveness import running
+from collab.services.locking import kept_on_rollback
 from collab.services.messages import append_message
+from collab.services.retry import retry_on_deadlock
 from collab.tools.registry import ToolResult, run_tool
 from collab.tools.surface import branch_tools, role_of
 
@@ -319,6 +321,7 @@ def drive(ctx: TurnContext) -> str:
         if limit_cost and ctx.cost > limit_cost:
             raise LimitExceeded("quota.cost_exhausted", f"the turn cost more than ${limit_cost} (max_cost_per_job)")
         if not response.tool_calls:
+            ctx.check_stop(force=True)  # a cancel that came during the last model call wins
             return response.text
         if ctx.tool_calls + len(response.tool_calls) > limit:
             raise ToolCallLimit(f"the turn reached its limit of {limit} tool calls")
@@ -332,24 +335,51 @@ def drain(ctx: TurnContext) -> None:
         ctx.mailbox_text += (("\n\n" if ctx.mailbox_text else "") + message.text)
 
 
+CANCELLED_RESULT = "cancelled: the execution was cancelled before this tool call ran"
+
+
 def run_tool_step(ctx: TurnContext, response) -> None:
+    """Write the model's tool-call node, then run its calls one by one, each result written as
+    it comes. Before each call the turn checks it may go on (SPEC §7: cancel is a fence): once
+    it is asked to stop, no further call runs, and every call left gets a "cancelled" result, so
+    each tool call in the transcript has its result (what providers require of a history)."""
     calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in response.tool_calls]
-    with transaction.atomic():
-        append_message(
-            ctx.branch, role=MessageRole.ASSISTANT, text=response.text, job=ctx.job, tool_calls=calls,
-            metadata={"job": ctx.job.pk},
-        )
+    write_turn_node(ctx, role=MessageRole.ASSISTANT, text=response.text, tool_calls=calls, metadata={"job": ctx.job.pk})
     tool_ctx = Actor(user=ctx.job.started_by, session=ctx.job.session, branch=ctx.branch, job=ctx.job, turn=ctx)
     first = None
-    for call in response.tool_calls:
-        result = run_tool(tool_ctx, call.name, call.arguments, tools=ctx.tools)
+    for n, call in enumerate(response.tool_calls):
+        try:
+            ctx.check_stop(force=True)
+            result = run_tool(tool_ctx, call.name, call.arguments, tools=ctx.tools)
+        except (TurnStopped, LimitExceeded) as exc:  # this call and the rest are answered, not run
+            write_skipped_results(ctx, response.tool_calls[n:], exc)
+            raise
         ctx.tool_calls += 1
         ctx.progressed()
         first = first or result
-        with transaction.atomic():
-            append_message(
-                ctx.branch, role=MessageRole.TOOL, text=result.text, job=ctx.job, tool_call_id=call.id,
-                metadata={"tool": call.name, "details": result.details, "is_error": result.is_error},
-            )
+        write_tool_result(ctx, call, result.text, {"tool": call.name, "details": result.details,
+                                                   "is_error": result.is_error})
     ctx.last_result = first
     ctx.check_doom_loop(response.tool_calls)
+
+
+def write_tool_result(ctx: TurnContext, call, text: str, metadata: dict) -> None:
+    write_turn_node(ctx, role=MessageRole.TOOL, text=text, tool_call_id=call.id, metadata=metadata)
+
+
+@retry_on_deadlock
+def write_turn_node(ctx: TurnContext, **fields) -> None:
+    """One node of the running turn at its branch's tip, in its own transaction; the in-memory
+    tip moves only if it commits, so a retry (or the next node) never hangs off a rolled-back one."""
+    with transaction.atomic(), kept_on_rollback(ctx.branch):
+        append_message(ctx.branch, job=ctx.job, **fields)
+
+
+def write_skipped_results(ctx: TurnContext, calls, why: Exception) -> None:
+    """The tool calls of a step that were not run (or not finished) because the turn was
+    cancelled or hit a limit: each gets a result saying so."""
+    cancelled = isinstance(why, TurnStopped)
+    text = CANCELLED_RESULT if cancelled else f"not run: {why.reason} ({why.code})"
+    for call in calls:
+        write_tool_result(ctx, call, text, {"tool": call.name, "details": {}, "is_error": True,
+                                            "cancelled": cancelled})

@@ -1,7 +1,10 @@
 """Admitting jobs: the one door every turn comes through (SPEC §7, OP C1).
 
 A job is admitted in the caller's transaction with the target branch row
-locked, so two admissions on one branch serialize. If the branch is idle the
+locked, so two admissions on one branch serialize (lock order session → branch →
+job, collab/services/locking.py). Cancel is a fence (SPEC §7, OP §5.3): a job
+started under a calling job (``parent_job``) is admitted only while that job,
+locked in the same transaction, is not ``stopping`` or ``cancelled``. If the branch is idle the
 prompt node is written right away; otherwise it is written when the job is
 claimed, at the branch's tip of that moment, so queued turns never fork it.
 The job is handed to the worker queue only after commit.
@@ -9,10 +12,11 @@ The job is handed to the worker queue only after commit.
 
 from django.db import transaction
 
-from collab.errors import Invalid
+from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
 from collab.models import OPEN_STATUSES, Branch, Job, JobKind, JobStatus, MessageKind, MessageRole, Session
 from collab.services.limits import check_admission_quota
+from collab.services.locking import lock_branch, lock_job, lock_sessions
 from collab.services.messages import append_message
 from collab.text import clean_text
 
@@ -67,11 +71,16 @@ def admit_job(
     count towards the session's totals but are never refused.
 
     Precondition: inside ``transaction.atomic``; authorization already checked
-    by the caller (through ``collab.access``).
+    by the caller (through ``collab.access``); no branch or job locked yet in this
+    transaction other than ``branch`` and the rows of its session (lock order).
     """
-    locked = Branch.objects.select_for_update(of=("self",)).select_related("tip").get(pk=branch.pk)
+    caller = fields.get("parent_job")
+    lock_sessions(session.pk, getattr(caller, "session_id", None))
+    locked = lock_branch(branch.pk)
     if locked.archived:
         raise Invalid(f"agent {locked.display_name} is archived; fork it with start_from to continue", code="archived")
+    if caller is not None:
+        check_caller_not_stopping(caller)
     if check_quota:
         check_admission_quota(session)
     prompt, header = clean_text(prompt or ""), clean_text(header or "")[:300]
@@ -94,6 +103,22 @@ def admit_job(
     if enqueue:
         enqueue_job(job.pk)
     return job
+
+
+FENCED = (JobStatus.STOPPING, JobStatus.CANCELLED)
+
+
+def check_caller_not_stopping(caller: Job) -> None:
+    """The fence (SPEC §7): nothing new starts under a job that is being or was cancelled.
+    Locks the calling job's row (last, after the sessions and the branch), so a cancel
+    either commits first and is seen here, or waits until this admission has committed
+    and then cascades to what it admitted."""
+    current = lock_job(caller.pk)
+    if current is not None and current.status in FENCED:
+        raise Conflict(
+            f"execution {caller.pk} is {current.status}: it was cancelled, so nothing new starts under it",
+            code="caller_cancelled",
+        )
 
 
 def write_prompt_node(job: Job, branch: Branch):

@@ -12,6 +12,7 @@ from django.utils import timezone
 from collab.events import send_event_on_commit
 from collab.models import Branch
 from collab.text import clean_text
+from collab.services.locking import lock_session
 
 
 AUTOMATIC_REASON = "archive_when_done"
@@ -22,6 +23,7 @@ def do_archive_branch(branch: Branch, *, user=None, reason: str = "", automatic:
     reason = clean_text((reason or "").strip())[:500]
     now = timezone.now()
     with transaction.atomic():
+        lock_session(branch.session_id)  # its log gets the event: session before branch (locking.py)
         first = Branch.objects.filter(pk=branch.pk, archived=False).update(
             archived=True, archived_at=now, archive_reason=reason, archived_by=user
         )

@@ -6,6 +6,7 @@ from django.db import transaction
 
 from collab.events import send_event_on_commit
 from collab.models import Branch, NameStage
+from collab.services.locking import lock_session
 from collab.text import fit_text
 
 LABEL_CHARS = 24
@@ -58,6 +59,7 @@ def do_set_branch_internal(actor, branch: Branch, internal: bool) -> bool:
     """Flag a branch internal (hidden from agents' listings) or not; audited. True if it changed.
     Authorization is the caller's (an operator's Django permission in the admin)."""
     with transaction.atomic():
+        lock_session(branch.session_id)  # its log gets the event: session before branch (locking.py)
         changed = Branch.objects.filter(pk=branch.pk).exclude(internal=internal).update(internal=internal)
         if changed:
             send_event_on_commit(branch.session_id, "branch.internal_changed",

@@ -4,6 +4,16 @@ Queued jobs end ``cancelled`` without starting. Running jobs go to ``stopping``;
 their worker notices within a fraction of a second and ends them ``cancelled``.
 Terminal jobs are left alone. Every open descendant is treated the same way.
 Repeating a ``command_id`` returns the first answer.
+
+Cancel is a fence. The command's transaction locks the execution (session →
+branch → job, collab/services/locking.py) and sets it and its running
+descendants, level by level, to ``stopping``; from its commit on, nothing is
+admitted under any of them (``admit_job`` locks the calling job and refuses) and
+no queued descendant starts (``claim_job`` checks its calling job under lock). The
+queued descendants are then ended ``cancelled`` one by one, each in its own
+completion transaction (a job's completion locks its own branch, which must not be
+taken after a job lock). Message turns (``send_message``) are not descendants: they
+belong to their recipient.
 """
 
 from django.db import IntegrityError, transaction
@@ -15,6 +25,7 @@ from collab.errors import Conflict, Forbidden, Invalid, NotFound
 from collab.events import send_event_on_commit
 from collab.models import ExecutionCommand, Job, JobStatus, TERMINAL_STATUSES
 from collab.services.admission import send_job_event
+from collab.services.locking import lock_branch, lock_job, lock_session_family
 from collab.services.retry import retry_on_deadlock
 
 CANCEL = "execution.cancel"
@@ -60,13 +71,17 @@ def do_execution_command(user, job: Job, *, command_id: str, action: str, expect
         raise Invalid("payload must be empty for execution.cancel", code="invalid_payload")
     try:
         with transaction.atomic():
-            locked = Job.objects.select_for_update().get(pk=job.pk)
+            lock_session_family(job.session_id)
+            lock_branch(job.branch_id)
+            locked = lock_job(job.pk)
             if locked.version != expected_version:
                 raise Conflict(
                     f"stale expected_version {expected_version}: the execution is at version {locked.version} ({locked.status})",
                     code="stale_version", version=locked.version, status=locked.status,
                 )
-            cascaded = request_cancel_tree(locked, user)
+            request_cancel(locked)
+            stopped, queued = fence_descendants(locked)
+            cascaded = stopped + queued
             locked.refresh_from_db()
             answer = {"execution_id": locked.pk, "status": locked.status, "version": locked.version,
                       "command_id": command_id, "cascaded": cascaded}
@@ -80,23 +95,50 @@ def do_execution_command(user, job: Job, *, command_id: str, action: str, expect
     except IntegrityError:  # the same command_id raced in: answer like the first one
         first = ExecutionCommand.objects.get(pk=key)
         return first.response_status, first.response
+    for pk in queued:  # behind the fence already: a worker that reaches one first cancels it too
+        request_cancel(Job.objects.get(pk=pk))
     return 202, answer
 
 
-def request_cancel_tree(root: Job, user=None) -> list[str]:
-    """Cancel ``root`` and every open descendant. Returns the descendants touched."""
-    touched = []
-    request_cancel(root)
+def fence_descendants(root: Job) -> tuple[list[str], list[str]]:
+    """Set every running descendant of ``root`` to ``stopping``, level by level, each before its
+    own children are listed (so one admitted under it meanwhile is found in the next level);
+    return (those set to stopping, the queued ones left for the caller to cancel).
+
+    Precondition: ``root`` is locked and already ``stopping`` or ``cancelled``."""
+    stopped, queued = [], []
     level = [root.pk]
     for _ in range(MAX_CASCADE_LEVELS):
-        children = list(Job.objects.filter(parent_job_id__in=level).exclude(status__in=TERMINAL_STATUSES))
+        children = list(Job.objects.filter(parent_job_id__in=level).exclude(status__in=TERMINAL_STATUSES)
+                        .order_by("created_at", "pk").values_list("pk", "status"))
         if not children:
             break
-        for child in children:
-            if request_cancel(child):
-                touched.append(child.pk)
-        level = [c.pk for c in children]
-    return touched
+        for pk, status in children:
+            if _to_stopping(pk):
+                stopped.append(pk)
+            elif status == JobStatus.QUEUED:
+                queued.append(pk)
+        level = [pk for pk, _ in children]
+    return stopped, queued
+
+
+def _to_stopping(job_id: str) -> bool:
+    if not Job.objects.filter(pk=job_id, status=JobStatus.RUNNING).update(
+        status=JobStatus.STOPPING, version=F("version") + 1, cancel_requested_at=timezone.now()
+    ):
+        return False
+    send_job_event(Job.objects.select_related("session").get(pk=job_id), "job.stopping")
+    return True
+
+
+def request_cancel_tree(root: Job, user=None) -> list[str]:
+    """Cancel ``root`` and every open descendant. Returns the descendants touched.
+    (Operators' and tests' entry point; the command runs the same steps.)"""
+    request_cancel(root)
+    stopped, queued = fence_descendants(root)
+    for pk in queued:
+        request_cancel(Job.objects.get(pk=pk))
+    return stopped + queued
 
 
 def request_cancel(job: Job) -> bool:
@@ -107,12 +149,11 @@ def request_cancel(job: Job) -> bool:
     from collab.services.execution import finish_job
 
     for _ in range(3):
-        if Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING).update(
-            status=JobStatus.STOPPING, version=F("version") + 1, cancel_requested_at=timezone.now()
-        ):
-            job.refresh_from_db()
-            send_job_event(job, "job.stopping")
-            return True
+        with transaction.atomic():
+            lock_session_family(job.session_id)  # its log gets the event: the session first
+            if _to_stopping(job.pk):
+                job.refresh_from_db()
+                return True
         status = Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
         if status == JobStatus.RUNNING:
             continue  # claimed since the update above: ask it to stop

@@ -18,9 +18,10 @@ from collab.models import ACTIVE_STATUSES, OPEN_STATUSES, Branch, InboxEntry, In
 from collab.text import clean_text
 from collab.services.acting import Actor, message_header, task_header
 from collab.services.addressing import resolve_target
-from collab.services.admission import admit_job
+from collab.services.admission import admit_job, check_caller_not_stopping
 from collab.services.followup import record_failed_delivery
 from collab.services.limits import check_topology
+from collab.services.locking import lock_branch, lock_sessions
 from collab.services.turns import check_prompt
 from collab.services.watch import hold_delivery, is_watched
 from collab.services.retry import retry_on_deadlock
@@ -57,6 +58,7 @@ def do_delegate(actor: Actor, *, to: str, prompt: str, gate: bool = True):
     messages, generations = actor.chain
     with transaction.atomic():
         target = delivery_target(actor, to)
+        lock_sessions(actor.session.pk, target.session_id)  # both logs get events: sessions first
         if gate and is_watched(actor):
             return hold_delivery(actor, target, "task", prompt)
         job = admit_job(
@@ -87,14 +89,19 @@ def do_send_message(actor: Actor, *, to: str, message: str, gate: bool = True) -
     messages, generations = actor.chain
     with transaction.atomic():
         target = delivery_target(actor, to)
+        lock_sessions(actor.session.pk, target.session_id)  # both logs get events: sessions first
         if gate and is_watched(actor):
             return Receipt(target=target, delivered=False, hold=hold_delivery(actor, target, "message", message))
-        target = Branch.objects.select_for_update(of=("self",)).select_related("session", "tip").get(pk=target.pk)
+        target = lock_branch(target.pk)  # read after the lock; its tip and session load after it too
+        if actor.job is not None:
+            check_caller_not_stopping(actor.job)  # a cancelled turn sends nothing more
         if not Job.objects.filter(branch=target, status__in=OPEN_STATUSES).exists():
+            # a message turn belongs to its recipient (SPEC §7): not a child of the sender's
+            # job, so the sender's cancel does not reach it
             job = admit_job(
                 session=target.session, branch=target, kind=JobKind.MESSAGE, prompt=message, started_by=actor.user,
                 header=message_header(actor.address), caller_session=actor.session, caller_msg=actor.calling_node,
-                caller_branch=actor.branch, caller_job=actor.job, parent_job=actor.job, run_in_background=True,
+                caller_branch=actor.branch, caller_job=actor.job, parent_job=None, run_in_background=True,
                 chain_messages=messages + 1, chain_generations=generations,
             )
             _log_delivery(actor, target, "message", job=job)
@@ -172,7 +179,7 @@ def drain_inbox_locked(branch: Branch) -> list[Job]:
             job = admit_job(
                 session=branch.session, branch=branch, kind=JobKind.MESSAGE, prompt=entry.text,
                 started_by=entry.created_by, header=header, caller_session=entry.sender_session,
-                caller_branch=entry.sender_branch, caller_job=entry.sender_job, parent_job=entry.sender_job,
+                caller_branch=entry.sender_branch, caller_job=entry.sender_job, parent_job=None,
                 chain_messages=entry.chain_messages, chain_generations=entry.chain_generations,
                 check_quota=False, created_at=entry.created_at,
             )

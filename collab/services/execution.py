@@ -16,14 +16,15 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from accounts.limits import effective_limit
-from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageRole, Session
-from collab.services.admission import enqueue_job, follow_head, send_job_event, write_prompt_node
+from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageRole
+from collab.services.admission import FENCED, enqueue_job, follow_head, send_job_event, write_prompt_node
 from collab.services.archive import AUTOMATIC_REASON, do_archive_branch
 from collab.services.artifacts import store_result
 from collab.services.deliver import drain_inbox_locked
 from collab.services.fair_share import take_running_slot, wake_waiting_in_project
 from collab.services.followup import deliver_owed_after_commit, deliver_owed_locked, owes_followup
 from collab.services.limits import live_slots_free
+from collab.services.locking import lock_branch, lock_job, lock_session_family
 from collab.services.messages import append_message
 from collab.services.naming import schedule_naming
 from collab.services.retry import retry_on_deadlock
@@ -46,23 +47,35 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     longer queued, or an earlier job on its branch must run first (it is re-enqueued
     when that one ends), or its session has no free live slot, or its project is at its
     running cap (P-SEC-6; ``inline`` jobs run in their caller's slot). A conditional
-    UPDATE, so two workers can never both win. A queued job whose branch was archived
-    meanwhile is refused instead (``refuse_start``)."""
-    if not inline:
-        job = Job.objects.select_related("project").filter(pk=job_id).first()
-        if job is not None and job.status == JobStatus.QUEUED and Branch.objects.filter(pk=job.branch_id, archived=True).exists():
-            refuse_start(job)
-            return None
-        if job is None or not live_slots_free(job.session_id, job.project):
-            return None
+    UPDATE, so two workers can never both win.
+
+    Locks project → sessions → branch → calling job → job (collab/services/locking.py),
+    every row read after its lock. A job whose calling job is ``stopping`` or
+    ``cancelled`` never starts: it ends ``cancelled`` here (the fence, SPEC §7), even if
+    the cancel's cascade has not reached it yet. A queued job whose branch was archived
+    meanwhile is refused instead (``refuse_start``): nothing is written on the branch."""
+    job = Job.objects.select_related("project").filter(pk=job_id).first()
+    if job is None or job.status != JobStatus.QUEUED:
+        return None
+    if not inline and Branch.objects.filter(pk=job.branch_id, archived=True).exists():
+        refuse_start(job)
+        return None
+    if not inline and not live_slots_free(job.session_id, job.project):
+        return None
     busy = Job.objects.filter(branch=OuterRef("branch"), status__in=ACTIVE_STATUSES)
     earlier = Job.objects.filter(
         branch=OuterRef("branch"), status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at")
     )
     try:
         with transaction.atomic():
-            if not inline and (job.status != JobStatus.QUEUED or not take_running_slot(job.project_id)):
+            if not inline and not take_running_slot(job.project_id):
                 return None  # stays queued; woken when a job of its project ends (fair_share)
+            lock_session_family(job.session_id)
+            branch = lock_branch(job.branch_id)
+            if branch.archived and not inline:
+                raise _Archived  # archived since the check above: refused, nothing written
+            if job.parent_job_id and _caller_fenced(job):
+                return None
             won = (
                 Job.objects.filter(pk=job_id, status=JobStatus.QUEUED)
                 .filter(~Exists(busy), ~Exists(earlier))
@@ -77,18 +90,14 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
             )
             if not won:
                 return None
-            job = Job.objects.select_related("project", "session", "branch", "agent_spec", "branch__tip").get(pk=job_id)
+            job = Job.objects.select_related("project", "session", "agent_spec").get(pk=job_id)
+            job.branch = branch  # locked above; its tip is read now, after the lock
             if job.prompt_msg_id is None:
-                branch = Branch.objects.select_for_update(of=("self",)).select_related("tip").get(pk=job.branch_id)
-                if branch.archived and not inline:
-                    raise _Archived  # archived since the check above: refused, nothing written
                 write_prompt_node(job, branch)
-                job.branch = branch
             limit = effective_limit(job.project, "max_live_per_session")
             if limit and not inline:
                 # checked again with the session row locked and this claim counted, so two
                 # claims in one session cannot both take its last live slot
-                Session.objects.select_for_update().filter(pk=job.session_id).first()
                 if Job.objects.filter(session_id=job.session_id, status__in=ACTIVE_STATUSES).count() > limit:
                     raise _NoLiveSlot
             send_job_event(job, "job.running", job.session)
@@ -101,6 +110,21 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     except IntegrityError:
         # the one-active-job-per-branch index: another claim on this branch won the race
         return None
+
+
+def _caller_fenced(job: Job) -> bool:
+    """With the job's sessions and branch locked: if its calling job is stopping or cancelled,
+    end the job ``cancelled`` without starting it and say so."""
+    caller = lock_job(job.parent_job_id)
+    if caller is None or caller.status not in FENCED:
+        return False
+    finish_job(
+        job, status=JobStatus.CANCELLED, final_text=None, result_text="cancelled before it started",
+        is_error=True, error_code="cancelled",
+        error_reason=f"the execution was cancelled before it started: its caller {caller.pk} was cancelled",
+        from_statuses=(JobStatus.QUEUED,),
+    )
+    return True
 
 
 class _NoLiveSlot(Exception):
@@ -156,15 +180,25 @@ def finish_job(
     usage = usage or {}
     owed = owes_followup(job, refused=refused)
     with transaction.atomic():
-        branch = Branch.objects.select_for_update(of=("self",)).select_related("tip", "session").filter(pk=job.branch_id).first()
-        if branch is None:  # its session was deleted while the turn ran: nothing is left to finish
+        # lock order session(s) → branch → job; every row read after its lock
+        session_id = Branch.objects.filter(pk=job.branch_id).values_list("session_id", flat=True).first()
+        if session_id is None:  # its session was deleted while the turn ran: nothing is left to finish
+            return job
+        lock_session_family(session_id)
+        branch = Branch.objects.select_for_update(no_key=True).filter(pk=job.branch_id).first()  # lock_branch, or gone
+        if branch is None:
             return job
         guard = Q(status__in=from_statuses)
         if lease_expired:
             guard &= Q(lease_expires_at__lt=Now())
-        current = Job.objects.select_for_update().filter(guard, pk=job.pk).first()
+        current = Job.objects.select_for_update(no_key=True).filter(guard, pk=job.pk).first()
         if current is None:
             return Job.objects.filter(pk=job.pk).first() or job
+        if current.status == JobStatus.STOPPING and status != JobStatus.CANCELLED:
+            # a job leaves ``stopping`` only as ``cancelled`` (SPEC §7; the database guard
+            # agrees, migration 0012): an answer or error that raced the cancel is not kept
+            status, final_text, result_text = JobStatus.CANCELLED, None, "cancelled"
+            is_error, error_code, error_reason = True, "cancelled", "the execution was cancelled"
         ran = current.started_at is not None
         summary, artifact = store_result(current, result_text)
         Job.objects.filter(guard, pk=job.pk).update(  # matches: the row is locked since the read

@@ -8,6 +8,8 @@ next model call, or, when the caller branch is idle, ``deliver_owed`` turns it
 into a follow-up turn at the current tip of the caller branch (mode ``turn``),
 or leaves it for the next user turn's drain (mode ``mailbox``). Each path
 claims the debt with a conditional UPDATE, so no result is lost or doubled.
+A result whose caller job was cancelled is written as a ``notice`` node on the
+idle caller branch instead of a follow-up turn (SPEC §7: cancel is a fence).
 """
 
 import logging
@@ -18,6 +20,7 @@ from collab.errors import DomainError
 from collab.events import send_event_on_commit
 from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageKind, MessageRole
 from collab.text import clean_text
+from collab.services.locking import kept_on_rollback, lock_for_branch
 from collab.services.messages import append_message
 from collab.services.results import bound_text, estimate_tokens, result_limit_for
 from collab.services.retry import retry_on_deadlock
@@ -132,10 +135,10 @@ def drain_mailbox(branch: Branch, job: Job | None, *, reconciling: bool = False)
     if not results_owed(branch):
         return []
     written = []
-    with transaction.atomic():
+    with transaction.atomic(), kept_on_rollback(branch):
+        lock_for_branch(branch.pk)  # session, branch, then the jobs (collab/services/locking.py)
         owed = list(
-            Job.objects.select_for_update(of=("self",))
-            .select_related("branch")
+            Job.objects.select_for_update(no_key=True)
             .filter(caller_branch=branch, followup_state=FollowupState.OWED)
             .order_by("finished_at", "pk")
         )
@@ -158,19 +161,23 @@ def drain_mailbox(branch: Branch, job: Job | None, *, reconciling: bool = False)
 def deliver_owed(branch_id: str) -> list[Job]:
     """Settle results owed to an idle branch as follow-up turns (own transaction)."""
     with transaction.atomic():
-        branch = Branch.objects.select_for_update(of=("self",)).select_related("session").get(pk=branch_id)
-        return deliver_owed_locked(branch)
+        return deliver_owed_locked(lock_for_branch(branch_id))
 
 
 def deliver_owed_locked(branch: Branch) -> list[Job]:
-    """Precondition: the branch row is locked in the current transaction."""
-    from collab.services.admission import admit_job
+    """Precondition: the branch row (and its session's) is locked in the current transaction.
+
+    A result whose caller was cancelled (the caller job is ``stopping`` or ``cancelled``:
+    the child was cancelled by that cancel's cascade, or finished as it came) is written
+    as a notice on the branch, never turned into a model turn (SPEC §7): a cancelled
+    branch stays stopped, and the transcript shows how each child ended."""
+    from collab.services.admission import FENCED, admit_job
 
     if Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists():
         return []  # the running turn drains them before its next model call
     admitted = []
     owed = (
-        Job.objects.select_related("branch")
+        Job.objects.select_related("branch", "caller_job")
         .filter(caller_branch=branch, followup_state=FollowupState.OWED)
         .exclude(followup_mode="mailbox")
         .order_by("finished_at", "pk")
@@ -179,6 +186,9 @@ def deliver_owed_locked(branch: Branch) -> list[Job]:
         if not Job.objects.filter(pk=debt.pk, followup_state=FollowupState.OWED).update(
             followup_state=FollowupState.DELIVERED
         ):
+            continue
+        if debt.caller_job is not None and debt.caller_job.status in FENCED:
+            write_cancel_notice(branch, debt)
             continue
         try:
             with transaction.atomic():
@@ -211,6 +221,18 @@ def bounce_result(branch: Branch, debt: Job, exc: DomainError) -> Job | None:
         sender_branch=debt.branch, sender_job=debt, started_by=debt.started_by, code="result_undeliverable",
         reason=reason, chain=(debt.chain_messages + 1, debt.chain_generations),
     )
+
+
+def write_cancel_notice(branch: Branch, debt: Job) -> None:
+    """The result of a child whose caller was cancelled, as a ``notice`` node at the branch's
+    tip (exactly once: a deterministic dedupe key). Precondition: the branch row is locked."""
+    append_message(
+        branch, role=MessageRole.USER, kind=MessageKind.NOTICE, text=result_notice(debt),
+        dedupe_key=f"result:{debt.pk}",
+        metadata={"result_of": debt.pk, "status": debt.status, "is_error": debt.is_error,
+                  "cancelled_with": debt.caller_job_id},
+    )
+    send_event_on_commit(branch.session_id, "followup.noticed", {"job": debt.pk, "caller_job": debt.caller_job_id})
 
 
 def deliver_owed_after_commit(branch_id: str) -> None:

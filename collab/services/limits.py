@@ -9,7 +9,8 @@ with the session row locked, so concurrent admissions cannot overshoot.
 from accounts.limits import effective_limit
 from accounts.models import Project
 from collab.errors import DomainError
-from collab.models import OPEN_STATUSES, Branch, Job, JobKind, JobStatus, Session
+from collab.models import OPEN_STATUSES, Job, JobKind, JobStatus, Session
+from collab.services.locking import lock_branch, lock_session
 
 DELEGATION_TOOLS = frozenset({"agent", "send_message", "spawn_agent", "followup_task"})
 
@@ -68,7 +69,7 @@ def check_topology(actor, *, spawn: bool) -> None:
 def lock_caller(actor) -> None:
     """The caller's lock: its branch row, taken in the admission transaction before anything is
     counted or written (lock order session → branch → job: after any session row)."""
-    Branch.objects.select_for_update(of=("self",)).filter(pk=actor.branch.pk).first()
+    lock_branch(actor.branch.pk)
 
 
 def check_admission_quota(session: Session) -> None:
@@ -78,7 +79,7 @@ def check_admission_quota(session: Session) -> None:
     max_queued = effective_limit(project, "max_queued_per_session")
     if not (max_queued or max_jobs):
         return
-    Session.objects.select_for_update().filter(pk=session.pk).first()
+    lock_session(session.pk)  # taken first by admit_job already (lock order: collab/services/locking.py)
     if max_jobs:
         total = Job.objects.filter(session=session).count()
         if total >= max_jobs:

@@ -1,12 +1,18 @@
 """Appending nodes to a branch. Messages are immutable once written."""
 
+import logging
+
+from django.db import DatabaseError, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from collab.events import clip, send_event_on_commit
 from collab.models import Branch, Message, MessageKind, Session
+from collab.services.locking import lock_session
 from collab.text import clean_data, clean_text
+
+log = logging.getLogger(__name__)
 
 
 def append_message(
@@ -33,6 +39,10 @@ def append_message(
     Cost is O(1) in history length: only the predecessor's depth and turn are read.
     Text, tool calls and metadata pass the text boundary (``collab.text``) here, whoever wrote them.
     """
+    if move_tip:
+        # the session's row first (its event log is written below): lock order session →
+        # branch → job (collab/services/locking.py); a no-op if the caller holds it already
+        lock_session(branch.session_id)
     text = clean_text(text or "")
     tool_calls = clean_data(tool_calls)
     metadata = clean_data(metadata)
@@ -61,7 +71,9 @@ def append_message(
         branch.tip = message
         branch.chars += len(text)
         branch.last_active_at = now
-    Session.objects.filter(pk=branch.session_id).update(last_active_at=now)
+    # after commit, on its own: a row lock on the session taken here, after the branch's,
+    # would invert the lock order (collab/services/locking.py)
+    transaction.on_commit(lambda: touch_session(branch.session_id, now))
     send_event_on_commit(
         branch.session_id,
         "message.created",
@@ -80,3 +92,11 @@ def append_message(
     )
     return message
 
+
+def touch_session(session_id: str, now) -> None:
+    """Best effort, after commit: a session's last activity is a display hint, and a write that
+    already committed must not fail because this one lost a lock race."""
+    try:
+        Session.objects.filter(pk=session_id).update(last_active_at=now)
+    except DatabaseError:
+        log.warning("could not touch session %s", session_id, exc_info=True)

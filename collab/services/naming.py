@@ -10,6 +10,7 @@ from django.db import transaction
 from collab.events import send_event_on_commit
 from collab.models import Branch, NameStage
 from collab.runtime.providers import ProviderError, get_provider
+from collab.services.locking import lock_session
 from collab.text import fit_text
 
 NAMING_TURNS = frozenset({1, 6, 16, 40})
@@ -38,6 +39,7 @@ def do_auto_name_branch(branch_id: str) -> Branch | None:
     if not title or title == branch.name:
         return branch
     with transaction.atomic():
+        lock_session(branch.session_id)  # its log gets the event: session before branch (locking.py)
         renamed = Branch.objects.filter(pk=branch_id, name_stage__in=RENAMABLE).update(name=title, name_stage=NameStage.AUTO)
         if renamed:
             send_event_on_commit(branch.session_id, "branch.renamed", {"branch": branch_id, "old": branch.name, "name": title})

@@ -17,6 +17,7 @@ from collab.services.addressing import parse_address
 from collab.services.admission import admit_job
 from collab.services.branches import create_branch, name_for
 from collab.services.limits import check_topology, lock_caller
+from collab.services.locking import lock_sessions
 from collab.services.messages import append_message
 from collab.services.turns import check_prompt
 from collab.services.retry import retry_on_deadlock
@@ -76,6 +77,7 @@ def _admit_spawn(actor: Actor, *, prompt, description, agent_id, start_from, run
     messages, generations = actor.chain
     with transaction.atomic():
         session, fork_node = resolve_start_from(actor, start_from)
+        lock_sessions(actor.session.pk, session.pk)  # both logs get events: sessions first (locking.py)
         spec = pick_spec(actor, session, agent_id)
         name, stage = name_for(description, prompt)
         lock_caller(actor)

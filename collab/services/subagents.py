@@ -37,6 +37,7 @@ from collab.services.admission import admit_job
 from collab.services.branches import create_branch
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.services.followup import results_owed
+from collab.services.locking import lock_sessions
 from collab.services.retry import retry_on_deadlock
 from collab.services.turns import check_prompt
 from collab.services.waiting import wait_until
@@ -79,7 +80,8 @@ def active_child_turns(root: Session) -> int:
 
 def _lock_root(actor: Actor) -> Session:
     """Lock the root session row: spawns, follow-ups and names of one root are decided one at a time."""
-    return Session.objects.select_for_update().select_related("project").get(pk=root_of(actor.session).pk)
+    root_id = actor.session.parent_session_id or actor.session.pk
+    return lock_sessions(root_id, actor.session.pk)[root_id]  # the row alone; its project loads after
 
 
 def task_name_taken(root: Session, task_name: str) -> bool:

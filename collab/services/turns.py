@@ -6,6 +6,7 @@ from collab.errors import Conflict, Invalid, NotFound
 from collab.models import AgentSpec, Branch, Job, JobKind, Session
 from collab.services.addressing import Caller, find_branch
 from collab.services.admission import admit_job
+from collab.services.retry import retry_on_deadlock
 
 MAX_PROMPT_CHARS = 200_000
 
@@ -37,6 +38,7 @@ def selected_branch(session: Session) -> Branch:
     return branch
 
 
+@retry_on_deadlock
 def do_start_user_turn(user, session: Session, prompt: str, *, branch: str | None = None, agent_id: str | None = None) -> Job:
     """Admit a user turn. Preconditions: ``session`` came from ``access_session(…, "turn.start")``."""
     check_prompt(prompt)
@@ -56,6 +58,7 @@ def do_start_user_turn(user, session: Session, prompt: str, *, branch: str | Non
         return admit_job(session=session, branch=target, kind=JobKind.USER, prompt=prompt, started_by=user, agent_spec=spec)
 
 
+@retry_on_deadlock
 def do_fork_and_start(user, session: Session, message, prompt: str) -> Job:
     """A person forks at any visible node and runs a prompt there (OP §2.4: the fork gets a
     stage-1 label like an agent's). Their selection moves to the new branch.

@@ -394,15 +394,17 @@ def test_op_c1_cancel_cascades_through_a_three_level_tree(team, api_as, worker):
         assert api.wait(eid, timeout=WAIT)["status"] == "cancelled", eid
     assert time.monotonic() - started < PROMPT_CANCEL_SECONDS * 2
 
-    # each cancelled child's result still reaches its caller exactly once, as an error
+    # each cancelled child's result still reaches its caller exactly once, as an error — as a
+    # notice on the cancelled caller's branch, never as a new model turn (SPEC §7: cancel is a fence)
     jobs = settle(api, sid)
     root_job, mid_job = execution(api, root), execution(api, mid["id"])
     for caller, child in ((root_job, mid_job), (mid_job, execution(api, leaf["id"]))):
         notices = [m for m in transcript_messages(api, address_of(caller))
                    if m["role"] == "user" and f"did not finish execution {child['id']}" in m["text"]]
         assert len(notices) == 1, (caller["id"], child["id"], notices)
+        assert notices[0]["kind"] == "notice", notices
         assert "cancelled" in notices[0]["text"] and "is_error=true" in notices[0]["text"]
-    assert len([j for j in jobs if j["kind"] == "followup"]) == 2, jobs
+    assert [j for j in jobs if j["kind"] == "followup"] == [], jobs
 
 
 def test_op_c1_cancel_reaches_a_foreground_child_running_inline(team, api_as, worker):

@@ -1,0 +1,247 @@
+"""Cancel is a fence (SPEC §7; OP §5.3, §5.10, OP C1, C10; issue 12 items 2 and 6).
+
+Once an execution is ``stopping`` or ``cancelled`` nothing new starts under it: no child is
+admitted or started after the cancel is confirmed, the rest of the model step's tool calls are
+answered "cancelled" instead of run, an inline (foreground) child stops with its caller, the
+children the cascade cancelled come back to the cancelled branch as notices (never as new model
+turns), and the execution ends ``cancelled`` — never ``succeeded``. A ``send_message`` turn
+belongs to its recipient and survives the sender's cancel.
+
+Everything runs on real django-q2 workers, through ``POST /api/sessions/{sid}/turns`` and
+``POST /api/executions/{id}/commands``. Rows are read directly only for what the API does not
+show (when a job was created or asked to stop, tool-call ids of the transcript).
+
+``TRELLIS_FENCE_ITERATIONS`` (default 30) sets how many random-delay cancels race the
+five-spawn step.
+"""
+
+import os
+import random
+import time
+import uuid
+from collections import Counter
+
+import pytest
+
+from tests.conftest import TERMINAL
+from tests.conftest import poll as _poll
+
+pytestmark = pytest.mark.slow
+
+WAIT = 60.0
+LONG_MS = 30_000  # a model call that is always cancelled long before it ends
+ITERATIONS = int(os.environ.get("TRELLIS_FENCE_ITERATIONS", "30"))
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def poll(fn, *, timeout=WAIT, what="condition"):
+    return _poll(fn, timeout=timeout, interval=0.05, what=what)
+
+
+def make_spec(api, agent_id, script):
+    r = api.post("/api/projects/alpha/agent-specs", {"agent_id": agent_id, "provider": "scripted", "script": script})
+    assert r.status_code == 201, r.content
+
+
+def open_session(api, agent_id) -> str:
+    r = api.post("/api/projects/alpha/sessions", {"title": "fence", "agent_id": agent_id})
+    assert r.status_code == 201, r.content
+    return r.json()["id"]
+
+
+def turn(api, sid, prompt="go") -> str:
+    r = api.post(f"/api/sessions/{sid}/turns", {"prompt": prompt})
+    assert r.status_code == 202, r.content
+    return r.json()["execution_id"]
+
+
+def execution(api, eid) -> dict:
+    r = api.get(f"/api/executions/{eid}")
+    assert r.status_code == 200, r.content
+    return r.json()
+
+
+def executions(api, sid) -> list[dict]:
+    r = api.get("/api/executions", session=sid, limit=500)
+    assert r.status_code == 200, r.content
+    return r.json()
+
+
+def cancel(api, eid) -> dict:
+    """The versioned cancel command, re-reading the version while it moves (202 answers)."""
+    for _ in range(20):
+        version = execution(api, eid)["version"]
+        r = api.post(f"/api/executions/{eid}/commands", {
+            "command_id": f"cmd-{uuid.uuid4().hex}", "action": "execution.cancel",
+            "expected_version": version, "payload": {}})
+        if r.status_code == 202:
+            return r.json()
+        assert r.status_code == 409 and r.json()["code"] == "stale_version", r.content
+    raise AssertionError(f"could not cancel {eid}: its version kept moving")
+
+
+def agent_call(prompt, agent_id, background=True, **extra) -> dict:
+    arguments = {"prompt": prompt, "agent_id": agent_id, **extra}
+    if background:
+        arguments["run_in_background"] = True
+    return {"name": "agent", "arguments": arguments}
+
+
+def step(*calls) -> dict:
+    return {"tool_calls": list(calls)}
+
+
+def settle(api, sid, quiet=0.6) -> list[dict]:
+    """Every job of the session terminal, and the set of jobs unchanged for ``quiet`` seconds."""
+    deadline = time.monotonic() + WAIT
+    last, since = None, time.monotonic()
+    while True:
+        jobs = executions(api, sid)
+        key = {j["id"]: j["status"] for j in jobs}
+        if key != last or not all(s in TERMINAL for s in key.values()):
+            last, since = key, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return jobs
+        assert time.monotonic() < deadline, f"session {sid} did not settle: {key}"
+        time.sleep(0.05)
+
+
+def assert_well_formed(session_id) -> None:
+    """Every tool call of every assistant node is answered by exactly one tool node of the same
+    turn (what providers require of a history), and no two nodes of one branch share a
+    predecessor (one chain per branch; attach pointers are side nodes)."""
+    from collab.models import Message
+
+    nodes = list(Message.objects.filter(session_id=session_id).values(
+        "id", "job_id", "role", "kind", "tool_calls", "tool_call_id", "branch_id", "predecessor_id"))
+    answered = Counter((m["job_id"], m["tool_call_id"]) for m in nodes if m["role"] == "tool")
+    for m in nodes:
+        for call in (m["tool_calls"] or []) if m["role"] == "assistant" else []:
+            assert answered[(m["job_id"], call["id"])] == 1, (m, call, answered)
+    assert sum(answered.values()) == sum(len(m["tool_calls"] or []) for m in nodes if m["role"] == "assistant")
+    chains = Counter((m["branch_id"], m["predecessor_id"]) for m in nodes if m["kind"] != "attach")
+    assert [k for k, n in chains.items() if n > 1] == [], "a branch forked inside itself"
+
+
+@pytest.mark.timeout(120 + 20 * ITERATIONS)  # a hang guard that grows with the iterations, not a latency bound
+def test_op_5_3_cancel_racing_a_five_spawn_step_lets_no_child_start_after_it(team, api_as, worker):
+    """OP §5.3 / OP C1 / issue 12 item 2: cancels at random small delays against a turn whose one
+    model step calls ``agent(run_in_background=true)`` five times. Whenever the cancel lands: no
+    child is created or started after the root was set to stop, every child ends cancelled, the
+    root ends cancelled (never succeeded), no follow-up turn runs on the cancelled branch, each
+    child's end is a notice there exactly once, and every transcript is well-formed."""
+    from collab.models import Job
+
+    owner = api_as(team.owner)
+    make_spec(owner, "kid", [{"sleep_ms": LONG_MS}, {"text": "kid done"}])
+    make_spec(owner, "fan", {"user": [
+        step(*[agent_call(f"part {i}", "kid", description=f"kid {i}") for i in range(5)]),
+        {"sleep_ms": LONG_MS}, {"text": "all dispatched"},
+    ]})
+    api = api_as(team.member)
+    rng = random.Random(int(os.environ.get("TRELLIS_FENCE_SEED", "20261201")))
+    admitted = Counter()
+    for iteration in range(ITERATIONS):
+        sid = open_session(api, "fan")
+        root = turn(api, sid, f"fan out {iteration}")
+        time.sleep(rng.uniform(0, 1.2))  # the race itself: where the cancel lands is the variable
+        answer = cancel(api, root)
+        assert answer["status"] in ("stopping", "cancelled"), answer
+
+        assert api.wait(root, timeout=WAIT)["status"] == "cancelled", iteration
+        row = Job.objects.get(pk=root)
+        fence = row.cancel_requested_at or row.finished_at  # a queued root ends at once
+        kids = list(Job.objects.filter(parent_job_id=root))
+        admitted[len(kids)] += 1
+        assert set(answer["cascaded"]) <= {k.pk for k in kids}
+        for kid in kids:
+            assert kid.created_at <= fence, (iteration, "a child was admitted after the cancel")
+            assert kid.started_at is None or kid.started_at <= fence, (iteration, "a child started after the cancel")
+            assert api.wait(kid.pk, timeout=WAIT)["status"] == "cancelled", (iteration, kid.pk)
+
+        jobs = settle(api, sid)
+        assert [j for j in jobs if j["kind"] == "followup"] == [], (iteration, "a follow-up turn ran on the cancelled branch")
+        assert {j["status"] for j in jobs} == {"cancelled"}, jobs
+        if kids:  # the cascade is visible on the cancelled branch: each child's end, once
+            notices = poll(lambda: _notices(root) if len(_notices(root)) >= len(kids) else None,
+                           what="the cascade's notices")
+            assert sorted(n["metadata"]["result_of"] for n in notices) == sorted(k.pk for k in kids), iteration
+        assert_well_formed(sid)
+    print(f"children admitted before the cancel landed: {dict(sorted(admitted.items()))}")
+
+
+def _notices(job_id) -> list[dict]:
+    from collab.models import Job, Message
+
+    job = Job.objects.get(pk=job_id)
+    return list(Message.objects.filter(branch_id=job.branch_id, kind="notice").values("text", "metadata"))
+
+
+def test_op_5_3_the_rest_of_a_step_is_answered_cancelled_and_a_foreground_child_stops_with_it(team, api_as, worker):
+    """OP §5.3 / issue 12 item 2: cancelling a turn while the first of three tool calls of its
+    step — a foreground ``agent`` child running inline — is under way stops the child and the
+    turn; the second ``agent`` call never admits a child and, like the third call, is answered
+    "cancelled", so every tool call in the transcript has its result."""
+    from collab.models import Job, Message
+
+    owner = api_as(team.owner)
+    make_spec(owner, "leaf", [{"sleep_ms": LONG_MS}, {"text": "leaf done"}])
+    make_spec(owner, "boss", {"user": [
+        step(agent_call("first", "leaf", background=False, description="fg one"),
+             agent_call("second", "leaf", background=False, description="fg two"),
+             {"name": "list_jobs", "arguments": {}}),
+        {"text": "boss done"},
+    ]})
+    api = api_as(team.member)
+    sid = open_session(api, "boss")
+    root = turn(api, sid, "work inline")
+    child = poll(lambda: next((j for j in executions(api, sid) if j["parent_job"] == root
+                               and j["status"] == "running"), None), what="the inline child running")
+    answer = cancel(api, root)
+    assert answer["status"] == "stopping" and answer["cascaded"] == [child["id"]], answer
+    assert api.wait(child["id"], timeout=WAIT)["status"] == "cancelled"
+    assert api.wait(root, timeout=WAIT)["status"] == "cancelled"
+
+    jobs = settle(api, sid)
+    assert sorted(j["id"] for j in jobs) == sorted([root, child["id"]]), "the second foreground child was admitted"
+    results = list(Message.objects.filter(job_id=root, role="tool").order_by("depth").values("text", "metadata"))
+    assert [r["metadata"]["tool"] for r in results] == ["agent", "agent", "list_jobs"]
+    assert child["id"] in results[0]["text"] or "cancel" in results[0]["text"], results[0]
+    for skipped in results[1:]:
+        assert skipped["text"].startswith("cancelled") and skipped["metadata"]["is_error"], skipped
+    assert not Message.objects.filter(job_id=root, role="assistant", tool_calls__isnull=True).exclude(text="").exists()
+    assert Job.objects.get(pk=root).status == "cancelled"
+    assert_well_formed(sid)
+
+
+def test_op_5_10_a_message_turn_belongs_to_its_recipient_and_survives_the_senders_cancel(team, api_as, worker):
+    """OP §5.10 / SPEC §7 / issue 12 item 6: a ``send_message`` turn is not a child of the
+    sender's job — cancelling the sender does not cascade to it; it runs to its end."""
+    owner = api_as(team.owner)
+    make_spec(owner, "reader", {"user": [{"text": "ready"}], "message": [{"sleep_ms": 1500}, {"text": "read it"}]})
+    api = api_as(team.member)
+    target_sid = open_session(api, "reader")
+    first = turn(api, target_sid, "hello")
+    done = api.wait(first, timeout=WAIT)
+    assert done["status"] == "succeeded"
+    target = f"{target_sid}:{done['prompt_msg']}"
+    make_spec(owner, "sender", {"user": [
+        step({"name": "send_message", "arguments": {"to": target, "message": "please read this"}}),
+        {"sleep_ms": LONG_MS}, {"text": "sent"},
+    ]})
+    sid = open_session(api, "sender")
+    sender = turn(api, sid, "send it")
+    message = poll(lambda: next((j for j in executions(api, target_sid) if j["kind"] == "message"
+                                 and j["status"] == "running"), None), what="the message turn running")
+    assert message["parent_job"] is None, message
+    answer = cancel(api, sender)
+    assert answer["status"] == "stopping" and answer["cascaded"] == [], answer
+    assert api.wait(sender, timeout=WAIT)["status"] == "cancelled"
+    assert api.wait(message["id"], timeout=WAIT)["status"] == "succeeded"
+    settle(api, target_sid)
+    assert_well_formed(sid)
+    assert_well_formed(target_sid)
