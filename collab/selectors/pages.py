@@ -93,8 +93,15 @@ def visible_session_count(project, viewer) -> int:
     return visible_sessions(viewer).filter(project=project, parent_session__isnull=True).count()
 
 
-def recent_events(session: Session, limit: int = 25):
-    return list(session.events.order_by("-seq")[:limit])
+def recent_events(session: Session, viewer, limit: int = 25):
+    """The session's latest events, without those about another session ``viewer`` may not see
+    (an agent spawned into it: its id and branch name stay out of the activity panel)."""
+    events = list(session.events.order_by("-seq")[:limit])
+    others = {e.payload.get("session") for e in events if isinstance(e.payload, dict)} - {None, session.pk}
+    if not others:
+        return events
+    seen = set(visible_sessions(viewer).filter(pk__in=others).values_list("pk", flat=True))
+    return [e for e in events if not isinstance(e.payload, dict) or e.payload.get("session") in seen | {None, session.pk}]
 
 
 def pending_holds(session: Session):
