@@ -29,7 +29,9 @@ def jobs_dispatched_by(session, *, user, status: str | None = None, limit: int =
     from collab.access import visible_session_ids
 
     found: dict[str, Job] = {}
-    in_project = Job.objects.filter(project_id=session.project_id, session_id__in=visible_session_ids(user)).select_related("branch")
+    in_project = Job.objects.filter(
+        project_id=session.project_id, session_id__in=visible_session_ids(user)
+    ).select_related("branch")
     level = list(in_project.filter(caller_session_id=session.pk))
     for _ in range(MAX_ANCESTRY):
         fresh = [j for j in level if j.pk not in found]

@@ -50,11 +50,12 @@ class Actor:
         spec = self.branch.agent_spec or self.session.agent_spec
         return getattr(spec, "followup_mode", "") or "turn"
 
-    def require(self, capability: str, project_id: int | None = None) -> None:
-        """The principal must hold ``capability`` in the project given, else in the acting
-        session (their effective role there: a session they may no longer see is "not found")."""
-        if project_id is None or project_id == self.session.project_id:
-            require_in_session(self.user, self.session, capability)
+    def require(self, capability: str, project_id: int | None = None, *, session=None) -> None:
+        """The principal must hold ``capability`` in ``session`` (default: the acting one) —
+        their effective role there, a session they may not see being "not found" (issue 17) —
+        or, given only another ``project_id``, in that project."""
+        if session is not None or project_id is None or project_id == self.session.project_id:
+            require_in_session(self.user, session or self.session, capability)
             return
         role = role_of(self.user, project_id)
         if role is None:
