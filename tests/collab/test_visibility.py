@@ -553,3 +553,26 @@ def test_p_sec_9_the_project_page_list_agents_and_the_audit_view_cost_the_same_a
     assert many == few
     body = page.get(reverse("collab:project", args=["alpha"])).content.decode()
     assert "shared-0" in body and "private-0" not in body and "project-0" in body
+
+
+def test_p_sec_9_an_agent_delivers_into_a_shared_session_only_with_the_shares_role(team, api_as, make_user,
+                                                                                  scripted_session):
+    """OP-§5.9: the friend's own agent may read a session shared with them as viewer, but not
+    deliver into it (the share narrows their member role there); shared as member, it may."""
+    friend = join(team.alpha, make_user("friend"), "member")
+    creator, sid = scripted_session(team.member, [{"text": "x"}])
+    assert creator.post(f"/api/sessions/{sid}/turns", {"prompt": "first"}).status_code == 202
+    head = creator.get(f"/api/sessions/{sid}").json()["head"]
+    assert creator.patch(f"/api/sessions/{sid}", {"visibility": "shared"}).status_code == 200
+    assert creator.post(f"/api/sessions/{sid}/shares", {"username": "friend", "role": "viewer"}).status_code == 201
+    friend_api, own = scripted_session(friend, [{"text": "y"}], agent_id="friend-bot")
+    assert friend_api.post(f"/api/sessions/{own}/turns", {"prompt": "mine"}).status_code == 202
+    mine = f"{own}:{friend_api.get(f'/api/sessions/{own}').json()['head']}"
+    token = bearer_token(friend)
+    read = run_gateway(token, mine, "read_conversation", {"session_id": sid}).json()
+    assert not read["is_error"], read
+    sent = run_gateway(token, mine, "send_message", {"to": f"{sid}:{head}", "message": "hi"}).json()
+    assert sent["is_error"] and "viewer" in sent["text"], sent
+    assert creator.post(f"/api/sessions/{sid}/shares", {"username": "friend", "role": "member"}).status_code == 201
+    sent = run_gateway(token, mine, "send_message", {"to": f"{sid}:{head}", "message": "hi"}).json()
+    assert not sent["is_error"], sent
