@@ -20,6 +20,7 @@ CAPABILITIES = {
     "branch.act_any": Role.MAINTAINER,  # act through the tool gateway as a branch someone else started
     "runtime.control": Role.MAINTAINER,  # cancel any execution
     "project.visibility": Role.MAINTAINER,
+    "session.see_all": Role.MAINTAINER,  # see private and shared sessions, change any session's visibility
     "project.audit": Role.MAINTAINER,
     "project.members": Role.OWNER,
     "project.settings": Role.OWNER,
@@ -56,6 +57,17 @@ def member_project_ids(user):
     """Ids of the projects the user has accepted (a subquery): filter rows with
     ``project_id__in=member_project_ids(user)`` instead of joining ``memberships`` by hand."""
     return member_roles(user).values("project_id")
+
+
+def project_ids_with(user, capability: str):
+    """Ids of the user's accepted projects where their role has ``capability`` (a subquery)."""
+    needed = ROLE_RANK[CAPABILITIES[capability]]
+    roles = [role for role, rank in ROLE_RANK.items() if rank >= needed]
+    return member_roles(user).filter(role__in=roles).values("project_id")
+
+
+def lesser_role(a: str, b: str) -> str:
+    return a if ROLE_RANK[Role(a)] <= ROLE_RANK[Role(b)] else b
 
 
 def has_capability(user, project: Project | int, capability: str) -> bool:

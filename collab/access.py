@@ -4,12 +4,85 @@ Every entry point — pages, API, WebSocket, tools, admin actions — goes throu
 these helpers. The membership check runs *before* the target row is loaded
 where the id alone allows it, and outsiders always get the same ``NotFound``
 as for a missing id, so neither answers nor work done leak existence.
+
+Row-level visibility (issue 17, OP §5.9) lives here too: ``visible_sessions(user)`` is the ONE
+queryset of sessions a person (and every agent acting for them) may see, and every helper
+below filters through it, so a private or shared session one may not see answers exactly
+like a missing id. A child session follows its root session's visibility.
 """
 
+from django.db.models import Q
+
 from accounts.models import Project
-from accounts.policy import has_capability, member_project_ids, role_allows, role_of
+from accounts.policy import (
+    has_capability,
+    lesser_role,
+    member_project_ids,
+    project_ids_with,
+    role_allows,
+    role_of,
+)
 from collab.errors import Forbidden, NotFound
-from collab.models import Branch, Job, Message, Session
+from collab.models import Branch, Job, Message, Session, SessionShare, Visibility
+
+
+def _open_to(user, root: str) -> Q:
+    """The root session (reached through ``root``) shows itself to ``user`` as a non-maintainer."""
+    shared_with = SessionShare.objects.filter(user=user).values("session_id")
+    return (
+        Q(**{f"{root}visibility": Visibility.PROJECT})
+        | Q(**{f"{root}created_by": user.pk})
+        | Q(**{f"{root}visibility": Visibility.SHARED, f"{root}pk__in": shared_with})
+    )
+
+
+def visible_sessions(user):
+    """Every session ``user`` may see, as one queryset (no per-row checks): sessions of their
+    accepted projects whose root is ``project``-wide, theirs, shared with them — or any, where
+    they are a maintainer or owner. Listings filter with it; ``visible_session_ids`` for rows
+    hanging off sessions."""
+    if not user or not user.is_authenticated:
+        return Session.objects.none()
+    return Session.objects.filter(project_id__in=member_project_ids(user)).filter(
+        Q(project_id__in=project_ids_with(user, "session.see_all"))
+        | (Q(parent_session__isnull=True) & _open_to(user, ""))
+        | (Q(parent_session__isnull=False) & _open_to(user, "parent_session__"))
+    )
+
+
+def visible_session_ids(user):
+    """``visible_sessions`` as a subquery of ids: ``rows.filter(session_id__in=visible_session_ids(user))``."""
+    return visible_sessions(user).values("pk")
+
+
+def session_role(user, session: Session) -> str | None:
+    """The user's effective role in ``session``: their project role, narrowed to their share's
+    role in a ``shared`` session (the lesser of the two); None when they may not see it."""
+    role = role_of(user, session.project_id)
+    if role is None or role_allows(role, "session.see_all"):
+        return role
+    root = session.parent_session if session.parent_session_id else session
+    if root.visibility == Visibility.PROJECT or root.created_by_id == user.pk:
+        return role
+    if root.visibility == Visibility.SHARED:
+        shared = SessionShare.objects.filter(session_id=root.pk, user=user).values_list("role", flat=True).first()
+        if shared:
+            return lesser_role(role, shared)
+    return None
+
+
+def require_in_session(user, session: Session, capability: str) -> str:
+    """The user's effective role in the session; NotFound if they may not see it, Forbidden if too low."""
+    role = session_role(user, session)
+    if role is None:
+        raise NotFound()
+    if not role_allows(role, capability):
+        raise Forbidden(f"your role ({role}) does not allow {capability}")
+    return role
+
+
+def can_in_session(user, session: Session, capability: str) -> bool:
+    return role_allows(session_role(user, session), capability)
 
 
 def _require(user, project_id: int, capability: str) -> str:
@@ -50,13 +123,13 @@ def access_session(user, session_id: str, capability: str = "project.read", *, p
     if not user or not user.is_authenticated:
         raise NotFound()
     session = (
-        Session.objects.select_related("project", "agent_spec")
-        .filter(pk=session_id, project_id__in=member_project_ids(user), **_within(project_id))
+        visible_sessions(user).select_related("project", "agent_spec", "parent_session")
+        .filter(pk=session_id, **_within(project_id))
         .first()
     )
     if session is None:
         raise NotFound()
-    _require(user, session.project_id, capability)
+    require_in_session(user, session, capability)
     return session
 
 
@@ -64,13 +137,13 @@ def access_job(user, job_id: str, capability: str = "project.read", *, project_i
     if not user or not user.is_authenticated:
         raise NotFound()
     job = (
-        Job.objects.select_related("session", "branch")
-        .filter(pk=job_id, project_id__in=member_project_ids(user), **_within(project_id))
+        Job.objects.select_related("session", "session__parent_session", "branch")
+        .filter(pk=job_id, session_id__in=visible_session_ids(user), **_within(project_id))
         .first()
     )
     if job is None:
         raise NotFound()
-    _require(user, job.project_id, capability)
+    require_in_session(user, job.session, capability)
     return job
 
 
@@ -87,13 +160,13 @@ def access_branch_by_id(user, branch_id: str, capability: str = "project.read") 
     if not user or not user.is_authenticated:
         raise NotFound()
     branch = (
-        Branch.objects.select_related("session", "session__project")
-        .filter(pk=branch_id, session__project_id__in=member_project_ids(user))
+        Branch.objects.select_related("session", "session__project", "session__parent_session")
+        .filter(pk=branch_id, session_id__in=visible_session_ids(user))
         .first()
     )
     if branch is None:
         raise NotFound()
-    _require(user, branch.session.project_id, capability)
+    require_in_session(user, branch.session, capability)
     return branch
 
 
@@ -107,7 +180,8 @@ def access_artifact(user, artifact_id: str):
 
     if not user or not user.is_authenticated:
         raise NotFound()
-    artifact = Artifact.objects.filter(pk=artifact_id, project_id__in=member_project_ids(user)).first()
+    artifact = Artifact.objects.filter(pk=artifact_id, project_id__in=member_project_ids(user),
+                                       session_id__in=visible_session_ids(user)).first()
     if artifact is None:
         raise NotFound()
     access_job(user, artifact.job_id)

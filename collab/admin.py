@@ -19,6 +19,7 @@ from collab.errors import DomainError
 from collab.services.archive import do_archive_branch
 from collab.services.branches import do_set_branch_internal
 from collab.services.cancel import CANCEL, do_execution_command
+from collab.services.visibility import do_set_visibility, do_share, do_unshare
 from collab.services.specs import SPEC_FIELDS, do_add_agent_spec, do_delete_agent_spec, do_update_agent_spec
 from collab.services.connections import sync_settings_connections
 from config.model_connections import KEY_ENV_RE, check_base_url, check_prices
@@ -167,14 +168,60 @@ class ModelConnectionAdmin(admin.ModelAdmin):
         return not self._from_settings(obj) and super().has_delete_permission(request, obj)
 
 
+class ShareForm(ActionForm):
+    username = forms.CharField(required=False, max_length=150, label="Member")
+    role = forms.ChoiceField(required=False, choices=[(r, r) for r in ("viewer", "member", "maintainer", "owner")],
+                             label="Role")
+
+
 @admin.register(Session)
 class SessionAdmin(ReadOnlyAdmin):
-    """Sessions change through the app (turns, archive); here they are looked at."""
+    """Sessions change through the app (turns, archive); here they are looked at. Operators with
+    ``collab.change_session`` set who sees them (issue 17) through the same service as the page
+    and the API, so each change writes its Event and closes the sockets of those who lose access."""
 
-    list_display = ["id", "title", "project", "created_by", "parent_session", "agent_role", "last_active_at"]
-    list_filter = ["project"]
+    list_display = ["id", "title", "project", "visibility", "created_by", "parent_session", "agent_role",
+                    "last_active_at"]
+    list_filter = ["project", "visibility"]
     search_fields = ["id", "title"]
     raw_id_fields = ["head", "parent_session", "agent_spec", "created_by"]
+    action_form = ShareForm
+    actions = ["make_project", "make_private", "make_shared", "share_with", "unshare_with"]
+
+    def has_visibility_permission(self, request):
+        return request.user.has_perm("collab.change_session")
+
+    def _each(self, request, queryset, change) -> None:
+        """A refusal (a child session, a non-member, a too-wide role) rolls the whole action back."""
+        sessions = list(queryset)
+        for session in sessions:
+            change(session)
+        self.message_user(request, f"{len(sessions)} sessions changed", messages.SUCCESS)
+
+    def _set(self, request, queryset, visibility):
+        self._each(request, queryset, lambda s: do_set_visibility(request.user, s, visibility, operator=True))
+
+    @admin.action(description="Visible to the whole project", permissions=["visibility"])
+    def make_project(self, request, queryset):
+        self._set(request, queryset, "project")
+
+    @admin.action(description="Private (creator, maintainers and owners)", permissions=["visibility"])
+    def make_private(self, request, queryset):
+        self._set(request, queryset, "private")
+
+    @admin.action(description="Shared (creator and the members it is shared with)", permissions=["visibility"])
+    def make_shared(self, request, queryset):
+        self._set(request, queryset, "shared")
+
+    @admin.action(description="Share with the member above (with the role above)", permissions=["visibility"])
+    def share_with(self, request, queryset):
+        username, role = request.POST.get("username", "").strip(), request.POST.get("role") or "viewer"
+        self._each(request, queryset, lambda s: do_share(request.user, s, username, role, operator=True))
+
+    @admin.action(description="Stop sharing with the member above", permissions=["visibility"])
+    def unshare_with(self, request, queryset):
+        username = request.POST.get("username", "").strip()
+        self._each(request, queryset, lambda s: do_unshare(request.user, s, username, operator=True))
 
 
 class ReasonForm(ActionForm):

@@ -39,6 +39,9 @@ from collab.schemas import (
     ProjectOut,
     SessionIn,
     SessionOut,
+    SessionPatch,
+    ShareIn,
+    ShareOut,
     TurnIn,
     TurnOut,
 )
@@ -63,6 +66,7 @@ from collab.services.tokens import do_issue_token, do_revoke_token
 from collab.services.sessions import do_create_session
 from collab.services.specs import do_create_agent_spec
 from collab.services.turns import do_start_user_turn
+from collab.services.visibility import do_set_shares, do_set_visibility, do_share, do_unshare, shares_of
 
 router = Router()
 ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut, 429: ErrorOut}
@@ -104,6 +108,45 @@ def post_session(request: HttpRequest, slug: str, payload: SessionIn):
 @router.get("sessions/{sid}", response={200: SessionOut, **ERRORS}, tags=["sessions"])
 def get_session(request: HttpRequest, sid: str):
     return session_shape(access.access_session(request.auth, sid))
+
+
+@router.patch("sessions/{sid}", response={200: SessionOut, **ERRORS}, tags=["sessions"])
+def patch_session(request: HttpRequest, sid: str, payload: SessionPatch):
+    """Who sees the session (issue 17): its creator or a maintainer sets ``visibility``."""
+    session = access.access_session(request.auth, sid)
+    if payload.visibility is not None:
+        do_set_visibility(request.auth, session, payload.visibility)
+    return session_shape(access.access_session(request.auth, sid))
+
+
+def _share_out(share) -> dict:
+    return {"username": share.user.username, "role": share.role, "created_at": share.created_at}
+
+
+@router.get("sessions/{sid}/shares", response={200: list[ShareOut], **ERRORS}, tags=["sessions"])
+def list_shares(request: HttpRequest, sid: str):
+    """The members a ``shared`` session is shown to, with the most each may do in it."""
+    return [_share_out(s) for s in shares_of(access.access_session(request.auth, sid))]
+
+
+@router.put("sessions/{sid}/shares", response={200: list[ShareOut], **ERRORS}, tags=["sessions"])
+def put_shares(request: HttpRequest, sid: str, payload: list[ShareIn]):
+    """Replace the share list (each role no wider than that member's project role)."""
+    session = access.access_session(request.auth, sid)
+    shares = do_set_shares(request.auth, session, {s.username: s.role for s in payload})
+    return [_share_out(s) for s in shares]
+
+
+@router.post("sessions/{sid}/shares", response={201: list[ShareOut], **ERRORS}, tags=["sessions"])
+def post_share(request: HttpRequest, sid: str, payload: ShareIn):
+    session = access.access_session(request.auth, sid)
+    return Status(201, [_share_out(s) for s in do_share(request.auth, session, payload.username, payload.role)])
+
+
+@router.delete("sessions/{sid}/shares/{username}", response={204: None, **ERRORS}, tags=["sessions"])
+def delete_share(request: HttpRequest, sid: str, username: str):
+    do_unshare(request.auth, access.access_session(request.auth, sid), username)
+    return Status(204, None)
 
 
 @router.post("sessions/{sid}/turns", response={202: TurnOut, **ERRORS}, tags=["sessions"])

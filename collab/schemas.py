@@ -97,6 +97,24 @@ class SessionOut(Schema):
     created_at: Any
     last_active_at: Any
     last_event_seq: int
+    visibility: str = "project"
+
+
+class SessionPatch(StrictIn):
+    """Who sees the session (issue 17): "project", "private" or "shared"."""
+
+    visibility: str | None = None
+
+
+class ShareIn(StrictIn):
+    username: str
+    role: str = "viewer"
+
+
+class ShareOut(Schema):
+    username: str
+    role: str
+    created_at: Any
 
 
 class TurnIn(StrictIn):

@@ -23,6 +23,7 @@ urlpatterns = [
         for part in sorted(views.SESSION_PARTIALS)
     ],
     path("s/<str:sid>/turns", views.post_turn, name="post_turn"),
+    path("s/<str:sid>/visibility", views.session_visibility, name="session_visibility"),
     path("s/<str:sid>/m/<str:mid>/fork", views.fork, name="fork"),
     path("s/<str:sid>/jobs/<str:job_id>/cancel", views.cancel_job, name="cancel_job"),
 ]

@@ -38,6 +38,7 @@ from collab.selectors.audit import event_record, project_events
 from collab.services.projects import do_set_limits, do_update_project
 from collab.services.watch import access_hold, do_decide_hold
 from collab.services.sessions import do_create_session
+from collab.services.visibility import do_set_shares, do_set_visibility, parse_share_lines, visibility_context
 from collab.services.turns import do_fork_and_start, do_start_user_turn
 
 
@@ -61,9 +62,12 @@ def answer_invitation(request, invitation_id, answer):
 
 
 def _project_context(request, project, errors=None):
+    search = request.GET.get("q", "").strip()[:200]
     return {
         "project": project,
-        "sessions": pages.top_level_sessions(project),
+        "sessions": pages.top_level_sessions(project, request.user, search),
+        "session_count": pages.visible_session_count(project, request.user),
+        "search": search,
         "limits": limits_of(project),
         "can_configure": access.can(request.user, project.pk, "project.settings"),
         "can_manage_members": access.can(request.user, project.pk, "project.members"),
@@ -106,9 +110,9 @@ def new_session(request, slug):
 # What each live piece of the session page needs; a partial refresh computes only its own.
 _PART_CONTEXT = {
     "transcript": lambda request, session: {
-        "t": pages.transcript(session, request.GET.get("branch"), request.GET.get("head"))},
+        "t": pages.transcript(session, request.GET.get("branch"), request.GET.get("head"), viewer=request.user)},
     "jobs": lambda request, session: {"jobs": pages.recent_jobs(session), "usage": usage_totals(session.jobs.all())},
-    "activity": lambda request, session: {"events": pages.recent_events(session), "holds": pages.pending_holds(session)},
+    "activity": lambda request, session: {"events": pages.recent_events(session, request.user), "holds": pages.pending_holds(session)},
     "branches": lambda request, session: {"branches": pages.branches(session)},
     "agents": lambda request, session: {"agents": child_rail(session)},
 }
@@ -117,7 +121,7 @@ _PART_CONTEXT = {
 def _session_context(request, session, parts=tuple(_PART_CONTEXT)):
     # a sub-agent's session is a read-only transcript: no composer, no fork, no cancel (OW acc. 21)
     context = {"session": session, "readonly": session.is_child,
-               "can_post": not session.is_child and access.can(request.user, session.project_id, "turn.start")}
+               "can_post": not session.is_child and access.can_in_session(request.user, session, "turn.start")}
     for part in parts:
         context.update(_PART_CONTEXT[part](request, session))
     return context
@@ -127,7 +131,8 @@ def _session_context(request, session, parts=tuple(_PART_CONTEXT)):
 @require_GET
 def session(request, sid):
     session = access.access_session(request.user, sid)
-    return render(request, "collab/session.html", _session_context(request, session))
+    context = {**_session_context(request, session), **visibility_context(request.user, session)}
+    return render(request, "collab/session.html", context)
 
 
 SESSION_PARTIALS = frozenset(_PART_CONTEXT)
@@ -246,7 +251,7 @@ def audit(request, slug):
     """A project's event log for maintainers: filter, page, or export as JSON lines."""
     project = access.access_project(request.user, slug, "project.audit")
     filters = {k: request.GET.get(k, "").strip() for k in AUDIT_FILTERS}
-    events = project_events(project, **filters)
+    events = project_events(project, viewer=request.user, **filters)
     if request.GET.get("format") == "jsonl":
         lines = (json.dumps(event_record(e), ensure_ascii=False) + "\n" for e in events.iterator(chunk_size=500))
         response = StreamingHttpResponse(lines, content_type="application/x-ndjson; charset=utf-8")
@@ -273,3 +278,15 @@ def project_settings(request, slug):
     project = access.access_project(request.user, slug, "project.settings")
     do_update_project(request.user, project, watch_policy=request.POST.get("watch_policy"))
     return redirect("collab:project", slug=slug)
+
+
+@login_required
+@require_POST
+def session_visibility(request, sid):
+    """The session page's small form: visibility and the share list ("username role" per line)."""
+    session = access.access_session(request.user, sid)
+    do_set_visibility(request.user, session, request.POST.get("visibility", session.visibility))
+    if "shares" in request.POST:
+        session.refresh_from_db()
+        do_set_shares(request.user, session, parse_share_lines(request.POST.get("shares", "")))
+    return redirect("collab:session", sid=sid)

@@ -14,7 +14,7 @@ from collab.models.jobs import (
     JobKind,
     JobStatus,
 )
-from collab.models.sessions import Message, MessageKind, MessageRole, Session
+from collab.models.sessions import Message, MessageKind, MessageRole, Session, SessionShare, Visibility
 from collab.models.specs import AgentRole, AgentSpec, FollowupMode, Provider, Toolset
 from collab.models.todos import Todo, TodoStatus
 
@@ -46,7 +46,9 @@ __all__ = [
     "NameStage",
     "Provider",
     "Session",
+    "SessionShare",
     "Todo",
     "TodoStatus",
     "Toolset",
+    "Visibility",
 ]

@@ -10,6 +10,14 @@ from collab.models.ids import id_field
 TASK_NAME_DB = r"\A[a-z][a-z0-9_]{0,47}\Z"
 
 
+class Visibility(models.TextChoices):
+    """Who sees a session (issue 17, OP §5.9). A child session follows its root's."""
+
+    PROJECT = "project"  # every member of the project, by role (the default)
+    PRIVATE = "private"  # its creator, plus maintainers and owners
+    SHARED = "shared"  # its creator and the members named in ``SessionShare``, plus maintainers and owners
+
+
 class Session(models.Model):
     """A conversation DAG in one project.
 
@@ -38,6 +46,10 @@ class Session(models.Model):
         max_length=48, null=True, blank=True,
         help_text="for an OpenWork child session: its task_name, unique among the children of its root session",
     )
+    visibility = models.CharField(
+        max_length=16, choices=Visibility.choices, default=Visibility.PROJECT,
+        help_text="who sees it (a child session follows its root's): project, private or shared",
+    )
     last_event_seq = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
     last_active_at = models.DateTimeField(default=timezone.now)
@@ -53,6 +65,7 @@ class Session(models.Model):
                 name="session_child_fields_consistent",
             ),
             models.CheckConstraint(condition=~Q(parent_session=models.F("id")), name="session_parent_not_self"),
+            models.CheckConstraint(condition=Q(visibility__in=Visibility.values), name="session_visibility_valid"),
             # OW §3 uq_sessions_parent_task_name: a task_name names one child of one root session
             models.UniqueConstraint(
                 fields=["parent_session", "task_name"], condition=Q(task_name__isnull=False),
@@ -67,6 +80,11 @@ class Session(models.Model):
     @property
     def is_child(self) -> bool:
         return self.parent_session_id is not None
+
+    @property
+    def root_id(self) -> str:
+        """The session whose visibility and share list decide who sees this one."""
+        return self.parent_session_id or self.pk
 
     def __str__(self):
         return f"{self.id} {self.title}"
@@ -142,3 +160,30 @@ class Message(models.Model):
     @property
     def address(self) -> str:
         return f"{self.session_id}:{self.id}"
+
+
+SHARE_ROLES = ("viewer", "member", "maintainer", "owner")
+
+
+class SessionShare(models.Model):
+    """A member a ``shared`` session is shown to, with the most they may do in it: their
+    effective role is the lesser of ``role`` and their project role. Rows outlive a change
+    of visibility (nothing is deleted); they count only while the session is ``shared``."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="shares")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="session_shares")
+    role = models.CharField(max_length=16, default="viewer")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "user"], name="session_share_unique"),
+            models.CheckConstraint(condition=Q(role__in=SHARE_ROLES), name="session_share_role_valid"),
+        ]
+
+    def __str__(self):
+        return f"{self.session_id} → {self.user_id} ({self.role})"

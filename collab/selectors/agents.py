@@ -3,7 +3,7 @@
 from django.db.models import Count, Q
 from django.db.models.functions import Right
 
-from accounts.policy import member_project_ids
+from collab.access import visible_sessions
 from collab.models import ACTIVE_STATUSES, Branch, Job, Session
 
 PREVIEW_CHARS = 120
@@ -41,9 +41,10 @@ def list_agents(user, session: Session, *, scope: str = "session", limit: int = 
     """Rows grouped by session. ``session`` and ``archived`` scopes cover the current session;
     ``all`` covers every session of the current session's project (agents stay in their project,
     SPEC §8, whatever else ``user`` may see), most recently active first, without previews.
-    ``source`` narrows ``all`` to one session id. Nothing is listed once ``user`` has lost the project."""
+    ``source`` narrows ``all`` to one session id. Only sessions ``user`` may see are listed
+    (issue 17: filtered in the query), so nothing is listed once ``user`` has lost the project."""
     limit = max(1, min(int(limit or 20), 200))
-    in_project = Session.objects.filter(project_id=session.project_id, project_id__in=member_project_ids(user))
+    in_project = visible_sessions(user).filter(project_id=session.project_id)
     if scope == "all":
         sessions_qs = in_project
         if source:

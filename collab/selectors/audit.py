@@ -4,6 +4,9 @@ from datetime import datetime
 
 from django.utils.dateparse import parse_datetime
 
+from django.db.models import Q
+
+from collab.access import visible_session_ids
 from collab.errors import Invalid
 from collab.models import Event
 
@@ -22,9 +25,15 @@ def _when(value: str | None, name: str) -> datetime | None:
     return parsed
 
 
-def project_events(project, *, session: str = "", type: str = "", actor: str = "", since: str = "", until: str = ""):
-    """Events of the project (sessions and project-level), newest first. Callers authorize the project."""
-    qs = Event.objects.filter(project=project).select_related("actor").order_by("-created_at", "-id")
+def project_events(project, *, viewer, session: str = "", type: str = "", actor: str = "", since: str = "",
+                   until: str = ""):
+    """Events of the project (sessions and project-level), newest first; events of sessions
+    ``viewer`` may not see are left out, in the query (issue 17). Callers authorize the project."""
+    qs = (
+        Event.objects.filter(project=project)
+        .filter(Q(session__isnull=True) | Q(session_id__in=visible_session_ids(viewer)))
+        .select_related("actor").order_by("-created_at", "-id")
+    )
     if session:
         qs = qs.filter(session_id=session)
     if type:

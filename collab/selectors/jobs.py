@@ -22,11 +22,16 @@ def owns_job(session_id: str, job: Job) -> bool:
     return False
 
 
-def jobs_dispatched_by(session, *, status: str | None = None, limit: int = 50) -> list[Job]:
+def jobs_dispatched_by(session, *, user, status: str | None = None, limit: int = 50) -> list[Job]:
     """Jobs the session dispatched and their descendants, newest first (one query per level);
-    only jobs of the session's own project (agents stay in their project, SPEC §8)."""
+    only jobs of the session's own project (agents stay in their project, SPEC §8) in sessions
+    ``user`` may see (issue 17)."""
+    from collab.access import visible_session_ids
+
     found: dict[str, Job] = {}
-    in_project = Job.objects.filter(project_id=session.project_id).select_related("branch")
+    in_project = Job.objects.filter(
+        project_id=session.project_id, session_id__in=visible_session_ids(user)
+    ).select_related("branch")
     level = list(in_project.filter(caller_session_id=session.pk))
     for _ in range(MAX_ANCESTRY):
         fresh = [j for j in level if j.pk not in found]

@@ -1,5 +1,8 @@
 """What the pages show, already limited to what the viewer may see (callers authorize the session)."""
 
+from django.db.models import Q
+
+from collab.access import visible_sessions
 from collab.models import ACTIVE_STATUSES, Branch, Event, Job, Message, MessageKind, Session
 from collab.selectors.transcript import lineage
 
@@ -19,14 +22,24 @@ def shown_branch(session: Session, branch_id: str | None = None, head_id: str | 
     return session.branches.select_related("tip").order_by("created_at").first()
 
 
-def transcript(session: Session, branch_id: str | None = None, head_id: str | None = None) -> dict:
-    """The shown branch's last messages, each with the attach pointers hanging off it (one query)."""
+def transcript(session: Session, branch_id: str | None = None, head_id: str | None = None, *, viewer) -> dict:
+    """The shown branch's last messages, each with the attach pointers hanging off it (one query)
+    that point into sessions ``viewer`` may see (issue 17: a card names no session they may not)."""
     branch = shown_branch(session, branch_id, head_id)
     messages = lineage(branch.tip, TRANSCRIPT_WINDOW) if branch else []
     attaches: dict[str, list[Message]] = {}
     if messages:
-        for pointer in Message.objects.filter(predecessor_id__in=[m.pk for m in messages], kind=MessageKind.ATTACH):
-            attaches.setdefault(pointer.predecessor_id, []).append(pointer)
+        pointers = list(Message.objects.filter(predecessor_id__in=[m.pk for m in messages], kind=MessageKind.ATTACH))
+        targets = {(p.metadata or {}).get("attach", {}).get("session_id") for p in pointers}
+        targets |= {(m.metadata or {}).get("spawned_from_session") for m in messages}
+        targets.discard(None)
+        seen = set(visible_sessions(viewer).filter(pk__in=targets).values_list("pk", flat=True)) if targets else set()
+        for pointer in pointers:
+            if (pointer.metadata or {}).get("attach", {}).get("session_id") in seen:
+                attaches.setdefault(pointer.predecessor_id, []).append(pointer)
+        for m in messages:
+            if (m.metadata or {}).get("spawned_from_session") not in seen | {None}:
+                m.metadata = {k: v for k, v in m.metadata.items() if k not in ("spawned_from_session", "caller")}
     for m in messages:
         m.attaches = attaches.get(m.pk, [])
     running = Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).first() if branch else None
@@ -59,10 +72,14 @@ def branches(session: Session) -> list[Branch]:
     return rows
 
 
-def top_level_sessions(project) -> list[Session]:
-    """The project's root sessions (at most 200, most recent first), each with ``sub_agents``:
-    its OpenWork children, listed under it rather than at the top level (OW acc. 2). Two queries."""
-    sessions = list(project.sessions.filter(parent_session__isnull=True).order_by("-last_active_at")[:200])
+def top_level_sessions(project, viewer, search: str = "") -> list[Session]:
+    """The project's root sessions ``viewer`` may see (at most 200, most recent first; ``search``
+    narrows by title or id), each with ``sub_agents``: its OpenWork children, listed under it
+    rather than at the top level (OW acc. 2). Two queries, however many sessions (issue 17)."""
+    roots = visible_sessions(viewer).filter(project=project, parent_session__isnull=True)
+    if search:
+        roots = roots.filter(Q(title__icontains=search) | Q(pk=search))
+    sessions = list(roots.order_by("-last_active_at")[:200])
     children: dict[str, list] = {}
     for child in Session.objects.filter(parent_session__in=[s.pk for s in sessions]).order_by("title"):
         children.setdefault(child.parent_session_id, []).append(child)
@@ -71,8 +88,20 @@ def top_level_sessions(project) -> list[Session]:
     return sessions
 
 
-def recent_events(session: Session, limit: int = 25):
-    return list(session.events.order_by("-seq")[:limit])
+def visible_session_count(project, viewer) -> int:
+    """How many root sessions of the project ``viewer`` may see (one query)."""
+    return visible_sessions(viewer).filter(project=project, parent_session__isnull=True).count()
+
+
+def recent_events(session: Session, viewer, limit: int = 25):
+    """The session's latest events, without those about another session ``viewer`` may not see
+    (an agent spawned into it: its id and branch name stay out of the activity panel)."""
+    events = list(session.events.order_by("-seq")[:limit])
+    others = {e.payload.get("session") for e in events if isinstance(e.payload, dict)} - {None, session.pk}
+    if not others:
+        return events
+    seen = set(visible_sessions(viewer).filter(pk__in=others).values_list("pk", flat=True))
+    return [e for e in events if not isinstance(e.payload, dict) or e.payload.get("session") in seen | {None, session.pk}]
 
 
 def pending_holds(session: Session):

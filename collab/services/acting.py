@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accounts.policy import role_allows, role_of
+from collab.access import require_in_session
 from collab.errors import Forbidden, NotFound
 from collab.services.addressing import Caller
 from collab.models import Job, JobStatus
@@ -49,13 +50,23 @@ class Actor:
         spec = self.branch.agent_spec or self.session.agent_spec
         return getattr(spec, "followup_mode", "") or "turn"
 
-    def require(self, capability: str, project_id: int | None = None) -> None:
-        """The principal must hold ``capability`` in the project (default: the acting session's)."""
-        role = role_of(self.user, project_id or self.session.project_id)
+    def require(self, capability: str, project_id: int | None = None, *, session=None) -> None:
+        """The principal must hold ``capability`` in ``session`` (default: the acting one) —
+        their effective role there, a session they may not see being "not found" (issue 17) —
+        or, given only another ``project_id``, in that project."""
+        if session is not None or project_id is None or project_id == self.session.project_id:
+            require_in_session(self.user, session or self.session, capability)
+            return
+        role = role_of(self.user, project_id)
         if role is None:
             raise NotFound()
         if not role_allows(role, capability):
             raise Forbidden(f"your role ({role}) does not allow {capability}")
+
+    def check_standing(self) -> None:
+        """Refuse the call when the principal can no longer see the acting session (its
+        visibility changed under a running turn, issue 17): "not found", as for any other."""
+        require_in_session(self.user, self.session, "project.read")
 
 
 def owns_branch(user, branch) -> bool:

@@ -11,11 +11,15 @@ Agents stay in their project (SPEC §8): an agent's ``Caller`` carries the actin
 branch's project, and nothing outside it is ever found, whatever else the person
 who started the turn may see. A person (the REST routes) has no project and may
 address any project they have accepted.
+
+Row-level visibility (issue 17): every lookup is limited to ``collab.access.visible_sessions``
+of the principal, so a private or shared session they may not see is never found (an agent
+acts with the permissions of the person who started its root turn).
 """
 
 from dataclasses import dataclass
 
-from accounts.policy import member_project_ids
+from collab.access import visible_session_ids
 from collab.errors import Invalid, NotFound
 from collab.models import Branch, Message, Session
 
@@ -34,20 +38,20 @@ class Caller:
     branch_id: str | None = None
     project_id: int | None = None
 
-    def confine(self, rows, project_field: str):
-        """``rows`` limited to the principal's accepted projects and, for an agent, its own."""
-        rows = rows.filter(**{f"{project_field}__in": member_project_ids(self.user)})
+    def confine(self, rows, session_field: str, project_field: str):
+        """``rows`` limited to the sessions the principal may see and, for an agent, its project."""
+        rows = rows.filter(**{f"{session_field}__in": visible_session_ids(self.user)})
         if self.project_id is not None:
             rows = rows.filter(**{project_field: self.project_id})
         return rows
 
 
 def visible_sessions(caller: Caller):
-    return caller.confine(Session.objects.all(), "project_id")
+    return caller.confine(Session.objects.all(), "pk", "project_id")
 
 
 def _visible_branches(caller: Caller):
-    return caller.confine(Branch.objects.all(), "session__project_id")
+    return caller.confine(Branch.objects.all(), "session_id", "session__project_id")
 
 
 def parse_address(address: str) -> tuple[str, str] | None:
@@ -69,7 +73,7 @@ def find_branch(caller: Caller, address: str) -> Branch:
     if parsed is not None:
         sid, head = parsed
         message = (
-            caller.confine(Message.objects.filter(pk=head, session_id=sid), "session__project_id")
+            caller.confine(Message.objects.filter(pk=head, session_id=sid), "session_id", "session__project_id")
             .select_related("branch", "branch__session", "branch__tip")
             .first()
         )

@@ -40,7 +40,7 @@ def check_delivery(actor: Actor, text: str) -> None:
 def delivery_target(actor: Actor, to: str) -> Branch:
     """The live target of a delivery, through the one resolver; call inside its transaction."""
     target = resolve_target(actor.caller, to)
-    actor.require("turn.start", target.session.project_id)
+    actor.require("turn.start", session=target.session)  # the role there (a share may narrow it)
     if target.session.parent_session_id:
         # an OpenWork sub-agent is directed by its parent only (followup_task), never by others
         raise Invalid(

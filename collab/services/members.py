@@ -92,3 +92,15 @@ def send_to_user(user_id: int, message: dict) -> None:
     layer = get_channel_layer()
     if layer is not None:
         async_to_sync(layer.group_send)(user_group(user_id), message)
+
+
+def send_to_session_sockets(session_ids, project_id: int) -> None:
+    """Ask every socket following these sessions to re-check its access (and close if gone):
+    a session's visibility or share list narrowed (issue 17)."""
+    from collab.events import session_group
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    for session_id in session_ids:
+        async_to_sync(layer.group_send)(session_group(session_id), {"type": "collab.access_changed", "project": project_id})

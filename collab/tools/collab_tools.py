@@ -276,7 +276,7 @@ class ListJobsParams(ToolParams):
 List the jobs (executions) this session dispatched and their descendants, newest first.""")
 def list_jobs(ctx, p: ListJobsParams) -> ToolResult:
     ctx.require("project.read")
-    jobs = jobs_dispatched_by(ctx.session, status=p.status, limit=p.limit)
+    jobs = jobs_dispatched_by(ctx.session, user=ctx.user, status=p.status, limit=p.limit)
     return ToolResult(
         text="\n".join(_job_line(j) for j in jobs) or "no jobs",
         details={"jobs": [{"job_id": j.pk, "kind": j.kind, "status": j.status, "version": j.version,

@@ -236,6 +236,10 @@ API_BODIES = {
     ("POST", "/api/projects/{slug}/members"): lambda a: {"username": "outsider", "role": "owner"},
     ("PATCH", "/api/projects/{slug}/members/{username}"): lambda a: {"role": "owner"},
     ("PATCH", "/api/projects/{slug}"): lambda a: {"name": "Taken over"},
+    # who sees alpha's session (issue 17; a share names a member of its project)
+    ("PATCH", "/api/sessions/{sid}"): lambda a: {"visibility": "private"},
+    ("PUT", "/api/sessions/{sid}/shares"): lambda a: [{"username": "viewer", "role": "viewer"}],
+    ("POST", "/api/sessions/{sid}/shares"): lambda a: {"username": "viewer", "role": "viewer"},
 }
 # Who in alpha may do it (the positive control); default: the owner.
 API_AUTHORIZED = {
@@ -421,6 +425,7 @@ PAGES = {
     "cancel_job": ("POST", lambda a: {"version": str(a.job_version)}),
     "accept_invitation": ("POST", lambda a: {}),
     "decline_invitation": ("POST", lambda a: {}),
+    "session_visibility": ("POST", lambda a: {"visibility": "shared", "shares": "viewer viewer"}),
 }
 PAGES_AUTHORIZED = {"revoke_token": "member", "accept_invitation": "invitee", "decline_invitation": "invitee"}
 CALLER_SCOPED_PAGES = {"projects", "tokens"}
