@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('accounts', '0004_token_scopes_fair_share'),
-        ('collab', '0011_task_name_per_root'),
+        ('collab', '0013_stopping_ends_cancelled'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
