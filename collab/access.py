@@ -71,35 +71,34 @@ def session_role(user, session: Session) -> str | None:
     return None
 
 
-def require_in_session(user, session: Session, capability: str) -> str:
-    """The user's effective role in the session; NotFound if they may not see it, Forbidden if too low."""
-    role = session_role(user, session)
+def _checked(role: str | None, capability: str) -> str:
+    """NotFound when there is no role (outsiders look like a missing id), Forbidden when too low."""
     if role is None:
         raise NotFound()
     if not role_allows(role, capability):
         raise Forbidden(f"your role ({role}) does not allow {capability}")
     return role
+
+
+def require_in_session(user, session: Session, capability: str) -> str:
+    """The user's effective role in the session; NotFound if they may not see it, Forbidden if too low."""
+    return _checked(session_role(user, session), capability)
 
 
 def can_in_session(user, session: Session, capability: str) -> bool:
     return role_allows(session_role(user, session), capability)
 
 
-def _require(user, project_id: int, capability: str) -> str:
+def require_in_project(user, project_id: int, capability: str) -> str:
     """The user's role in the project; NotFound for outsiders, Forbidden for too-low roles."""
-    role = role_of(user, project_id)
-    if role is None:
-        raise NotFound()
-    if not role_allows(role, capability):
-        raise Forbidden(f"your role ({role}) does not allow {capability}")
-    return role
+    return _checked(role_of(user, project_id), capability)
 
 
 def access_project(user, slug: str, capability: str = "project.read") -> Project:
     project = Project.objects.filter(slug=slug, pk__in=member_project_ids(user)).first() if user.is_authenticated else None
     if project is None:
         raise NotFound()
-    _require(user, project.pk, capability)
+    require_in_project(user, project.pk, capability)
     return project
 
 

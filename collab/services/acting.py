@@ -3,9 +3,7 @@
 from dataclasses import dataclass
 from typing import Any
 
-from accounts.policy import role_allows, role_of
-from collab.access import require_in_session
-from collab.errors import Forbidden, NotFound
+from collab.access import require_in_project, require_in_session
 from collab.services.addressing import Caller
 from collab.models import Job, JobStatus
 
@@ -57,11 +55,7 @@ class Actor:
         if session is not None or project_id is None or project_id == self.session.project_id:
             require_in_session(self.user, session or self.session, capability)
             return
-        role = role_of(self.user, project_id)
-        if role is None:
-            raise NotFound()
-        if not role_allows(role, capability):
-            raise Forbidden(f"your role ({role}) does not allow {capability}")
+        require_in_project(self.user, project_id, capability)
 
     def check_standing(self) -> None:
         """Refuse the call when the principal can no longer see the acting session (its
