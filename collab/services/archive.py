@@ -2,9 +2,9 @@
 
 Archive never cancels running work. Results owed to the mailbox of an idle
 archived branch go back to the agents that produced them as failed results
-(``bounce_stranded_locked``): no turn will ever read them. The first ``archived_at`` is kept; a manual
-reason fills in only where none was recorded; automatic archiving
-(``archive_when_done``) only fills unset fields.
+(``bounce_stranded_locked``): no turn will ever read them. The first
+``archived_at`` is kept; a manual reason fills in only where none was recorded;
+automatic archiving (``archive_when_done``) only fills unset fields.
 """
 
 from django.db import transaction
