@@ -1,8 +1,10 @@
 """Archiving a branch (OP §2.6, C3, C4): a global, one-way flag; history stays.
 
-Archive never cancels running work. The first ``archived_at`` is kept; a manual
-reason fills in only where none was recorded; automatic archiving
-(``archive_when_done``) only fills unset fields.
+Archive never cancels running work. Results owed to the mailbox of an idle
+archived branch go back to the agents that produced them as failed results
+(``bounce_stranded_locked``): no turn will ever read them. The first
+``archived_at`` is kept; a manual reason fills in only where none was recorded;
+automatic archiving (``archive_when_done``) only fills unset fields.
 """
 
 from django.db import transaction
@@ -12,7 +14,8 @@ from django.utils import timezone
 from collab.events import send_event_on_commit
 from collab.models import Branch
 from collab.text import clean_text
-from collab.services.locking import lock_session
+from collab.services.followup import bounce_stranded_locked
+from collab.services.locking import lock_branch, lock_session
 
 
 AUTOMATIC_REASON = "archive_when_done"
@@ -33,6 +36,8 @@ def do_archive_branch(branch: Branch, *, user=None, reason: str = "", automatic:
                 archive_reason=reason
             )
         branch.refresh_from_db()
+        # results owed to its mailbox that no turn will read now go back to their senders (OP §5.4)
+        bounce_stranded_locked(lock_branch(branch.pk))
         send_event_on_commit(
             branch.session_id, "branch.archived",
             {"branch": branch.pk, "name": branch.name, "archived_at": branch.archived_at.isoformat(),

@@ -6,7 +6,10 @@ its terminal state. The debt is then settled exactly once, whichever comes
 first: the caller branch's running turn drains it into its mailbox before its
 next model call, or, when the caller branch is idle, ``deliver_owed`` turns it
 into a follow-up turn at the current tip of the caller branch (mode ``turn``),
-or leaves it for the next user turn's drain (mode ``mailbox``). Each path
+or leaves it for the next user turn's drain (mode ``mailbox``) — unless the
+caller branch is archived: no turn will read that mailbox, so the result goes
+back to the agent that produced it as a failed result (``bounce_stranded_locked``:
+when it becomes owed, when the branch is archived, and from the reconciler). Each path
 claims the debt with a conditional UPDATE, so no result is lost or doubled.
 A result whose caller job was cancelled is written as a ``notice`` node on the
 idle caller branch instead of a follow-up turn (SPEC §7: cancel is a fence).
@@ -16,7 +19,7 @@ import logging
 
 from django.db import transaction
 
-from collab.errors import DomainError
+from collab.errors import DomainError, Invalid
 from collab.events import send_event_on_commit
 from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageKind, MessageRole
 from collab.text import clean_text
@@ -175,6 +178,7 @@ def deliver_owed_locked(branch: Branch) -> list[Job]:
 
     if Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists():
         return []  # the running turn drains them before its next model call
+    bounce_stranded_locked(branch)
     admitted = []
     owed = (
         Job.objects.select_related("branch", "caller_job")
@@ -207,6 +211,34 @@ def deliver_owed_locked(branch: Branch) -> list[Job]:
             )
             bounce_result(branch, debt, exc)
     return admitted
+
+
+def bounce_stranded_locked(branch: Branch) -> list[Job]:
+    """Results owed in mode ``mailbox`` to an archived branch with no running turn: no turn will
+    ever drain them (archived is final, C4), so each is settled now, once — marked delivered
+    (a conditional UPDATE) and bounced to the agent that produced it as a failed result, like a
+    turn-mode result refused by an archived caller (OP §5.4, issue 12 item 5). Returns the
+    debts settled. Precondition: the branch row (and its session's) is locked."""
+    if not branch.archived or Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists():
+        return []  # a running turn (archive never cancels it) still drains its mailbox
+    exc = Invalid(f"agent {branch.display_name} is archived; its mailbox is never read again", code="archived")
+    settled = []
+    owed = (
+        Job.objects.select_related("branch", "session")
+        .filter(caller_branch=branch, followup_state=FollowupState.OWED, followup_mode="mailbox")
+        .order_by("finished_at", "pk")
+    )
+    for debt in owed:
+        if not Job.objects.filter(pk=debt.pk, followup_state=FollowupState.OWED).update(
+            followup_state=FollowupState.DELIVERED
+        ):
+            continue
+        send_event_on_commit(
+            branch.session_id, "followup.undeliverable", {"job": debt.pk, "code": exc.code, "reason": exc.detail}
+        )
+        bounce_result(branch, debt, exc)
+        settled.append(debt)
+    return settled
 
 
 def bounce_result(branch: Branch, debt: Job, exc: DomainError) -> Job | None:

@@ -11,7 +11,8 @@
   is a conditional UPDATE of its ``heartbeat_at`` (for a queued job: when it was last
   handed to the queue), so several reconcilers hand it off once. The claim is
   idempotent, so a duplicate hand-off is harmless.
-- Results owed to idle branches (their delivery crashed) are settled.
+- Results owed to idle branches (their delivery crashed) are settled, and so are results
+  owed to the mailbox of an archived branch: they go back to their senders, once.
 - Every branch with no running job whose inbox still holds messages is drained (OP §5.4),
   whatever left them waiting.
 
@@ -65,7 +66,8 @@ def reconcile() -> dict:
 
     owed_branches = set(
         Job.objects.filter(followup_state=FollowupState.OWED, finished_at__lt=Now() - timedelta(seconds=5))
-        .exclude(followup_mode="mailbox").values_list("caller_branch_id", flat=True)
+        .filter(~Q(followup_mode="mailbox") | Q(caller_branch__archived=True))  # a mailbox no turn will read
+        .values_list("caller_branch_id", flat=True)
     )
     settled = []
     for branch_id in owed_branches:
