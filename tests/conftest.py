@@ -108,6 +108,29 @@ def poll(fn, *, timeout=20.0, interval=0.05, what="condition"):
         time.sleep(interval)
 
 
+def executions(api, sid) -> list[dict]:
+    """Every execution of a session, through ``GET /api/executions``."""
+    r = api.get("/api/executions", session=sid, limit=500)
+    assert r.status_code == 200, r.content
+    return r.json()
+
+
+def settle_session(api, sid, *, quiet: float = 1.0, timeout: float = 60.0, interval: float = 0.1) -> list[dict]:
+    """Wait until every job of the session is terminal and the set of jobs has not changed
+    for ``quiet`` seconds; return the jobs."""
+    deadline = time.monotonic() + timeout
+    last, since = None, time.monotonic()
+    while True:
+        jobs = executions(api, sid)
+        key = {j["id"]: j["status"] for j in jobs}
+        if key != last or not all(s in TERMINAL for s in key.values()):
+            last, since = key, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return jobs
+        assert time.monotonic() < deadline, f"session {sid} did not settle: {key}"
+        time.sleep(interval)
+
+
 @pytest.fixture
 def api_as(client):
     """``api_as(user)``: the person's own client, a token with every scope (tests of roles);

@@ -23,7 +23,7 @@ from collections import Counter
 
 import pytest
 
-from tests.conftest import TERMINAL
+from tests.conftest import executions, settle_session
 from tests.conftest import poll as _poll
 
 pytestmark = pytest.mark.slow
@@ -65,12 +65,6 @@ def execution(api, eid) -> dict:
     return r.json()
 
 
-def executions(api, sid) -> list[dict]:
-    r = api.get("/api/executions", session=sid, limit=500)
-    assert r.status_code == 200, r.content
-    return r.json()
-
-
 def cancel(api, eid) -> dict:
     """The versioned cancel command, re-reading the version while it moves (202 answers)."""
     for _ in range(20):
@@ -95,19 +89,8 @@ def step(*calls) -> dict:
     return {"tool_calls": list(calls)}
 
 
-def settle(api, sid, quiet=0.6) -> list[dict]:
-    """Every job of the session terminal, and the set of jobs unchanged for ``quiet`` seconds."""
-    deadline = time.monotonic() + WAIT
-    last, since = None, time.monotonic()
-    while True:
-        jobs = executions(api, sid)
-        key = {j["id"]: j["status"] for j in jobs}
-        if key != last or not all(s in TERMINAL for s in key.values()):
-            last, since = key, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return jobs
-        assert time.monotonic() < deadline, f"session {sid} did not settle: {key}"
-        time.sleep(0.05)
+def settle(api, sid) -> list[dict]:
+    return settle_session(api, sid, quiet=0.6, timeout=WAIT, interval=0.05)
 
 
 def assert_well_formed(session_id) -> None:

@@ -20,7 +20,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from tests.conftest import TERMINAL, ApiClient
+from tests.conftest import ApiClient, settle_session
 
 pytestmark = pytest.mark.slow
 
@@ -38,24 +38,8 @@ def make_spec(api, agent_id, script):
     assert r.status_code == 201, r.content
 
 
-def executions(api, sid) -> list[dict]:
-    r = api.get("/api/executions", session=sid, limit=500)
-    assert r.status_code == 200, r.content
-    return r.json()
-
-
-def settle(api, sid, quiet=1.0) -> list[dict]:
-    deadline = time.monotonic() + WAIT
-    last, since = None, time.monotonic()
-    while True:
-        jobs = executions(api, sid)
-        key = {j["id"]: j["status"] for j in jobs}
-        if key != last or not all(s in TERMINAL for s in key.values()):
-            last, since = key, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return jobs
-        assert time.monotonic() < deadline, f"session {sid} did not settle: {key}"
-        time.sleep(0.1)
+def settle(api, sid) -> list[dict]:
+    return settle_session(api, sid, quiet=1.0, timeout=WAIT, interval=0.1)
 
 
 def test_op_c1_fifty_concurrent_forks_turns_deliveries_and_cancels_keep_one_chain_per_branch(team, api_as, worker):
