@@ -36,6 +36,7 @@ from collab.models import (
     Message,
     ModelConnection,
     Session,
+    SessionShare,
     Todo,
 )
 
@@ -172,6 +173,17 @@ class ShareForm(ActionForm):
     username = forms.CharField(required=False, max_length=150, label="Member")
     role = forms.ChoiceField(required=False, choices=[(r, r) for r in ("viewer", "member", "maintainer", "owner")],
                              label="Role")
+
+
+@admin.register(SessionShare)
+class SessionShareAdmin(ReadOnlyAdmin):
+    """Who a shared session is shared with, looked at; shares change through the session actions
+    below (or the page and the API), which go through the visibility service."""
+
+    list_display = ["session", "user", "role", "created_at"]
+    list_filter = ["role"]
+    search_fields = ["session__id", "user__username"]
+    raw_id_fields = ["session", "user"]
 
 
 @admin.register(Session)
