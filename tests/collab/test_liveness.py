@@ -29,6 +29,7 @@ import pytest
 from django.core.management import call_command
 
 from tests.collab.fake_llm import OpenAIDialect
+from tests.collab.test_providers import operator_connection
 from tests.collab.test_governed_execution import (
     agent_call, cancel, execution, executions, make_spec, open_session, poll, step, turn,
 )
@@ -235,9 +236,10 @@ def test_p_rel_1_slow_non_streaming_model_call_outlives_the_lease(team, api_as, 
     fake_server.reset()
     fake_server.add(OpenAIDialect.text("a slow answer", delay=BLOCK_MS / 1000))
     owner = api_as(team.owner)
+    operator_connection("liveness-llm", "openai", OpenAIDialect.base_url(fake_server), KEY_ENV)
     r = owner.post("/api/projects/alpha/agent-specs", {
-        "agent_id": "slowllm", "provider": "openai", "model": "gpt-test", "base_url": OpenAIDialect.base_url(fake_server),
-        "api_key_env": KEY_ENV, "limits": {"stream": False},
+        "agent_id": "slowllm", "provider": "openai", "model": "gpt-test", "connection": "liveness-llm",
+        "limits": {"stream": False},
     })
     assert r.status_code == 201, r.content
     api = api_as(team.member)
