@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from collab.models import Event, Job, Message, Session, Todo
 from collab.text import REPLACEMENT, clean_data, clean_text
 from tests.collab.fake_llm import OpenAIDialect
-from tests.collab.test_providers import KEY_ENV, MODEL, fake, fake_server  # noqa: F401 (fixtures)
+from tests.collab.test_providers import KEY_ENV, MODEL, fake, fake_server, operator_connection  # noqa: F401 (fixtures)
 from tests.conftest import TERMINAL
 
 NUL, SURROGATE = "\x00", "\ud800"
@@ -148,9 +148,10 @@ def openai_session(team, api_as, fake, stream):  # noqa: F811 (the fixture impor
     """Through the API: an OpenAI-compatible AgentSpec aimed at the fake model server, and a
     member's session with it. Returns (member's api client, sid)."""
     owner = api_as(team.owner)
+    operator_connection("text-llm", "openai", OpenAIDialect.base_url(fake), KEY_ENV["openai"])
     r = owner.post("/api/projects/alpha/agent-specs", {
-        "agent_id": "oai", "provider": "openai", "model": MODEL, "base_url": OpenAIDialect.base_url(fake),
-        "api_key_env": KEY_ENV["openai"], "limits": {"stream": stream}})
+        "agent_id": "oai", "provider": "openai", "model": MODEL, "connection": "text-llm",
+        "limits": {"stream": stream}})
     assert r.status_code == 201, r.content
     api = api_as(team.member)
     return api, api.post("/api/projects/alpha/sessions", {"title": "llm", "agent_id": "oai"}).json()["id"]
