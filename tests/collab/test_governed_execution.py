@@ -159,6 +159,22 @@ def address_of(job: dict) -> str:
     return f"{job['session']}:{job['prompt_msg']}"
 
 
+def sender_and_busy_target(team, api_as, nap_ms: int, quiet_text: str = "quiet"):
+    """A member's idle sender branch and a target branch busy with a ``nap_ms`` sleep step
+    (running): (member's api, sender session id, sender address, target session id, busy execution
+    id, target address)."""
+    owner = api_as(team.owner)
+    make_spec(owner, "nap", [{"sleep_ms": nap_ms}, {"text": "rested"}])
+    make_spec(owner, "quiet", [{"text": quiet_text}])
+    api = api_as(team.member)
+    ssid = open_session(api, "quiet", title="sender")
+    sender = address_of(api.wait(turn(api, ssid, "hello")))
+    tsid = open_session(api, "nap", title="target")
+    busy = turn(api, tsid, "busy for a while")
+    target = address_of(api.wait(busy, {"running"}))
+    return api, ssid, sender, tsid, busy, target
+
+
 def agent_call(prompt, agent_id="", background=True, **extra) -> dict:
     arguments = {"prompt": prompt, **extra}
     if agent_id:
@@ -1099,15 +1115,7 @@ def test_op_c4_manual_archive_first_keeps_its_time_and_reason_and_never_cancels(
 
 
 def test_op_c4_delivery_accepted_before_archive_but_not_started_fails_archived(team, api_as, worker):
-    owner = api_as(team.owner)
-    make_spec(owner, "nap", [{"sleep_ms": 5_000}, {"text": "rested"}])
-    make_spec(owner, "quiet", [{"text": "quiet"}])
-    api = api_as(team.member)
-    ssid = open_session(api, "quiet", title="sender")
-    sender = address_of(api.wait(turn(api, ssid, "hello")))
-    tsid = open_session(api, "nap", title="target")
-    busy = turn(api, tsid, "busy for a while")
-    target = address_of(api.wait(busy, {"running"}))
+    api, ssid, sender, tsid, busy, target = sender_and_busy_target(team, api_as, 5_000)
 
     accepted = tool(api, sender, "agent", to=target, prompt="a task for later")
     assert not accepted["is_error"] and accepted["details"]["queued"] is True, accepted

@@ -20,6 +20,7 @@ from tests.collab.test_governed_execution import (  # noqa: F401 (autouse fixtur
     execution,
     executions,
     make_spec,
+    sender_and_busy_target,
     open_session,
     poll,
     set_limits,
@@ -124,15 +125,7 @@ def test_op_5_4_a_message_to_a_target_archived_meanwhile_reaches_the_sender_as_a
 ):
     """OP §5.4, C4: the inbox of a branch archived while the message waited goes back to each
     sender as one failed result (a follow-up that says so), never silently dropped."""
-    owner = api_as(team.owner)
-    make_spec(owner, "nap", [{"sleep_ms": 1_500}, {"text": "rested"}])
-    make_spec(owner, "quiet", [{"text": "quiet: {{prompt}}"}])
-    api = api_as(team.member)
-    ssid = open_session(api, "quiet", title="sender")
-    sender = address_of(api.wait(turn(api, ssid, "hello")))
-    tsid = open_session(api, "nap", title="target")
-    busy = turn(api, tsid, "busy for a while")
-    target = address_of(api.wait(busy, {"running"}))
+    api, ssid, sender, tsid, busy, target = sender_and_busy_target(team, api_as, 1_500, "quiet: {{prompt}}")
 
     sent = tool(api, sender, "send_message", to=target, message="are you there?")
     assert sent["details"]["queued"] is True, sent
@@ -193,15 +186,7 @@ def test_op_c4_a_start_refused_on_an_archived_branch_writes_nothing_there(team, 
     sender hears of it once."""
     from collab.models import Message
 
-    owner = api_as(team.owner)
-    make_spec(owner, "nap", [{"sleep_ms": 1_500}, {"text": "rested"}])
-    make_spec(owner, "quiet", [{"text": "quiet"}])
-    api = api_as(team.member)
-    ssid = open_session(api, "quiet", title="sender")
-    sender = address_of(api.wait(turn(api, ssid, "hello")))
-    tsid = open_session(api, "nap", title="target")
-    busy = turn(api, tsid, "busy for a while")
-    target = address_of(api.wait(busy, {"running"}))
+    api, ssid, sender, tsid, busy, target = sender_and_busy_target(team, api_as, 1_500)
     accepted = tool(api, sender, "agent", to=target, prompt="a task for later")
     task = accepted["details"]["execution_id"]
     assert accepted["details"]["queued"] is True, accepted
