@@ -5,7 +5,8 @@ from typing import Any
 
 from collab.access import require_in_project, require_in_session
 from collab.services.addressing import Caller
-from collab.models import Job, JobStatus
+from collab.errors import NotFound
+from collab.models import Job, JobStatus, Session
 
 
 @dataclass
@@ -59,8 +60,12 @@ class Actor:
 
     def check_standing(self) -> None:
         """Refuse the call when the principal can no longer see the acting session (its
-        visibility changed under a running turn, issue 17): "not found", as for any other."""
-        require_in_session(self.user, self.session, "project.read")
+        visibility changed under a running turn, issue 17): "not found", as for any other.
+        The session row is read afresh: the turn's copy may predate the change."""
+        fresh = Session.objects.select_related("parent_session").filter(pk=self.session.pk).first()
+        if fresh is None:
+            raise NotFound()
+        require_in_session(self.user, fresh, "project.read")
 
 
 def owns_branch(user, branch) -> bool:
