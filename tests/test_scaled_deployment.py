@@ -10,11 +10,14 @@ the database and Redis connects them, exactly as on separate machines:
   and gets exactly the rest of the log — no event lost, none twice;
 - the worker running a turn is killed (SIGKILL, its whole process group): the surviving workers
   end that turn ``interrupted`` within lease + reconcile interval (P-REL-1) by themselves, and
-  the next turn on the branch runs on a survivor.
+  the next turn on the branch runs on a survivor;
+- ``deploy/nginx.conf`` runs in front of both web processes: API calls and the WebSocket upgrade
+  pass through it, and after web A died a client reconnecting through it reaches web B.
 """
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +55,27 @@ def start(name: str, env: dict, log: Path) -> subprocess.Popen:
     return proc
 
 
+def start_proxy(webs, tmp_path: Path) -> str:
+    """deploy/nginx.conf with its upstream pointed at this test's web processes."""
+    if not shutil.which("nginx"):
+        if os.environ.get("TRELLIS_REQUIRE_SERVICES") == "1":
+            raise AssertionError("nginx is not installed (.ci/run installs it)")
+        pytest.skip("nginx is not installed")
+    port = free_port()
+    conf = (ROOT / "deploy" / "nginx.conf").read_text()
+    upstream = "".join(f"server {web.url.removeprefix('http://')};\n" for web in webs)
+    assert "server web:8000;" in conf and "listen 8080;" in conf
+    conf = (conf.replace("server web:8000;", upstream).replace("listen 8080;", f"listen 127.0.0.1:{port};")
+            .replace("/tmp/trellis-nginx.pid", str(tmp_path / "nginx.pid")))
+    (tmp_path / "nginx.conf").write_text(conf)
+    (tmp_path / "logs").mkdir()
+    proxy = subprocess.Popen(["nginx", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-g", "daemon off;"],
+                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "nginx.log", "w"), start_new_session=True)
+    proxy.url = f"http://127.0.0.1:{port}"
+    proxy.log = tmp_path / "nginx.log"
+    return proxy
+
+
 def kill(proc) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -77,6 +101,9 @@ def deployment(transactional_db, process_env, tmp_path):
             workers.append(worker)
         for web in webs:
             poll(lambda: _ready(web), timeout=60, what=f"{web.url}/readyz")
+        proxy = start_proxy(webs, tmp_path)
+        webs.append(proxy)  # killed with the rest
+        poll(lambda: _ready(proxy), timeout=30, what="the proxy")
         for worker in workers:
             _wait_for_output(worker.log, "running.", worker, 60)
         yield webs, workers  # every turn is admitted by web B, which enqueues on `queue`
@@ -117,7 +144,7 @@ def test_scaled_deployment_two_webs_three_workers(team, api_as, deployment):
     turn is ended by the others)."""
     from collab.models import Job
 
-    (web_a, web_b), workers = deployment
+    (web_a, web_b, proxy), workers = deployment
     owner = api_as(team.owner)
     r = owner.post("/api/projects/alpha/agent-specs", {"agent_id": "steady", "provider": "scripted",
                                                        "script": [{"sleep_ms": 1500}, {"text": "done: {{prompt}}"}]})
@@ -150,6 +177,15 @@ def test_scaled_deployment_two_webs_three_workers(team, api_as, deployment):
             frames += await again.frames_until("job.succeeded")
         finally:
             await again.close()
+        status, third = b.call("POST", f"/api/sessions/{sid}/turns", {"prompt": "three"})
+        assert status == 202, third
+        # Through the proxy: web A is dead, so the upgrade reaches B, from where the client left off.
+        via_proxy = await WsClient.connect(proxy.url.replace("http", "ws", 1) + f"/ws/sessions/{sid}/?after={frames[-1]['seq']}",
+                                           {"Authorization": header}, proxy.url)
+        try:
+            frames += await via_proxy.frames_until("job.succeeded")
+        finally:
+            await via_proxy.close()
         return first["execution_id"], second["execution_id"], frames
 
     first, second, frames = async_to_sync(through_a_then_b)()
@@ -158,7 +194,10 @@ def test_scaled_deployment_two_webs_three_workers(team, api_as, deployment):
     assert status == 200
     assert frames == log["events"][:len(frames)]
     answers = [f["payload"]["text"] for f in frames if f["type"] == "message.created" and f["payload"]["role"] == "assistant"]
-    assert answers == ["done: one", "done: two"]
+    assert answers == ["done: one", "done: two", "done: three"]
+    through_proxy = Http(proxy.url, b.token)
+    status, listed = through_proxy.call("GET", f"/api/sessions/{sid}/events?after={frames[-1]['seq'] - 1}")
+    assert status == 200 and [e["seq"] for e in listed["events"]] == [frames[-1]["seq"]]
     for eid in (first, second):
         assert Job.objects.get(pk=eid).worker, "a worker claimed the job"
 
@@ -176,7 +215,7 @@ def test_scaled_deployment_two_webs_three_workers(team, api_as, deployment):
         Job.objects.get(pk=eid)), timeout=WAIT, interval=0.2, what="the dead worker's turn to end")
     assert ended.status == "interrupted", (ended.status, ended.error_code)
 
-    status, after = b.call("POST", f"/api/sessions/{sid}/turns", {"prompt": "three"})
+    status, after = b.call("POST", f"/api/sessions/{sid}/turns", {"prompt": "four"})
     assert status == 202, after
     done = poll(lambda: (lambda j: j if j.status == "succeeded" else None)(Job.objects.get(pk=after["execution_id"])),
                 timeout=WAIT, interval=0.2, what="a turn after the worker's death")

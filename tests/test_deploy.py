@@ -1,6 +1,14 @@
-"""Issue 15 item 4: health and readiness endpoints for a load balancer."""
+"""Issue 15 item 4: health and readiness endpoints for a load balancer, and the deploy/ files.
+
+The processes of deploy/Procfile and deploy/nginx.conf run for real in
+tests/test_scaled_deployment.py; deploy/compose.yaml (no container runtime here) is checked to
+run the same commands and to put that nginx.conf in front of the web service.
+"""
+
+import shlex
 
 import pytest
+import yaml
 from django.test import override_settings
 
 
@@ -37,3 +45,21 @@ def test_readyz_is_503_naming_an_unreachable_channel_layer(client):
     assert body["checks"]["database"]["ok"] is True
     assert body["checks"]["channel_layer"]["ok"] is False
     assert "127.0.0.1" not in response.content.decode()
+
+
+def test_compose_runs_the_procfile_processes_behind_the_tested_proxy():
+    from tests.conftest import ROOT
+    from tests.test_scaled_deployment import procfile
+
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
+    services = compose["services"]
+    assert {"postgres", "redis", "release", "web", "worker", "proxy"} <= set(services)
+    expand = {"${HOST:-0.0.0.0}": "0.0.0.0", "${PORT:-8000}": "8000"}
+    for name in ("release", "web", "worker"):
+        line = procfile()[name]
+        for var, value in expand.items():
+            line = line.replace(var, value)
+        assert services[name]["command"] == shlex.split(line), name
+    assert "./nginx.conf:/etc/nginx/nginx.conf:ro" in services["proxy"]["volumes"]
+    assert "server web:8000;" in (ROOT / "deploy" / "nginx.conf").read_text()
+    assert "/readyz" in " ".join(services["web"]["healthcheck"]["test"])
