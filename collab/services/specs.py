@@ -8,7 +8,7 @@ from collab.models import AgentRole, AgentSpec, FollowupMode, ModelConnection, T
 from collab.text import clean_data
 from collab.runtime.providers import IMPLEMENTED_PROVIDERS
 from collab.runtime.providers.scripted import check_script
-from collab.services.connections import choose_connection, sync_settings_connections
+from collab.services.connections import choose_connection, connections_for, sync_settings_connections
 
 SPEC_FIELDS = (
     "agent_id", "provider", "model", "system_prompt",
@@ -37,9 +37,13 @@ def do_create_agent_spec(project, *, replace: bool = False, **data) -> AgentSpec
     connection_name = (data.pop("connection", None) or "").strip()
     base_url, api_key_env = data.pop("base_url", None) or "", data.pop("api_key_env", None) or ""
     if not data.get("provider"):
+        named = None
         if connection_name:
-            sync_settings_connections()
-        named = ModelConnection.objects.filter(name=connection_name).values_list("provider", flat=True).first()
+            # only a connection this project may use says anything (another tenant's reads like a missing one)
+            named = connections_for(project).filter(name=connection_name).values_list("provider", flat=True).first()
+        if connection_name and named is None:
+            raise Invalid(f"no model connection named {connection_name!r} is available to this project",
+                          code="provider_config")
         data["provider"] = named or "scripted"
     _choice(data["provider"], IMPLEMENTED_PROVIDERS, "provider")
     if data["provider"] != "scripted" and not (data.get("model") or "").strip():
