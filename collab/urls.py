@@ -14,6 +14,8 @@ urlpatterns = [
     path("p/<slug:slug>/members", views.project_members, name="project_members"),
     path("p/<slug:slug>/audit", views.audit, name="audit"),
     path("p/<slug:slug>/settings", views.project_settings, name="project_settings"),
+    path("p/<slug:slug>/specs", views.specs, name="specs"),
+    path("p/<slug:slug>/specs/<str:agent_id>", views.spec, name="spec"),
     path("s/<str:sid>/holds/<int:hold_id>", views.decide_hold, name="decide_hold"),
     path("account/tokens", views.tokens, name="tokens"),
     path("account/tokens/<int:token_id>/revoke", views.revoke_token_view, name="revoke_token"),
@@ -26,4 +28,5 @@ urlpatterns = [
     path("s/<str:sid>/visibility", views.session_visibility, name="session_visibility"),
     path("s/<str:sid>/m/<str:mid>/fork", views.fork, name="fork"),
     path("s/<str:sid>/jobs/<str:job_id>/cancel", views.cancel_job, name="cancel_job"),
+    path("s/<str:sid>/b/<str:branch_id>/archive", views.archive_branch, name="archive_branch"),
 ]

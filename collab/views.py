@@ -4,7 +4,7 @@ htmx requests get the partial, plain requests the whole page."""
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.limits import FIELDS as LIMIT_FIELDS
 from accounts.limits import LimitError, limits_of
@@ -15,10 +15,11 @@ import uuid
 from urllib.parse import urlencode
 
 from django.core.paginator import Paginator
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 
 from collab import access
-from collab.errors import DomainError, Invalid, NotFound
+from collab.errors import DomainError, Forbidden, Invalid, NotFound
+from collab.models import ACTIVE_STATUSES, AgentRole, AgentSpec, FollowupMode, Job, Toolset
 from collab.selectors.children import child_rail
 from collab.tools.surface import withheld_tools
 from collab.services.members import (
@@ -30,13 +31,16 @@ from collab.services.members import (
 )
 from collab.selectors.members import invitations_of, members_of
 from collab.services.tokens import TOKEN_LIFETIMES, do_issue_token, do_revoke_token
-from collab.services.cancel import CANCEL, do_execution_command
+from collab.services.archive import check_can_archive, do_archive_branch
+from collab.services.cancel import CANCEL, check_can_cancel, do_execution_command
+from collab.services.connections import connections_for
+from collab.services.specs import do_add_agent_spec, do_update_agent_spec
 from collab.selectors import pages
 from collab.selectors.shapes import usage_totals
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import event_record, project_events
 from collab.services.projects import do_set_limits, do_update_project
-from collab.services.watch import access_hold, do_decide_hold
+from collab.services.watch import access_hold, can_decide_holds, do_decide_hold
 from collab.services.sessions import do_create_session
 from collab.services.visibility import do_set_shares, do_set_visibility, parse_share_lines, visibility_context
 from collab.services.turns import do_fork_and_start, do_start_user_turn
@@ -74,6 +78,7 @@ def _project_context(request, project, errors=None):
         "members": members_of(project),
         "roles": ["viewer", "member", "maintainer", "owner"],
         "can_audit": access.can(request.user, project.pk, "project.audit"),
+        "can_manage_specs": access.can(request.user, project.pk, SPEC_CAPABILITY),
         "limit_errors": errors or {},
         "withheld_tools": withheld_tools(project) if project.workspace else {},
     }
@@ -107,12 +112,36 @@ def new_session(request, slug):
     return redirect("collab:session", sid=session.pk)
 
 
+def _may(check, *args) -> bool:
+    """Whether a ``check_can_…`` rule lets this through: the page offers a control exactly
+    when the rule its view enforces would allow it."""
+    try:
+        check(*args)
+    except (Forbidden, NotFound):
+        return False
+    return True
+
+
+def _transcript_context(request, session) -> dict:
+    t = pages.transcript(session, request.GET.get("branch"), request.GET.get("head"), viewer=request.user)
+    running = Job.objects.filter(branch=t["branch"], status__in=ACTIVE_STATUSES).first() if t["branch"] else None
+    return {"t": t, "running_job": running,
+            "can_cancel_running": running is not None and running.status == "running" and _may(check_can_cancel, request.user, running)}
+
+
+def _jobs_context(request, session) -> dict:
+    jobs = pages.recent_jobs(session)
+    for j in jobs:  # only open jobs can be cancelled: the rule is asked for those few
+        j.can_cancel = j.status in ("queued", "running") and _may(check_can_cancel, request.user, j)
+    return {"jobs": jobs, "usage": usage_totals(session.jobs.all())}
+
+
 # What each live piece of the session page needs; a partial refresh computes only its own.
 _PART_CONTEXT = {
-    "transcript": lambda request, session: {
-        "t": pages.transcript(session, request.GET.get("branch"), request.GET.get("head"), viewer=request.user)},
-    "jobs": lambda request, session: {"jobs": pages.recent_jobs(session), "usage": usage_totals(session.jobs.all())},
-    "activity": lambda request, session: {"events": pages.recent_events(session, request.user), "holds": pages.pending_holds(session)},
+    "transcript": _transcript_context,
+    "jobs": _jobs_context,
+    "activity": lambda request, session: {"events": pages.recent_events(session, request.user), "holds": pages.pending_holds(session),
+                                          "can_decide_holds": can_decide_holds(request.user, session)},
     "branches": lambda request, session: {"branches": pages.branches(session)},
     "agents": lambda request, session: {"agents": child_rail(session)},
 }
@@ -127,11 +156,22 @@ def _session_context(request, session, parts=tuple(_PART_CONTEXT)):
     return context
 
 
+def _composer_context(request, session, branch) -> dict:
+    """What the composer says and offers: the branch and agent a post goes to; on an archived
+    branch a fork from its last message instead; archiving for those the rule allows."""
+    if branch is None:
+        return {}
+    spec = branch.agent_spec if branch.agent_spec_id else session.agent_spec
+    return {"branch": branch, "agent": spec.agent_id if spec else "the default agent",
+            "can_archive": not session.is_child and not branch.archived and _may(check_can_archive, request.user, branch)}
+
+
 @login_required
 @require_GET
 def session(request, sid):
     session = access.access_session(request.user, sid)
     context = {**_session_context(request, session), **visibility_context(request.user, session)}
+    context["composer"] = _composer_context(request, session, context["t"]["branch"])
     return render(request, "collab/session.html", context)
 
 
@@ -146,11 +186,24 @@ def session_partial(request, sid, part):
     return render(request, f"collab/session.html#{part}", _session_context(request, session, [part]))
 
 
+def _human(exc: DomainError) -> str:
+    """A refusal as a person reads it on the page (the API keeps its ``code``)."""
+    if exc.code == "archived":
+        return ("This branch is archived: it takes no new messages. "
+                "Open it and use “fork from here” to continue from its last message.")
+    return exc.detail
+
+
 @login_required
 @require_POST
 def post_turn(request, sid):
     session = access.access_session(request.user, sid, "turn.start")
-    do_start_user_turn(request.user, session, request.POST.get("prompt", ""), branch=request.POST.get("branch") or None)
+    try:
+        do_start_user_turn(request.user, session, request.POST.get("prompt", ""), branch=request.POST.get("branch") or None)
+    except (NotFound, Forbidden):
+        raise
+    except DomainError as exc:
+        return HttpResponse(_human(exc), status=exc.status, content_type="text/plain; charset=utf-8")
     if request.htmx:
         session.refresh_from_db()
         return render(request, "collab/session.html#transcript", _session_context(request, session, ["transcript"]))
@@ -161,7 +214,8 @@ def post_turn(request, sid):
 @require_POST
 def fork(request, sid, mid):
     message = access.access_message(request.user, sid, mid, "turn.start")
-    job = do_fork_and_start(request.user, message.session, message, request.POST.get("prompt", ""))
+    job = do_fork_and_start(request.user, message.session, message, request.POST.get("prompt", ""),
+                            name=request.POST.get("name", ""))
     return redirect(f"{reverse('collab:session', args=[sid])}?branch={job.branch_id}")
 
 
@@ -178,7 +232,26 @@ def cancel_job(request, sid, job_id):
     session = access.access_session(request.user, sid)
     if request.htmx:
         return render(request, "collab/session.html#jobs", _session_context(request, session, ["jobs"]))
-    return redirect("collab:session", sid=sid)
+    return _back_to_session(request, sid)
+
+
+def _back_to_session(request, sid):
+    """Back to the session page, on the branch the form was sent from (when it names one)."""
+    url = reverse("collab:session", args=[sid])
+    branch = request.POST.get("shown_branch", "")
+    return redirect(f"{url}?{urlencode({'branch': branch})}" if branch else url)
+
+
+@login_required
+@require_POST
+def archive_branch(request, sid, branch_id):
+    """Archive a branch with a reason (OP §2.6): its starter or a maintainer (``check_can_archive``)."""
+    branch = access.access_branch_by_id(request.user, branch_id)
+    if branch.session_id != sid:
+        raise NotFound()
+    check_can_archive(request.user, branch)
+    do_archive_branch(branch, user=request.user, reason=request.POST.get("reason", ""))
+    return redirect(f"{reverse('collab:session', args=[sid])}?{urlencode({'branch': branch.pk})}")
 
 
 def _version(value: str | None, job) -> int:
@@ -268,8 +341,99 @@ def decide_hold(request, sid, hold_id):
     hold = access_hold(request.user, hold_id)
     if hold.sender_session_id != sid:
         raise NotFound()
-    do_decide_hold(request.user, hold, approve=request.POST.get("decision") == "approve")
+    decision = request.POST.get("decision")
+    if decision not in ("approve", "reject"):
+        raise Invalid('decision must be "approve" or "reject"', code="invalid_decision")
+    do_decide_hold(request.user, hold, approve=decision == "approve")
     return redirect("collab:session", sid=sid)
+
+
+# --- agent specs (issue 13 item 5): who may save one through the API manages them here ------------
+
+SPEC_CAPABILITY = "project.visibility"  # POST /api/projects/{slug}/agent-specs asks the same
+
+
+def _json_field(post, name: str, kinds: tuple, empty):
+    raw = post.get(name, "").strip()
+    if not raw:
+        return empty
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise Invalid(f"{name} is not valid JSON: {exc}", code=f"invalid_{name}") from None
+    if not isinstance(value, kinds):
+        raise Invalid(f"{name} must be a JSON {' or '.join(k.__name__.replace('dict', 'object').replace('list', 'array') for k in kinds)}",
+                      code=f"invalid_{name}")
+    return value
+
+
+def _spec_form_data(post) -> dict:
+    """The spec form's fields as the spec service takes them (provider follows the connection)."""
+    return {
+        "connection": post.get("connection", "").strip(), "model": post.get("model", "").strip(),
+        "system_prompt": post.get("system_prompt", ""), "toolset": post.get("toolset", Toolset.COLLAB),
+        "role": post.get("role", AgentRole.GENERAL), "followup_mode": post.get("followup_mode", FollowupMode.TURN),
+        "tools": [t for t in post.get("tools", "").replace(",", " ").split() if t],
+        "script": _json_field(post, "script", (list, dict), []),
+        "limits": _json_field(post, "limits", (dict,), {}),
+    }
+
+
+def _spec_values(spec) -> dict:
+    """A saved spec as the form shows it."""
+    if spec is None:
+        return {"toolset": Toolset.COLLAB, "role": AgentRole.GENERAL, "followup_mode": FollowupMode.TURN}
+    return {"agent_id": spec.agent_id, "connection": spec.connection.name if spec.connection_id else "",
+            "model": spec.model, "system_prompt": spec.system_prompt, "toolset": spec.toolset, "role": spec.role,
+            "followup_mode": spec.followup_mode, "tools": " ".join(spec.tools or []),
+            "script": json.dumps(spec.script, indent=2, ensure_ascii=False) if spec.script else "",
+            "limits": json.dumps(spec.limits, indent=2, ensure_ascii=False) if spec.limits else ""}
+
+
+def _render_specs(request, project, spec=None, values=None, error="", status=200):
+    return render(request, "collab/specs.html", {
+        "project": project, "specs": project.agent_specs.select_related("connection").order_by("agent_id"),
+        "spec": spec, "values": values or _spec_values(spec), "error": error,
+        "connections": connections_for(project), "toolsets": Toolset.values, "roles": AgentRole.values,
+        "followup_modes": FollowupMode.values,
+    }, status=status)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def specs(request, slug):
+    """The project's agent specs: the list and a form for a new one."""
+    project = access.access_project(request.user, slug, SPEC_CAPABILITY)
+    if request.method != "POST":
+        return _render_specs(request, project)
+    try:
+        spec = do_add_agent_spec(request.user, project, agent_id=request.POST.get("agent_id", "").strip(),
+                                 **_spec_form_data(request.POST))
+    except (NotFound, Forbidden):
+        raise
+    except DomainError as exc:
+        return _render_specs(request, project, values=request.POST.dict(), error=_human(exc), status=exc.status)
+    return redirect("collab:spec", slug=slug, agent_id=spec.agent_id)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def spec(request, slug, agent_id):
+    """One agent spec: shown and changed (validated and audited like the API's and the admin's)."""
+    project = access.access_project(request.user, slug, SPEC_CAPABILITY)
+    spec = AgentSpec.objects.filter(project=project, agent_id=agent_id).select_related("connection").first()
+    if spec is None:
+        raise NotFound()
+    if request.method != "POST":
+        return _render_specs(request, project, spec)
+    try:
+        do_update_agent_spec(request.user, spec, _spec_form_data(request.POST))
+    except (NotFound, Forbidden):
+        raise
+    except DomainError as exc:
+        values = {**request.POST.dict(), "agent_id": spec.agent_id}
+        return _render_specs(request, project, spec, values=values, error=_human(exc), status=exc.status)
+    return redirect(f"{reverse('collab:spec', args=[slug, spec.agent_id])}?saved=1")
 
 
 @login_required

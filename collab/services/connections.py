@@ -94,6 +94,15 @@ def usable_connections(project, provider: str):
             .filter(Q(all_projects=True) | Q(projects=project)).distinct().order_by("name"))
 
 
+def connections_for(project, *, sync: bool = True):
+    """Every enabled connection ``project`` may use, of any provider (the spec page's choice),
+    settings-defined ones synced first unless the caller just did."""
+    if sync:
+        sync_settings_connections()
+    return (ModelConnection.objects.filter(enabled=True).filter(Q(all_projects=True) | Q(projects=project))
+            .distinct().order_by("provider", "name"))
+
+
 def _same_url(a: str, b: str) -> bool:
     return (a or "").strip().rstrip("/") == (b or "").strip().rstrip("/")
 

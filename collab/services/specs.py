@@ -1,3 +1,5 @@
+import re
+
 from django.db import IntegrityError, transaction
 
 from collab.errors import Conflict, Invalid
@@ -6,12 +8,14 @@ from collab.models import AgentRole, AgentSpec, FollowupMode, ModelConnection, T
 from collab.text import clean_data
 from collab.runtime.providers import IMPLEMENTED_PROVIDERS
 from collab.runtime.providers.scripted import check_script
-from collab.services.connections import choose_connection, sync_settings_connections
+from collab.services.connections import choose_connection, connections_for, sync_settings_connections
 
 SPEC_FIELDS = (
     "agent_id", "provider", "model", "system_prompt",
     "toolset", "role", "tools", "script", "followup_mode", "limits",
 )
+AGENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # the API schema's pattern (AgentSpecIn.agent_id)
+MAX_MODEL_CHARS = 200  # AgentSpec.model
 
 
 def _choice(value, allowed, field):
@@ -26,12 +30,20 @@ def do_create_agent_spec(project, *, replace: bool = False, **data) -> AgentSpec
     connection's is taken. ``replace`` (operators' commands) overwrites a spec with the
     same ``agent_id``."""
     data = clean_data(data)
+    if not isinstance(data.get("agent_id"), str) or not AGENT_ID.fullmatch(data["agent_id"]):
+        raise Invalid("agent_id must be 1–64 letters, digits, '-' or '_'", code="invalid_agent_id")
+    if len(data.get("model") or "") > MAX_MODEL_CHARS:
+        raise Invalid(f"model is longer than {MAX_MODEL_CHARS} characters", code="invalid_model")
     connection_name = (data.pop("connection", None) or "").strip()
     base_url, api_key_env = data.pop("base_url", None) or "", data.pop("api_key_env", None) or ""
     if not data.get("provider"):
+        named = None
         if connection_name:
-            sync_settings_connections()
-        named = ModelConnection.objects.filter(name=connection_name).values_list("provider", flat=True).first()
+            # only a connection this project may use says anything (another tenant's reads like a missing one)
+            named = connections_for(project).filter(name=connection_name).values_list("provider", flat=True).first()
+        if connection_name and named is None:
+            raise Invalid(f"no model connection named {connection_name!r} is available to this project",
+                          code="provider_config")
         data["provider"] = named or "scripted"
     _choice(data["provider"], IMPLEMENTED_PROVIDERS, "provider")
     if data["provider"] != "scripted" and not (data.get("model") or "").strip():
@@ -61,10 +73,17 @@ def do_create_agent_spec(project, *, replace: bool = False, **data) -> AgentSpec
 
 
 def do_update_agent_spec(actor, spec: AgentSpec, changes: dict) -> AgentSpec:
-    """Change a saved spec (the operator's admin): validated like a new one, audited.
-    ``agent_id`` is the spec's identity and does not change here."""
-    changes = {k: v for k, v in changes.items() if k in SPEC_FIELDS and k != "agent_id"}
-    merged = {field: getattr(spec, field) for field in SPEC_FIELDS} | changes
+    """Change a saved spec (the operator's admin, the project's spec page): validated like a
+    new one, audited with the fields that really changed. ``agent_id`` is the spec's identity
+    and does not change here. A new ``connection`` (by name) without a ``provider`` brings the
+    connection's provider (none: ``scripted``)."""
+    current = {field: getattr(spec, field) for field in SPEC_FIELDS}
+    current["connection"] = spec.connection.name if spec.connection_id else ""
+    changes = {k: v for k, v in changes.items()
+               if k in (*SPEC_FIELDS, "connection") and k != "agent_id" and current.get(k) != v}
+    merged = current | changes
+    if "connection" in changes and not changes.get("provider"):
+        merged["provider"] = None
     with transaction.atomic():
         spec = do_create_agent_spec(spec.project, replace=True, **merged)
         if changes:

@@ -9,6 +9,7 @@ from collab.services.admission import admit_job
 from collab.services.retry import retry_on_deadlock
 
 MAX_PROMPT_CHARS = 200_000
+MAX_BRANCH_NAME_CHARS = 100  # Branch.name
 
 
 def check_prompt(prompt: str) -> str:
@@ -59,16 +60,19 @@ def do_start_user_turn(user, session: Session, prompt: str, *, branch: str | Non
 
 
 @retry_on_deadlock
-def do_fork_and_start(user, session: Session, message, prompt: str) -> Job:
-    """A person forks at any visible node and runs a prompt there (OP §2.4: the fork gets a
-    stage-1 label like an agent's). Their selection moves to the new branch.
+def do_fork_and_start(user, session: Session, message, prompt: str, *, name: str = "") -> Job:
+    """A person forks at any visible node and runs a prompt there. A ``name`` they give is kept
+    (never renamed); without one the fork gets a stage-1 label like an agent's (OP §2.4).
+    Their selection moves to the new branch.
     Preconditions: ``message`` came from ``access_message(…, "turn.start")``."""
     from collab.services.branches import create_branch, name_for
 
     check_prompt(prompt)
     check_not_child(session)
+    if len((name or "").strip()) > MAX_BRANCH_NAME_CHARS:
+        raise Invalid(f"a branch name is at most {MAX_BRANCH_NAME_CHARS} characters", code="invalid_name")
     with transaction.atomic():
-        name, stage = name_for("", prompt)
+        name, stage = name_for(name, prompt)
         branch = create_branch(
             session, name=name, name_stage=stage, forked_from=message,
             agent_spec=message.branch.agent_spec or session.agent_spec, created_by=user,

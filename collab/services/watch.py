@@ -35,7 +35,18 @@ def hold_delivery(actor: Actor, target, kind: str, text: str) -> HeldDelivery:
     return hold
 
 
-def access_hold(user, hold_id: int, capability: str = "turn.start") -> HeldDelivery:
+DECIDE_HOLDS = "turn.start"  # who may approve or reject a held delivery: who may post in its sender session
+
+
+def can_decide_holds(user, session) -> bool:
+    """Whether ``user`` may approve or reject the deliveries held from ``session`` (the page
+    offers the buttons exactly then; ``access_hold`` refuses everyone else)."""
+    from collab.access import can_in_session
+
+    return can_in_session(user, session, DECIDE_HOLDS)
+
+
+def access_hold(user, hold_id: int, capability: str = DECIDE_HOLDS) -> HeldDelivery:
     from collab.access import access_session
 
     hold = HeldDelivery.objects.filter(pk=hold_id, project_id__in=member_project_ids(user)).select_related(

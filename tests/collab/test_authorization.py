@@ -115,6 +115,7 @@ class Alpha:
     task_name: str  # a sub-agent of alpha's OpenWork session
     workspace_file: str  # a file in alpha's workspace
     invitation_id: int  # a pending invitation to alpha, addressed to ``team.invitee``
+    branch_id: str  # the uniquely named branch (``name``), by id
 
 
 def openwork_branch(api, sid) -> str:
@@ -173,6 +174,7 @@ def alpha(team, api_as, scripted_session, tmp_path, make_user) -> Alpha:
         todo_id=todo["todo_id"], artifact_id=artifact.pk, hold_id=held["hold_id"], token_id=token.pk,
         task_name="alpha_secret_child", workspace_file=str(secret_file),
         invitation_id=Membership.objects.get(user=team.invitee).pk,
+        branch_id=Branch.objects.get(session_id=sid, name="alpha-secret-plans").pk,
     )
 
 
@@ -217,6 +219,8 @@ ROW_PARAMS = {
     "token_id": lambda a: [(str(a.token_id), str(a.token_id + 100_000))],
     "hold_id": lambda a: [(str(a.hold_id), str(a.hold_id + 100_000))],
     "invitation_id": lambda a: [(str(a.invitation_id), str(a.invitation_id + 100_000))],
+    "branch_id": lambda a: [(a.branch_id, new_id())],
+    "agent_id": lambda a: [("bot", "no-such-spec")],  # the spec alpha's session runs
 }
 # Parameters that do not name a row: one fixed value.
 FIXED_PARAMS = {"tool": "list_agents"}
@@ -426,6 +430,9 @@ PAGES = {
     "accept_invitation": ("POST", lambda a: {}),
     "decline_invitation": ("POST", lambda a: {}),
     "session_visibility": ("POST", lambda a: {"visibility": "shared", "shares": "viewer viewer"}),
+    "specs": ("GET", None),
+    "spec": ("GET", None),
+    "archive_branch": ("POST", lambda a: {"reason": "probe"}),
 }
 PAGES_AUTHORIZED = {"revoke_token": "member", "accept_invitation": "invitee", "decline_invitation": "invitee"}
 CALLER_SCOPED_PAGES = {"projects", "tokens"}
