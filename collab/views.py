@@ -150,7 +150,8 @@ def session_partial(request, sid, part):
 @require_POST
 def post_turn(request, sid):
     session = access.access_session(request.user, sid, "turn.start")
-    do_start_user_turn(request.user, session, request.POST.get("prompt", ""), branch=request.POST.get("branch") or None)
+    do_start_user_turn(request.user, session, request.POST.get("prompt", ""), branch=request.POST.get("branch") or None,
+                       multitask_strategy=request.POST.get("multitask_strategy") or None)
     if request.htmx:
         session.refresh_from_db()
         return render(request, "collab/session.html#transcript", _session_context(request, session, ["transcript"]))
