@@ -285,19 +285,17 @@ def test_issue16_interrupt_racing_the_turns_completion_runs_the_new_input_exactl
     """Bounded race: the interrupt lands before, during or after the running turn's end.
     Whatever wins, the running turn ends once (succeeded or cancelled), the new input runs
     exactly once, and no job changes state illegally."""
-    api, sid = scripted_session(team.member, {"user": [{"sleep_ms": 250}, {"text": "done: {{prompt}}"}]})
+    api, sid = scripted_session(team.member, {"user": [{"sleep_ms": 400}, {"text": "done: {{prompt}}"}]})
     rng = random.Random(16)
-    outcomes = set()
     for i in range(6):
         running = started(api, sid, f"turn {i}")
-        wait_running(api, running)
-        time.sleep(rng.uniform(0.1, 0.4))
+        api.wait(running, statuses={"running"} | TERMINAL, timeout=20)  # on a loaded machine it may be over already
+        time.sleep(rng.uniform(0.05, 0.6))
         new = started(api, sid, f"instead {i}", "interrupt")
         done = api.wait(new)
         old = api.wait(running)
         assert done["status"] == "succeeded" and done["result"] == f"done: instead {i}", done
         assert old["status"] in ("succeeded", "cancelled"), old
-        outcomes.add(old["status"])
         assert Message.objects.filter(job_id=new, role="user").count() == 1
         assert Job.objects.filter(session_id=sid, prompt=f"instead {i}").count() == 1
     assert_legal_transitions(api, sid)
@@ -309,7 +307,7 @@ def test_issue16_interrupt_racing_the_turns_completion_runs_the_new_input_exactl
 
 @pytest.mark.slow
 def test_issue16_two_interrupts_at_once_cancel_the_running_turn_once_and_lose_no_input(team, scripted_session, worker):
-    api, sid = scripted_session(team.member, {"user": [{"sleep_ms": 300}, {"text": "done: {{prompt}}"}]})
+    api, sid = scripted_session(team.member, {"user": [{"sleep_ms": 2000}, {"text": "done: {{prompt}}"}]})
     running = started(api, sid, "long")
     wait_running(api, running)
     answers, barrier = {}, threading.Barrier(2)
