@@ -164,7 +164,7 @@ def test_issue16_a_turn_that_ends_with_tool_calls_unanswered_answers_them_at_com
 def test_issue16_the_page_accepts_the_strategy_field(team, scripted_session, client):
     """The session page's composer posts ``multitask_strategy`` like the API (a bad value is a
     400 with the reason, never a 500)."""
-    api, sid = scripted_session(team.member, [{"text": "hi"}])
+    _, sid = scripted_session(team.member, [{"text": "hi"}])
     client.force_login(team.member)
     r = client.post(f"/s/{sid}/turns", {"prompt": "hello", "multitask_strategy": "sideways"})
     assert r.status_code == 400 and b"invalid_multitask_strategy" in r.content
@@ -343,7 +343,7 @@ def test_issue16_two_interrupts_at_once_cancel_the_running_turn_once_and_lose_no
 
 
 @pytest.mark.slow
-def test_issue16_interrupt_after_tool_calls_sends_the_model_a_well_formed_history(team, api_as, fake, worker):
+def test_issue16_interrupt_after_tool_calls_sends_the_model_a_well_formed_history(team, api_as, fake, worker):  # noqa: F811
     """The model asks for two tools; the first (a foreground sub-agent) is still working when the
     person interrupts, the second never runs. The turn ends cancelled; both calls have results
     ("cancelled"), and the next turn's request carries each call with its result."""
