@@ -236,7 +236,7 @@ def test_issue16_interrupt_cancels_through_the_command_and_runs_the_input_on_the
 
 
 @pytest.mark.slow
-def test_issue16_interrupt_needs_the_right_to_cancel_the_running_turn(team, scripted_session, api_as, worker):
+def test_issue16_interrupt_and_rollback_need_the_right_to_cancel_and_archive(team, scripted_session, api_as, worker):
     """A member may cancel only the executions they started (SPEC §8): interrupting someone
     else's turn is refused, and nothing is admitted."""
     owner_api, sid = scripted_session(team.owner, SLOW)
@@ -244,9 +244,13 @@ def test_issue16_interrupt_needs_the_right_to_cancel_the_running_turn(team, scri
     assert r.status_code in (200, 201), r.content
     running = started(owner_api, sid, "the owner's job")
     wait_running(owner_api, running)
-    r = post_turn(api_as(team.member), sid, "mine now", "interrupt")
+    member = api_as(team.member)
+    r = post_turn(member, sid, "mine now", "interrupt")
+    assert r.status_code == 403, r.content
+    r = post_turn(member, sid, "mine now", "rollback")  # archiving another's branch is not theirs either
     assert r.status_code == 403, r.content
     assert Job.objects.filter(session_id=sid).count() == 1
+    assert not ExecutionCommand.objects.exists() and not Branch.objects.filter(archived=True).exists()
     assert owner_api.get(f"/api/executions/{running}").json()["status"] == "running"
 
 
