@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from collab.models import Branch, ExecutionCommand, Job, Message, Session
 from collab.runtime.providers.mapping import MISSING_RESULT, TITLE_SYSTEM, openai_messages
 from tests.collab.fake_llm import OpenAIDialect
-from tests.collab.test_providers import fake, fake_server, operator_connection  # noqa: F401 (fixtures)
+from tests.collab.test_providers import dialect, fake, fake_server, operator_connection  # noqa: F401 (fixtures)
 from tests.conftest import TERMINAL, poll, settle_session
 
 SLOW = [{"sleep_ms": 30_000}, {"text": "slow done: {{prompt}}"}]  # cancelled long before it answers
@@ -346,29 +346,53 @@ def test_issue16_two_interrupts_at_once_cancel_the_running_turn_once_and_lose_no
 # --- interrupt with a model that asked for tools ----------------------------------------------------------------
 
 
+def assert_anthropic_calls_answered(messages: list[dict]) -> None:
+    """The Messages API form of the same rule: each assistant ``tool_use`` is answered by a
+    ``tool_result`` block in the very next (user) message."""
+    def blocks(m):
+        return [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str) else m["content"]
+
+    for n, m in enumerate(messages):
+        uses = [b["id"] for b in blocks(m) if b["type"] == "tool_use"] if m["role"] == "assistant" else []
+        if not uses:
+            continue
+        nxt = messages[n + 1] if n + 1 < len(messages) else {"role": "none", "content": []}
+        answered = [b["tool_use_id"] for b in blocks(nxt) if b["type"] == "tool_result"]
+        assert nxt["role"] == "user" and sorted(answered) == sorted(uses), (uses, nxt)
+
+
+def well_formed(dialect, request) -> None:
+    if dialect is OpenAIDialect:
+        assert_every_call_answered(dialect.messages(request))
+    else:
+        assert_anthropic_calls_answered(dialect.messages(request))
+
+
 @pytest.mark.slow
-def test_issue16_interrupt_after_tool_calls_sends_the_model_a_well_formed_history(team, api_as, fake, worker):  # noqa: F811
+def test_issue16_interrupt_after_tool_calls_sends_the_model_a_well_formed_history(team, api_as, fake, dialect, worker):  # noqa: F811
     """The model asks for two tools; the first (a foreground sub-agent) is still working when the
     person interrupts, the second never runs. The turn ends cancelled; both calls have results
-    ("cancelled"), and the next turn's request carries each call with its result."""
-    operator_connection("fake-double-text", "openai", OpenAIDialect.base_url(fake), "")
+    ("cancelled"), and the next turn's request — OpenAI Chat Completions and Anthropic Messages
+    alike — carries each call with its result."""
+    connection_name = f"fake-double-text-{dialect.name}"
+    operator_connection(connection_name, dialect.name, dialect.base_url(fake), "")
     owner = api_as(team.owner)
     r = owner.post("/api/projects/alpha/agent-specs", {
-        "agent_id": "llm", "provider": "openai", "model": "fake-model", "connection": "fake-double-text",
+        "agent_id": "llm", "provider": dialect.name, "model": "fake-model", "connection": connection_name,
         "limits": {"stream": False}})
     assert r.status_code == 201, r.content
     r = owner.post("/api/projects/alpha/agent-specs", {"agent_id": "slowkid", "provider": "scripted", "script": SLOW})
     assert r.status_code == 201, r.content
 
     def respond(request):
-        if OpenAIDialect.system(request) == TITLE_SYSTEM:
-            return OpenAIDialect.text("A Title")
-        texts = OpenAIDialect.user_texts(request)
+        if dialect.system(request) == TITLE_SYSTEM:
+            return dialect.text("A Title")
+        texts = dialect.user_texts(request)
         if texts and texts[-1] == "second thoughts":
-            return OpenAIDialect.text("fresh answer")
-        if OpenAIDialect.ends_with_tool_result(request):
-            return OpenAIDialect.text("tools done")
-        return OpenAIDialect.tools([
+            return dialect.text("fresh answer")
+        if dialect.ends_with_tool_result(request):
+            return dialect.text("tools done")
+        return dialect.tools([
             ("call_kid", "agent", {"prompt": "work slowly", "agent_id": "slowkid", "description": "kid"}),
             ("call_list", "todo_list", {}),
         ])
@@ -390,18 +414,15 @@ def test_issue16_interrupt_after_tool_calls_sends_the_model_a_well_formed_histor
     assert "cancelled" in results["call_list"].text and results["call_list"].metadata["is_error"]
     assert "cancelled" in results["call_kid"].text
 
-    after = [q for q in fake.requests
-             if OpenAIDialect.system(q) != TITLE_SYSTEM and (OpenAIDialect.user_texts(q) or [""])[-1] == "second thoughts"]
+    models = [q for q in fake.requests if dialect.system(q) != TITLE_SYSTEM]
+    after = [q for q in models if (dialect.user_texts(q) or [""])[-1] == "second thoughts"]
     assert len(after) == 1
-    messages = OpenAIDialect.messages(after[0])
-    assert_every_call_answered(messages)
-    flat = OpenAIDialect.flat(after[0])
+    well_formed(dialect, after[0])
+    flat = dialect.flat(after[0])
     assert flat[0] == ("user", "do things with tools")
-    assert ("call", "agent") in flat and ("call", "todo_list") in flat
+    assert flat[1:5] == [("call", "agent"), ("call", "todo_list"), ("result", "call_kid"), ("result", "call_list")]
     assert flat[-1] == ("user", "second thoughts")
-    sent = OpenAIDialect.results(after[0])
-    assert "cancelled" in sent["call_list"] and MISSING_RESULT not in sent.values()
-    # the model never saw a request ending with an assistant message, nor a call left dangling
-    for q in fake.requests:
-        if OpenAIDialect.system(q) != TITLE_SYSTEM:
-            assert_every_call_answered(OpenAIDialect.messages(q))
+    sent = dialect.results(after[0])
+    assert "cancelled" in str(sent["call_list"]) and MISSING_RESULT not in str(sent)
+    for q in models:  # no request ever held a call without its result
+        well_formed(dialect, q)
