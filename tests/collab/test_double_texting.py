@@ -361,11 +361,11 @@ def assert_anthropic_calls_answered(messages: list[dict]) -> None:
         assert nxt["role"] == "user" and sorted(answered) == sorted(uses), (uses, nxt)
 
 
-def well_formed(dialect, request) -> None:
-    if dialect is OpenAIDialect:
-        assert_every_call_answered(dialect.messages(request))
+def well_formed(wire, request) -> None:
+    if wire is OpenAIDialect:
+        assert_every_call_answered(wire.messages(request))
     else:
-        assert_anthropic_calls_answered(dialect.messages(request))
+        assert_anthropic_calls_answered(wire.messages(request))
 
 
 @pytest.mark.slow
