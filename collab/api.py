@@ -152,8 +152,9 @@ def delete_share(request: HttpRequest, sid: str, username: str):
 @router.post("sessions/{sid}/turns", response={202: TurnOut, **ERRORS}, tags=["sessions"])
 def post_turn(request: HttpRequest, sid: str, payload: TurnIn):
     session = access.access_session(request.auth, sid, "turn.start")
-    job = do_start_user_turn(request.auth, session, payload.prompt, branch=payload.branch, agent_id=payload.agent_id)
-    return Status(202, {"execution_id": job.pk, "status": job.status, "version": job.version})
+    job = do_start_user_turn(request.auth, session, payload.prompt, branch=payload.branch, agent_id=payload.agent_id,
+                             multitask_strategy=payload.multitask_strategy)
+    return Status(202, {"execution_id": job.pk, "status": job.status, "version": job.version, "branch": job.branch_id})
 
 
 @router.get("executions/{execution_id}", response={200: ExecutionOut, **ERRORS}, tags=["executions"])

@@ -118,15 +118,21 @@ class ShareOut(Schema):
 
 
 class TurnIn(StrictIn):
+    """``multitask_strategy``: what happens when the branch is busy (issue 16 item 2;
+    ``enqueue``, ``reject``, ``interrupt``, ``rollback``; default: the agent spec's, else
+    ``enqueue``). Checked by the service, so a bad value is a 400 with the choices."""
+
     prompt: str
     branch: str | None = None
     agent_id: str | None = None
+    multitask_strategy: str | None = None
 
 
 class TurnOut(Schema):
     execution_id: str
     status: str
     version: int
+    branch: str | None = None  # the branch the turn runs on (a rollback's fork: a new one)
 
 
 class ExecutionOut(Schema):

@@ -43,7 +43,7 @@ from collab.services.projects import do_set_limits, do_update_project
 from collab.services.watch import access_hold, can_decide_holds, do_decide_hold
 from collab.services.sessions import do_create_session
 from collab.services.visibility import do_set_shares, do_set_visibility, parse_share_lines, visibility_context
-from collab.services.turns import do_fork_and_start, do_start_user_turn
+from collab.services.turns import do_fork_and_start, do_start_user_turn, spec_strategy
 
 
 @login_required
@@ -162,7 +162,7 @@ def _composer_context(request, session, branch) -> dict:
     if branch is None:
         return {}
     spec = branch.agent_spec if branch.agent_spec_id else session.agent_spec
-    return {"branch": branch, "agent": spec.agent_id if spec else "the default agent",
+    return {"branch": branch, "agent": spec.agent_id if spec else "the default agent", "strategy": spec_strategy(spec),
             "can_archive": not session.is_child and not branch.archived and _may(check_can_archive, request.user, branch)}
 
 
@@ -199,7 +199,8 @@ def _human(exc: DomainError) -> str:
 def post_turn(request, sid):
     session = access.access_session(request.user, sid, "turn.start")
     try:
-        do_start_user_turn(request.user, session, request.POST.get("prompt", ""), branch=request.POST.get("branch") or None)
+        do_start_user_turn(request.user, session, request.POST.get("prompt", ""), branch=request.POST.get("branch") or None,
+                           multitask_strategy=request.POST.get("multitask_strategy") or None)
     except (NotFound, Forbidden):
         raise
     except DomainError as exc:

@@ -336,6 +336,7 @@ def drain(ctx: TurnContext) -> None:
 
 
 CANCELLED_RESULT = "cancelled: the execution was cancelled before this tool call ran"
+INTERRUPTED_RESULT = "cancelled: the execution was cancelled while this tool call ran; it may have partly taken effect"
 
 
 def run_tool_step(ctx: TurnContext, response) -> None:
@@ -348,11 +349,13 @@ def run_tool_step(ctx: TurnContext, response) -> None:
     tool_ctx = Actor(user=ctx.job.started_by, session=ctx.job.session, branch=ctx.branch, job=ctx.job, turn=ctx)
     first = None
     for n, call in enumerate(response.tool_calls):
+        started = False
         try:
             ctx.check_stop(force=True)
+            started = True
             result = run_tool(tool_ctx, call.name, call.arguments, tools=ctx.tools)
         except (TurnStopped, LimitExceeded) as exc:  # this call and the rest are answered, not run
-            write_skipped_results(ctx, response.tool_calls[n:], exc)
+            write_skipped_results(ctx, response.tool_calls[n:], exc, interrupted=started)
             raise
         ctx.tool_calls += 1
         ctx.progressed()
@@ -375,11 +378,17 @@ def write_turn_node(ctx: TurnContext, **fields) -> None:
         append_message(ctx.branch, job=ctx.job, **fields)
 
 
-def write_skipped_results(ctx: TurnContext, calls, why: Exception) -> None:
+def write_skipped_results(ctx: TurnContext, calls, why: Exception, *, interrupted: bool = False) -> None:
     """The tool calls of a step that were not run (or not finished) because the turn was
-    cancelled or hit a limit: each gets a result saying so."""
+    cancelled or hit a limit: each gets a result saying so. With ``interrupted`` the first
+    call had started when the stop came: its result says it may have partly taken effect,
+    not that it never ran."""
     cancelled = isinstance(why, TurnStopped)
     text = CANCELLED_RESULT if cancelled else f"not run: {why.reason} ({why.code})"
-    for call in calls:
-        write_tool_result(ctx, call, text, {"tool": call.name, "details": {}, "is_error": True,
+    for n, call in enumerate(calls):
+        if n == 0 and interrupted:
+            said = INTERRUPTED_RESULT if cancelled else f"stopped while running: {why.reason} ({why.code}); it may have partly taken effect"
+        else:
+            said = text
+        write_tool_result(ctx, call, said, {"tool": call.name, "details": {}, "is_error": True,
                                             "cancelled": cancelled})

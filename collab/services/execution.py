@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from accounts.limits import effective_limit
-from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageRole
+from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, Message, MessageRole
 from collab.services.admission import FENCED, enqueue_job, follow_head, send_job_event, write_prompt_node
 from collab.services.archive import AUTOMATIC_REASON, do_archive_branch
 from collab.services.artifacts import store_result
@@ -214,6 +214,8 @@ def finish_job(
             followup_state=FollowupState.OWED if owed else FollowupState.NONE,
             **{k: usage[k] for k in ("model_calls", "tool_calls", "tokens_in", "tokens_out", "cost") if k in usage},
         )
+        if ran:
+            close_dangling_calls(job, branch, status)
         if final_text is not None:
             final = append_message(
                 branch, role=MessageRole.ASSISTANT, text=final_text, job=job,
@@ -243,6 +245,44 @@ def finish_job(
         if owed:
             deliver_owed_after_commit(job.caller_branch_id)
     return job
+
+
+DANGLING_RESULT = {
+    JobStatus.CANCELLED: "cancelled: the execution was cancelled before this tool call finished",
+    JobStatus.INTERRUPTED: "interrupted: the worker running this turn stopped before this tool call finished",
+}
+
+
+def close_dangling_calls(job: Job, branch: Branch, status: str) -> list:
+    """Give every tool call of the job's last tool-call node that has no result a synthetic
+    error result ("cancelled", …), at the branch's tip, so no later request to a provider
+    holds a call without its result (issue 16 item 2; the transcript shows it too).
+
+    Part of the completion transaction (the branch is locked; the job writes no more).
+    Idempotent: the turn loop already answers the calls it skips when it is stopped
+    (``runtime.loop.write_skipped_results``); only what is still missing is written — after a
+    crash, an error in the middle of a step, or a stop that came while a tool ran. Only the
+    last tool-call node can lack results: a step's results are all written before the next
+    model call."""
+    last = (Message.objects.filter(job_id=job.pk, branch_id=branch.pk, role=MessageRole.ASSISTANT)
+            .order_by("-depth", "-created_at").first())
+    calls = [c for c in (last.tool_calls or []) if isinstance(c, dict)] if last is not None else []
+    if not calls:
+        return []
+    answered = set(Message.objects.filter(job_id=job.pk, branch_id=branch.pk, role=MessageRole.TOOL,
+                                          depth__gt=last.depth).values_list("tool_call_id", flat=True))
+    text = DANGLING_RESULT.get(status, f"not finished: the turn ended ({status}) before this tool call finished")
+    written = []
+    for call in calls:
+        call_id = clean_text(str(call.get("id") or ""))[:100]
+        if call_id in answered:
+            continue
+        answered.add(call_id)
+        written.append(append_message(
+            branch, role=MessageRole.TOOL, text=text, tool_call_id=call_id, job=job,
+            metadata={"tool": call.get("name"), "details": {}, "is_error": True, "cancelled": True, "synthetic": True},
+        ))
+    return written
 
 
 def enqueue_next_on_branch(branch_id: str) -> None:

@@ -23,6 +23,18 @@ def _choice(value, allowed, field):
         raise Invalid(f"{field} must be one of {', '.join(allowed)}; got {value!r}", code=f"invalid_{field}")
 
 
+def check_spec_strategy(limits) -> None:
+    """``limits.multitask_strategy``, the spec's double-texting default (issue 16 item 2), is one
+    of the strategies of ``POST /api/sessions/{sid}/turns`` when given."""
+    from collab.services.turns import STRATEGIES
+
+    if isinstance(limits, dict) and limits.get("multitask_strategy") is not None:
+        value = limits["multitask_strategy"]
+        if value not in STRATEGIES:
+            raise Invalid(f"limits.multitask_strategy must be one of {', '.join(STRATEGIES)}; got {value!r}",
+                          code="invalid_multitask_strategy")
+
+
 def do_create_agent_spec(project, *, replace: bool = False, **data) -> AgentSpec:
     """Validate and save an AgentSpec. Only providers this server implements are accepted.
     A spec on a model API names a ``connection`` the project may use (or the older
@@ -55,6 +67,7 @@ def do_create_agent_spec(project, *, replace: bool = False, **data) -> AgentSpec
     _choice(data.get("toolset", Toolset.COLLAB), Toolset.values, "toolset")
     _choice(data.get("role", AgentRole.GENERAL), AgentRole.values, "role")
     _choice(data.get("followup_mode", FollowupMode.TURN), FollowupMode.values, "followup_mode")
+    check_spec_strategy(data.get("limits"))
     try:
         check_script(data.get("script") or [])
     except ValueError as exc:

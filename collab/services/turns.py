@@ -1,12 +1,44 @@
-"""A person's turn on a session (SPEC §11.1 ``POST /api/sessions/{sid}/turns``)."""
+"""A person's turn on a session (SPEC §11.1 ``POST /api/sessions/{sid}/turns``).
+
+Double-texting (issue 16 item 2; LangGraph Agent Server's ``multitask_strategy``): a turn
+posted while its branch is busy — it has a running or stopping job (``is_busy``, the one
+definition the branch rows' ``busy`` flag uses) — follows a strategy chosen per request,
+else the branch's agent spec's default (``AgentSpec.limits["multitask_strategy"]``), else
+``enqueue``:
+
+- ``enqueue``: queued behind what the branch has open (the behaviour before strategies);
+- ``reject``: refused, 409 ``branch_busy``; checked with the branch row locked;
+- ``interrupt``: the running turn is cancelled through the cancel command (an
+  ``ExecutionCommand`` is recorded; the caller needs the right to cancel it, SPEC §8) and
+  the new input is queued on the same branch; it starts once the cancelled turn has ended,
+  and that turn's completion gives every tool call it left unanswered a "cancelled"
+  result first (``services.execution.close_dangling_calls``), so the new turn's history
+  never holds a call without its result;
+- ``rollback``: non-destructive — the running turn is cancelled the same way, a new branch
+  is forked from the node just before that turn's prompt, the new input runs there, the old
+  branch is archived with reason "rolled back" (the caller needs the right to archive it)
+  and the person's selection moves to the fork.
+
+Inputs already queued on the branch keep their place under every strategy (nothing a
+person or an agent sent is dropped); a strategy only acts on the running turn. On an idle
+branch every strategy admits the turn like ``enqueue``.
+"""
+
+import uuid
 
 from django.db import transaction
 
 from collab.errors import Conflict, Invalid, NotFound
-from collab.models import AgentSpec, Branch, Job, JobKind, Session
+from collab.models import ACTIVE_STATUSES, TERMINAL_STATUSES, AgentSpec, Branch, Job, JobKind, Session
 from collab.services.addressing import Caller, find_branch
 from collab.services.admission import admit_job
+from collab.services.locking import lock_branch, lock_sessions
 from collab.services.retry import retry_on_deadlock
+
+ENQUEUE, REJECT, INTERRUPT, ROLLBACK = "enqueue", "reject", "interrupt", "rollback"
+STRATEGIES = (ENQUEUE, REJECT, INTERRUPT, ROLLBACK)
+ROLLED_BACK = "rolled back"
+INTERRUPT_ATTEMPTS = 5
 
 MAX_PROMPT_CHARS = 200_000
 MAX_BRANCH_NAME_CHARS = 100  # Branch.name
@@ -39,24 +71,124 @@ def selected_branch(session: Session) -> Branch:
     return branch
 
 
-@retry_on_deadlock
-def do_start_user_turn(user, session: Session, prompt: str, *, branch: str | None = None, agent_id: str | None = None) -> Job:
-    """Admit a user turn. Preconditions: ``session`` came from ``access_session(…, "turn.start")``."""
+def check_strategy(value) -> str | None:
+    """A ``multitask_strategy`` as given (None when absent); anything else is a 400 with the choices."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or value not in STRATEGIES:
+        raise Invalid(f"multitask_strategy must be one of {', '.join(STRATEGIES)}; got {value!r}",
+                      code="invalid_multitask_strategy")
+    return value
+
+
+def spec_strategy(spec) -> str:
+    """The agent spec's default strategy (``limits.multitask_strategy``), else ``enqueue``.
+    Saved specs are validated (services/specs.py); an unknown stored value counts as absent."""
+    limits = getattr(spec, "limits", None) or {}
+    value = limits.get("multitask_strategy") if isinstance(limits, dict) else None
+    return value if value in STRATEGIES else ENQUEUE
+
+
+def running_job(branch: Branch) -> Job | None:
+    """The branch's running or stopping job — what makes it busy (``selectors.agents.is_busy``)."""
+    return Job.objects.filter(branch_id=branch.pk, status__in=ACTIVE_STATUSES).order_by("created_at", "pk").first()
+
+
+def do_start_user_turn(user, session: Session, prompt: str, *, branch: str | None = None, agent_id: str | None = None,
+                       multitask_strategy: str | None = None) -> Job:
+    """Admit a user turn, by the double-texting strategy (module doc) when the branch is busy.
+    Preconditions: ``session`` came from ``access_session(…, "turn.start")``."""
     check_prompt(prompt)
     check_not_child(session)
+    strategy = check_strategy(multitask_strategy)
     spec = None
     if agent_id:
         spec = AgentSpec.objects.filter(project_id=session.project_id, agent_id=agent_id).first()
         if spec is None:
             raise NotFound(f"no agent spec {agent_id!r} in this project", code="unknown_agent_id")
+    target = target_branch(user, session, branch)
+    if strategy is None:
+        strategy = spec_strategy(spec or target.agent_spec or session.agent_spec)
+    if strategy in (INTERRUPT, ROLLBACK):
+        current = running_job(target)
+        if current is not None:
+            if strategy == ROLLBACK:
+                from collab.services.archive import check_can_archive
+
+                check_can_archive(user, target)  # before anything is cancelled
+            interrupt_job(user, current)
+            if strategy == ROLLBACK:
+                return rollback_and_start(user, session, target, current, prompt, spec)
+    return admit_user_turn(user, session, target, prompt, spec, reject_if_busy=strategy == REJECT)
+
+
+def target_branch(user, session: Session, branch: str | None) -> Branch:
+    if branch:
+        target = find_branch(Caller(user=user, session_id=session.pk), branch)
+        if target.session_id != session.pk:
+            raise NotFound(f"no branch {branch!r} in this session")
+        return target
+    return selected_branch(session)
+
+
+@retry_on_deadlock
+def admit_user_turn(user, session: Session, target: Branch, prompt: str, spec, *, reject_if_busy: bool = False) -> Job:
     with transaction.atomic():
-        if branch:
-            target = find_branch(Caller(user=user, session_id=session.pk), branch)
-            if target.session_id != session.pk:
-                raise NotFound(f"no branch {branch!r} in this session")
-        else:
-            target = selected_branch(session)
+        if reject_if_busy:
+            lock_sessions(session.pk)
+            lock_branch(target.pk)  # what is running is read with the branch locked: admissions serialize here
+            current = running_job(target)
+            if current is not None:
+                raise Conflict(
+                    f"the branch is busy: execution {current.pk} is {current.status} "
+                    "(multitask_strategy=reject); send again when it has ended, or choose enqueue, interrupt or rollback",
+                    code="branch_busy", execution_id=current.pk,
+                )
         return admit_job(session=session, branch=target, kind=JobKind.USER, prompt=prompt, started_by=user, agent_spec=spec)
+
+
+def interrupt_job(user, job: Job) -> None:
+    """Cancel ``job`` through the cancel command (SPEC §7: versioned, audited, cascading), with
+    the caller's own right to cancel it. A job that ended meanwhile is left alone; a version
+    that moved between the read and the command's lock is read again."""
+    from collab.services.cancel import CANCEL, do_execution_command
+
+    for _ in range(INTERRUPT_ATTEMPTS):
+        current = Job.objects.filter(pk=job.pk).first()
+        if current is None or current.status in TERMINAL_STATUSES:
+            return
+        try:
+            do_execution_command(user, current, command_id=f"double-text-{uuid.uuid4().hex}", action=CANCEL,
+                                 expected_version=current.version, payload={})
+            return
+        except Conflict as exc:
+            if exc.code != "stale_version":
+                raise
+    raise Conflict(f"execution {job.pk} kept changing state; its interrupt was not sent", code="branch_busy")
+
+
+@retry_on_deadlock
+def rollback_and_start(user, session: Session, old: Branch, rolled: Job, prompt: str, spec) -> Job:
+    """Fork a branch at the node before ``rolled``'s prompt, start ``prompt`` there, archive
+    ``old`` (reason "rolled back") and move the person's selection to the fork: one transaction,
+    locks session → old branch → the fork (new, so nobody else holds it)."""
+    from collab.services.archive import do_archive_branch
+    from collab.services.branches import create_branch, name_for
+
+    with transaction.atomic():
+        lock_sessions(session.pk)
+        locked = lock_branch(old.pk)
+        if locked.archived:
+            raise Invalid(f"agent {locked.display_name} is archived; fork it with start_from to continue", code="archived")
+        rolled = Job.objects.select_related("prompt_msg__predecessor").get(pk=rolled.pk)
+        fork_at = rolled.prompt_msg.predecessor if rolled.prompt_msg_id else locked.tip
+        name, stage = name_for("", prompt)
+        fork = create_branch(session, name=name, name_stage=stage, forked_from=fork_at,
+                             agent_spec=locked.agent_spec or session.agent_spec, created_by=user)
+        job = admit_job(session=session, branch=fork, kind=JobKind.USER, prompt=prompt, started_by=user, agent_spec=spec)
+        do_archive_branch(locked, user=user, reason=ROLLED_BACK)
+        Session.objects.filter(pk=session.pk).update(head=job.prompt_msg)
+    return job
 
 
 @retry_on_deadlock
