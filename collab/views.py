@@ -32,6 +32,7 @@ from collab.selectors.members import invitations_of, members_of
 from collab.services.tokens import TOKEN_LIFETIMES, do_issue_token, do_revoke_token
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.selectors import pages
+from collab.selectors.transcript import page_transcript
 from collab.selectors.shapes import usage_totals
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import event_record, project_events
@@ -107,13 +108,51 @@ def new_session(request, slug):
     return redirect("collab:session", sid=session.pk)
 
 
+# The branch each viewer last read in each session, in their own web session (issue 13 item 2:
+# selection is per viewer; forks and agents never move what someone else lands on).
+SHOWN_KEY = "collab.shown"
+SHOWN_KEEP = 100  # sessions remembered per viewer
+
+
+def remembered_branch(request, sid: str) -> str | None:
+    shown = request.session.get(SHOWN_KEY)
+    return shown.get(sid) if isinstance(shown, dict) else None
+
+
+def remember_branch(request, sid: str, branch_id: str) -> None:
+    """Note the branch this viewer reads in ``sid`` (written only when it changes)."""
+    shown = request.session.get(SHOWN_KEY)
+    shown = dict(shown) if isinstance(shown, dict) else {}
+    if shown.get(sid) == branch_id:
+        return
+    shown.pop(sid, None)
+    shown[sid] = branch_id
+    request.session[SHOWN_KEY] = dict(list(shown.items())[-SHOWN_KEEP:])
+
+
+def _transcript_context(request, session, branch_id: str | None = None) -> dict:
+    """The transcript this viewer reads: ``?branch=``/``?head=`` from their URL, else the branch
+    they last read here, else the session's default (see ``resolve_shown``)."""
+    branch_id = branch_id or request.GET.get("branch") or None
+    head_id = None if branch_id and branch_id != request.GET.get("branch") else request.GET.get("head") or None
+    remembered = None if branch_id or head_id else remembered_branch(request, session.pk)
+    t = page_transcript(session, request.user, branch_id=branch_id, head_id=head_id, remembered=remembered)
+    if t["branch"] is not None:
+        remember_branch(request, session.pk, t["branch"].pk)
+    return {"t": t, "shown_branch": t["branch"].pk if t["branch"] is not None else None}
+
+
+def _branches_context(request, session) -> dict:
+    shown = request.GET.get("branch") or remembered_branch(request, session.pk)
+    return {"branches": pages.branches(session), "shown_branch": shown}
+
+
 # What each live piece of the session page needs; a partial refresh computes only its own.
 _PART_CONTEXT = {
-    "transcript": lambda request, session: {
-        "t": pages.transcript(session, request.GET.get("branch"), request.GET.get("head"), viewer=request.user)},
+    "transcript": _transcript_context,
     "jobs": lambda request, session: {"jobs": pages.recent_jobs(session), "usage": usage_totals(session.jobs.all())},
     "activity": lambda request, session: {"events": pages.recent_events(session, request.user), "holds": pages.pending_holds(session)},
-    "branches": lambda request, session: {"branches": pages.branches(session)},
+    "branches": _branches_context,
     "agents": lambda request, session: {"agents": child_rail(session)},
 }
 
@@ -122,7 +161,7 @@ def _session_context(request, session, parts=tuple(_PART_CONTEXT)):
     # a sub-agent's session is a read-only transcript: no composer, no fork, no cancel (OW acc. 21)
     context = {"session": session, "readonly": session.is_child,
                "can_post": not session.is_child and access.can_in_session(request.user, session, "turn.start")}
-    for part in parts:
+    for part in parts:  # the transcript first: the branch it shows is the one the branch list marks
         context.update(_PART_CONTEXT[part](request, session))
     return context
 
@@ -150,11 +189,12 @@ def session_partial(request, sid, part):
 @require_POST
 def post_turn(request, sid):
     session = access.access_session(request.user, sid, "turn.start")
-    do_start_user_turn(request.user, session, request.POST.get("prompt", ""), branch=request.POST.get("branch") or None)
+    job = do_start_user_turn(request.user, session, request.POST.get("prompt", ""), branch=request.POST.get("branch") or None)
     if request.htmx:
         session.refresh_from_db()
-        return render(request, "collab/session.html#transcript", _session_context(request, session, ["transcript"]))
-    return redirect("collab:session", sid=sid)
+        context = {**_session_context(request, session, []), **_transcript_context(request, session, job.branch_id)}
+        return render(request, "collab/session.html#transcript", context)
+    return redirect(f"{reverse('collab:session', args=[sid])}?branch={job.branch_id}")
 
 
 @login_required
@@ -162,6 +202,7 @@ def post_turn(request, sid):
 def fork(request, sid, mid):
     message = access.access_message(request.user, sid, mid, "turn.start")
     job = do_fork_and_start(request.user, message.session, message, request.POST.get("prompt", ""))
+    remember_branch(request, sid, job.branch_id)  # this person reads their fork; nobody else is moved
     return redirect(f"{reverse('collab:session', args=[sid])}?branch={job.branch_id}")
 
 

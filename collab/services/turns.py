@@ -61,7 +61,9 @@ def do_start_user_turn(user, session: Session, prompt: str, *, branch: str | Non
 @retry_on_deadlock
 def do_fork_and_start(user, session: Session, message, prompt: str) -> Job:
     """A person forks at any visible node and runs a prompt there (OP §2.4: the fork gets a
-    stage-1 label like an agent's). Their selection moves to the new branch.
+    stage-1 label like an agent's). The session's selected HEAD stays where it is: what the
+    person reads next is theirs to choose (the page shows them their fork), and nobody else who
+    opens the session is moved to it (issue 13 item 2).
     Preconditions: ``message`` came from ``access_message(…, "turn.start")``."""
     from collab.services.branches import create_branch, name_for
 
@@ -73,6 +75,4 @@ def do_fork_and_start(user, session: Session, message, prompt: str) -> Job:
             session, name=name, name_stage=stage, forked_from=message,
             agent_spec=message.branch.agent_spec or session.agent_spec, created_by=user,
         )
-        job = admit_job(session=session, branch=branch, kind=JobKind.USER, prompt=prompt, started_by=user)
-        Session.objects.filter(pk=session.pk).update(head=job.prompt_msg)
-    return job
+        return admit_job(session=session, branch=branch, kind=JobKind.USER, prompt=prompt, started_by=user)
