@@ -133,8 +133,10 @@ def remember_branch(request, sid: str, branch_id: str) -> None:
 def _transcript_context(request, session, branch_id: str | None = None) -> dict:
     """The transcript this viewer reads: ``?branch=``/``?head=`` from their URL, else the branch
     they last read here, else the session's default (see ``resolve_shown``)."""
-    branch_id = branch_id or request.GET.get("branch") or None
-    head_id = None if branch_id and branch_id != request.GET.get("branch") else request.GET.get("head") or None
+    if branch_id is None:  # what the viewer's own URL asks for
+        branch_id, head_id = request.GET.get("branch") or None, request.GET.get("head") or None
+    else:  # the branch a turn just went to, at its tip
+        head_id = None
     remembered = None if branch_id or head_id else remembered_branch(request, session.pk)
     t = page_transcript(session, request.user, branch_id=branch_id, head_id=head_id, remembered=remembered)
     if t["branch"] is not None:

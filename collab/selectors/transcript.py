@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
 from django.db import connection
 from django.db.models import Q
@@ -9,7 +10,16 @@ from django.urls import reverse
 
 from collab.access import visible_sessions
 from collab.errors import NotFound
-from collab.models import ACTIVE_STATUSES, Branch, Event, Job, JobStatus, Message, MessageKind, Session
+from collab.models import (
+    ACTIVE_STATUSES,
+    Branch,
+    Event,
+    Job,
+    JobStatus,
+    Message,
+    MessageKind,
+    Session,
+)
 from collab.services.followup import split_delivery
 
 _CHAIN_SQL = """
@@ -128,7 +138,11 @@ def render_transcript(branch, *, start_turn: int = 0, end_turn: int | None = Non
 PAGE_WINDOW = 200  # messages of the shown branch on one page
 STOPPED_STATUSES = (JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED)
 RESULT_KINDS = frozenset({MessageKind.AGENT_MESSAGE, MessageKind.FOLLOWUP, MessageKind.NOTICE})
-DELIVERY_KINDS = frozenset({MessageKind.TASK, MessageKind.MESSAGE, MessageKind.AGENT_SPAWN})
+# a turn's prompt written for the model with a header (``[task from …]``, ``[message from …]``):
+# (card kind, label) of the card a person reads instead
+DELIVERY_LABELS = {MessageKind.TASK: ("task", "task from"), MessageKind.MESSAGE: ("message", "message from"),
+                   MessageKind.AGENT_SPAWN: ("spawn", "started by")}
+DELIVERY_KINDS = frozenset(DELIVERY_LABELS)
 OPEN_BODY_CHARS = 600  # a card's body up to this long is shown open; longer ones start collapsed
 
 _IS_ANCESTOR_SQL = """
@@ -242,78 +256,80 @@ def _duration(job: Job | None) -> float | None:
 
 
 def _node_href(session_id: str, branch_id: str | None, head_id: str | None) -> str:
-    query = "&".join(part for part in (f"branch={branch_id}" if branch_id else "", f"head={head_id}" if head_id else "") if part)
+    """The session page of ``session_id`` showing that branch, positioned at that node."""
+    query = urlencode({k: v for k, v in (("branch", branch_id), ("head", head_id)) if v})
     return reverse("collab:session", args=[session_id]) + (f"?{query}" if query else "")
 
 
-def _card_body(m: Message) -> tuple[str, str]:
-    """(body, source address) of a delivered text: the recorded ``body`` span; else the text after
-    the recorded ``header``; else the producer's own reading of its format (older rows); else all."""
+def _card_body(m: Message) -> tuple[str, str, bool]:
+    """(body, source address, found) of a delivered text: the recorded ``body`` span; else the
+    text after the recorded ``header``; else the producer's own reading of its format (older
+    rows); else (not ``found``) the whole text."""
     meta = m.metadata or {}
     span = meta.get("body")
     if isinstance(span, list) and len(span) == 2 and all(isinstance(i, int) for i in span):
-        return m.text[span[0]:span[1]], meta.get("from") or ""
+        return m.text[span[0]:span[1]], meta.get("from") or "", True
     header = meta.get("header")
     if header and m.text.startswith(header):
-        return m.text[len(header):].lstrip("\n"), ""
+        return m.text[len(header):].lstrip("\n"), "", True
     parsed = split_delivery(m.text)
     if parsed is not None:
-        return parsed[1], parsed[0]
-    return m.text, ""
+        return parsed[1], parsed[0], True
+    return m.text, "", False
 
 
 def _job_facts(card: Card, job: Job | None) -> None:
     if job is None:
         return
-    card.status = card.status or job.status
+    card.status = job.status
     card.duration = _duration(job)
     card.tokens = job.tokens_in + job.tokens_out
 
 
+def _hide(card: Card, found: bool) -> Card:
+    """A card whose other side the viewer may not see: no name, no link, no id (a body that could
+    not be told from its header may carry ids, so it goes too)."""
+    card.hidden, card.agent, card.href = True, "", ""
+    if not found:
+        card.body = ""
+    return card
+
+
 def _result_card(m: Message, jobs: dict, seen: set) -> Card:
+    """A result delivered to this branch (follow-up turn, mailbox drain, notice): who produced it
+    (their branch, at the node the result came from), how it ended, the result itself."""
     meta = m.metadata or {}
     source_job = jobs.get(meta.get("result_of") or meta.get("followup_of"))
-    body, source = _card_body(m)
-    card = Card(kind="result", label="result from", body=body,
-                status=meta.get("agent_message_kind") or meta.get("status") or "")
-    if m.kind == MessageKind.NOTICE:
-        card.note = "its caller was cancelled, so no turn was started" if meta.get("cancelled_with") else ""
+    body, source, found = _card_body(m)
+    card = Card(kind="result", label="result from", body=body, status=meta.get("status") or "")
+    if m.kind == MessageKind.NOTICE and meta.get("cancelled_with"):
+        card.note = "its caller was cancelled, so no turn was started"
     elif m.kind == MessageKind.FOLLOWUP:
         card.note = "delivered as a follow-up turn"
-    if source_job is None:
-        card.agent = meta.get("task_name") or ""
-        card.hidden = not card.agent
-        return card
+    if source_job is None or source_job.session_id not in seen:
+        return _hide(card, found)
     _job_facts(card, source_job)
-    if meta.get("agent_message_kind"):
-        card.status = meta["agent_message_kind"] if meta["agent_message_kind"] != "final_answer" else source_job.status
-    if source_job.session_id not in seen:
-        card.hidden = True
-        return card
     card.agent = source_job.branch.task_name or source_job.branch.display_name
-    head = source.split(":", 1)[1] if source.startswith(f"{source_job.session_id}:") else source_job.prompt_msg_id
+    head = source.partition(":")[2] if source.startswith(f"{source_job.session_id}:") else source_job.prompt_msg_id
     card.href = _node_href(source_job.session_id, source_job.branch_id, head)
     return card
 
 
-DELIVERY_LABELS = {MessageKind.TASK: ("task", "task from"), MessageKind.MESSAGE: ("message", "message from"),
-                   MessageKind.AGENT_SPAWN: ("spawn", "started by")}
-
-
 def _delivery_card(m: Message, jobs: dict, seen: set) -> Card:
-    meta = m.metadata or {}
+    """A turn another agent started here (task, message, spawn): from whom (their branch, at the
+    calling node), this turn's state, the prompt without the header written for the model."""
     kind, label = DELIVERY_LABELS[m.kind]
-    body, _ = _card_body(m)
+    body, _, found = _card_body(m)
     card = Card(kind=kind, label=label, body=body)
     job = jobs.get(m.job_id)
     _job_facts(card, job)
-    caller = meta.get("caller") or ""
-    caller_sid, _, caller_mid = caller.partition(":")
-    if not caller_sid or caller_sid not in seen:
-        card.hidden = bool(caller_sid)
+    caller_sid, _, caller_mid = ((m.metadata or {}).get("caller") or "").partition(":")
+    if not caller_sid:
         return card
+    if caller_sid not in seen:
+        return _hide(card, found)
     branch = job.caller_branch if job is not None else None
-    card.agent = (branch.task_name or branch.display_name) if branch is not None else caller
+    card.agent = (branch.task_name or branch.display_name) if branch is not None else "another agent"
     card.href = _node_href(caller_sid, branch.pk if branch is not None else None, caller_mid or None)
     return card
 
@@ -336,16 +352,13 @@ def _stop_anchor(job: Job, position: dict, last_written: dict) -> str | None:
     return None
 
 
-def page_transcript(session: Session, viewer, *, branch_id: str | None = None, head_id: str | None = None,
-                    remembered: str | None = None, window: int | None = None) -> dict:
-    """The transcript a viewer reads on the session page (issue 13 item 2), in a constant number of
-    queries however long the branch: the shown branch (see ``resolve_shown``), the last ``window``
-    messages of its line (or those ending at the head asked for), split into the history inherited
-    from the branch it forked from and its own; deliveries as cards, tool calls as JSON, and a
-    marker where a turn was cancelled or failed. Cards and attach pointers that lead into a session
-    ``viewer`` may not see name nothing of it (one visibility query for the page)."""
-    branch, head = resolve_shown(session, branch_id=branch_id, head_id=head_id, remembered=remembered)
-    messages, head, newer = _window(branch, head, window or PAGE_WINDOW) if branch else ([], None, 0)
+def present_rows(branch: Branch | None, messages: list[Message], viewer) -> Job | None:
+    """Make ``messages`` (consecutive nodes of ``branch``'s line, oldest first) readable for
+    ``viewer``, in place: ``card`` (deliveries), ``calls`` (tool calls as JSON), ``tool``,
+    ``attaches`` (pointers into sessions the viewer may see, with their job's state), ``stops``
+    (the branch's cancelled or failed turns that stopped after that row) and ``inherited``.
+    Four queries whatever the number of rows (pointers, jobs, visibility); returns the branch's
+    running job. Usable for any slice of the line, e.g. rows appended live."""
     ids = [m.pk for m in messages]
     pointers = list(Message.objects.filter(predecessor_id__in=ids, kind=MessageKind.ATTACH)) if ids else []
 
@@ -379,21 +392,17 @@ def page_transcript(session: Session, viewer, *, branch_id: str | None = None, h
             attaches.setdefault(pointer.predecessor_id, []).append(pointer)
 
     position = {m.pk: i for i, m in enumerate(messages)}
-    last_written: dict = {}
-    for m in messages:
-        if m.job_id:
-            last_written[m.job_id] = m.pk
+    last_written = {m.job_id: m.pk for m in messages if m.job_id}  # oldest first: the last one wins
     stops: dict[str, list[Job]] = {}
     running = None
     for job in sorted(jobs.values(), key=lambda j: (j.created_at, j.pk)):
-        if job.branch_id != getattr(branch, "pk", None):
+        if branch is None or job.branch_id != branch.pk:
             continue
         if job.status in ACTIVE_STATUSES:
             running = job
         elif job.status in STOPPED_STATUSES and (anchor := _stop_anchor(job, position, last_written)):
             stops.setdefault(anchor, []).append(job)
 
-    fork_at = branch.forked_from if branch is not None else None
     for m in messages:
         meta = m.metadata or {}
         if meta.get("spawned_from_session") not in seen | {None}:
@@ -412,10 +421,24 @@ def page_transcript(session: Session, viewer, *, branch_id: str | None = None, h
                    for c in (m.tool_calls or []) if isinstance(c, dict)]
         if m.role == "tool":
             m.tool = meta.get("tool") or "tool"
+    return running
+
+
+def page_transcript(session: Session, viewer, *, branch_id: str | None = None, head_id: str | None = None,
+                    remembered: str | None = None, window: int | None = None) -> dict:
+    """The transcript a viewer reads on the session page (issue 13 item 2), in a constant number of
+    queries however long the branch: the shown branch (see ``resolve_shown``), the last ``window``
+    messages of its line (or those ending at the head asked for), split into the history inherited
+    from the branch it forked from and its own, made readable by ``present_rows``. Cards and attach
+    pointers that lead into a session ``viewer`` may not see name nothing of it."""
+    branch, head = resolve_shown(session, branch_id=branch_id, head_id=head_id, remembered=remembered)
+    messages, head, newer = _window(branch, head, window or PAGE_WINDOW) if branch else ([], None, 0)
+    running = present_rows(branch, messages, viewer)
     inherited = [m for m in messages if m.inherited]
-    own = [m for m in messages if not m.inherited]
+    fork_at = branch.forked_from if branch is not None else None
     return {
-        "branch": branch, "messages": messages, "inherited": inherited, "own": own,
+        "branch": branch, "messages": messages, "inherited": inherited,
+        "own": [m for m in messages if not m.inherited],
         "fork_at": fork_at if fork_at is not None and fork_at.session_id == session.pk else None,
         "clipped": bool(messages) and messages[0].depth > 0, "newer": newer,
         "selected": head.pk if head is not None else None,

@@ -69,10 +69,9 @@ def _notice_parts(job: Job) -> tuple[str, str]:
         body, _ = bound_text(job.result_text, limit) if job.result_text.strip() else ("(the agent finished with an empty reply)", False)
         return f"[result from {result_source(job)}]\nAgent {who!r} finished execution {job.pk}:\n\n", body
     reason = job.error_reason or job.status
-    return (
-        f"[result from {result_source(job)}]\nAgent {who!r} did not finish execution {job.pk}: {job.status} "
-        f"(is_error=true): ", reason
-    )
+    lead = (f"[result from {result_source(job)}]\nAgent {who!r} did not finish execution {job.pk}: {job.status} "
+            "(is_error=true): ")
+    return lead, reason
 
 
 def result_notice(job: Job) -> str:
@@ -87,8 +86,8 @@ def _notice_with_span(job: Job) -> tuple[str, list[int]]:
 
 _NOTICE_LEAD = re.compile(
     r"\[result from (?P<source>[^\]\s]*)\]\nAgent .*? (?:finished execution \S+:\n\n"
-    r"|did not finish execution \S+: \S+ \(is_error=true\): )", re.S)
-_ENVELOPE = re.compile(r"<agent_message>\n<task>[^<]*</task>\n<kind>[^<]*</kind>\n<body>\n(?P<body>.*)\n</body>\n</agent_message>\Z", re.S)
+    r"|did not finish execution \S+: \S+ \(is_error=true\): )", re.DOTALL)
+_ENVELOPE = re.compile(r"<agent_message>\n<task>[^<]*</task>\n<kind>[^<]*</kind>\n<body>\n(?P<body>.*)\n</body>\n</agent_message>\Z", re.DOTALL)
 
 
 def split_delivery(text: str) -> tuple[str, str] | None:

@@ -201,10 +201,10 @@ def test_issue_13_2_inherited_history_is_set_apart_with_a_link_back_to_the_fork_
     assert run_job(Job.objects.get(branch=fork).pk) == "succeeded"
 
     body = page(a, sid, branch=fork.pk)
-    inherited = re.search(r'<details class="inherited">(.*?)</details>\s*<div class="fork-divider"', body, re.S)
+    inherited = re.search(r'<details class="inherited">(.*?)</details>\s*<div class="fork-divider"', body, re.DOTALL)
     assert inherited and f'id="m-{first.pk}"' in inherited.group(1) and "msg role-user kind-normal inherited" in inherited.group(1)
     assert "second question" not in body  # main's later history is not the fork's
-    divider = re.search(r'<div class="fork-divider".*?</div>', body, re.S).group(0)
+    divider = re.search(r'<div class="fork-divider".*?</div>', body, re.DOTALL).group(0)
     assert f'href="/s/{sid}/?branch={main.pk}&amp;head={first.pk}">main</a>' in divider
     assert "branched from" in divider and "first question" in divider and "<time" in divider
     own = body[body.index('class="fork-divider"'):]
@@ -235,7 +235,7 @@ def test_issue_13_2_results_tasks_and_messages_are_cards_not_the_text_the_model_
     viewer = page_of(team.viewer)
     body = page(viewer, sid)
     assert "[result from" not in body and "finished execution" not in body
-    card = re.search(r'<article class="msg msg-card card-result role-user kind-followup.*?</article>', body, re.S).group(0)
+    card = re.search(r'<article class="msg msg-card card-result role-user kind-followup.*?</article>', body, re.DOTALL).group(0)
     assert re.search(rf'result from\s*<a class="agent" href="/s/{sid}/\?branch={child.pk}&amp;head=\w+">helper</a>', card)
     assert "status-succeeded" in card and " s" in card
     assert "child says &lt;b&gt;42&lt;/b&gt;" in card and "<b>42" not in body
@@ -251,7 +251,7 @@ def test_issue_13_2_results_tasks_and_messages_are_cards_not_the_text_the_model_
     assert "[task from" not in child_page and "[message from" not in child_page and "A reply is optional" not in child_page
     for kind, label, text in (("spawn", "started by", "compute"), ("message", "message from", "ping &lt;i&gt;you&lt;/i&gt;"),
                               ("task", "task from", "do the task")):
-        card = re.search(rf'<article class="msg msg-card card-{kind} .*?</article>', child_page, re.S).group(0)
+        card = re.search(rf'<article class="msg msg-card card-{kind} .*?</article>', child_page, re.DOTALL).group(0)
         assert re.search(rf'{label}\s*<a class="agent" href="/s/{sid}/\?branch={main.pk}&amp;head=\w+">main</a>', card), card
         assert f'<div class="text">{text}</div>' in card and "status-succeeded" in card
 
@@ -276,7 +276,7 @@ def test_issue_13_2_openwork_deliveries_are_cards_and_record_where_their_body_is
 
     body = page(page_of(team.member), sid)
     assert "&lt;agent_message&gt;" not in body and "&lt;task&gt;" not in body
-    card = re.search(r'<article class="msg msg-card card-result role-mailbox kind-agent_message.*?</article>', body, re.S).group(0)
+    card = re.search(r'<article class="msg msg-card card-result role-mailbox kind-agent_message.*?</article>', body, re.DOTALL).group(0)
     assert re.search(rf'result from\s*<a class="agent" href="/s/{child.session_id}/\?branch={child.pk}&amp;head=\w+">scout</a>', card)
     assert '<div class="text">found it in auth.py</div>' in card and "status-succeeded" in card
 
@@ -301,7 +301,7 @@ def test_issue_13_2_old_rows_without_a_body_span_still_render_as_cards(team, scr
     turn(api, sid, "drain it")  # the result is drained into this user turn's mailbox
     delivered = Message.objects.get(branch=main, kind="agent_message")
     Message.objects.filter(pk=delivered.pk).update(metadata={"result_of": job_id, "status": "succeeded", "is_error": False})
-    card = re.search(r'<article class="msg msg-card card-result role-mailbox.*?</article>', page(page_of(team.member), sid), re.S).group(0)
+    card = re.search(r'<article class="msg msg-card card-result role-mailbox.*?</article>', page(page_of(team.member), sid), re.DOTALL).group(0)
     assert "[result from" not in card and '<div class="text">child says &lt;b&gt;42&lt;/b&gt;</div>' in card
     assert ">helper</a>" in card
 
@@ -325,9 +325,9 @@ def test_issue_13_2_a_cancelled_or_a_failed_turn_leaves_a_marker_where_it_stoppe
     for job_id, prompt, words in ((cancelled, "never mind", "Turn stopped: cancelled"),
                                   (failed, "one more", "Turn failed — <code>archived</code>")):
         job = Job.objects.get(pk=job_id)
-        row = re.search(rf'<article [^>]*id="m-{job.prompt_msg_id}".*?</article>', body, re.S).group(0)
+        row = re.search(rf'<article [^>]*id="m-{job.prompt_msg_id}".*?</article>', body, re.DOTALL).group(0)
         assert prompt in row
-        marker = re.search(rf'<p class="stopped status-{job.status}" role="note" data-stopped-job="{job_id}">(.*?)</p>', row, re.S)
+        marker = re.search(rf'<p class="stopped status-{job.status}" role="note" data-stopped-job="{job_id}">(.*?)</p>', row, re.DOTALL)
         assert marker and words in marker.group(1), row
     assert "was archived before this delivery started" in body
 
@@ -353,10 +353,10 @@ def test_issue_13_2_a_card_from_a_session_the_viewer_cannot_see_names_nothing_of
     run_result_home(main)
 
     mine = page(page_of(team.member), open_sid)
-    card = re.search(r'<article class="msg msg-card card-result.*?</article>', mine, re.S).group(0)
+    card = re.search(r'<article class="msg msg-card card-result.*?</article>', mine, re.DOTALL).group(0)
     assert ">secret-fork</a>" in card and f"/s/{private_sid}/" in card
     theirs = page(page_of(colleague), open_sid)
-    card = re.search(r'<article class="msg msg-card card-result.*?</article>', theirs, re.S).group(0)
+    card = re.search(r'<article class="msg msg-card card-result.*?</article>', theirs, re.DOTALL).group(0)
     assert "an agent you cannot see" in card and "child says" in card
     assert private_sid not in theirs and "secret-fork" not in theirs and "data-attach" not in theirs
 
