@@ -306,6 +306,9 @@ def _result_card(m: Message, jobs: dict, seen: set) -> Card:
         card.note = "its caller was cancelled, so no turn was started"
     elif m.kind == MessageKind.FOLLOWUP:
         card.note = "delivered as a follow-up turn"
+    if not (meta.get("result_of") or meta.get("followup_of")):
+        card.label = "result"  # a delivery that names no execution: nothing to link to
+        return card
     if source_job is None or source_job.session_id not in seen:
         return _hide(card, found)
     _job_facts(card, source_job)
