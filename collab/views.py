@@ -36,6 +36,7 @@ from collab.services.cancel import CANCEL, check_can_cancel, do_execution_comman
 from collab.services.connections import connections_for
 from collab.services.specs import do_add_agent_spec, do_update_agent_spec
 from collab.selectors import pages
+from collab.selectors.transcript import page_transcript
 from collab.selectors.shapes import usage_totals
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import event_record, project_events
@@ -122,11 +123,47 @@ def _may(check, *args) -> bool:
     return True
 
 
-def _transcript_context(request, session) -> dict:
-    t = pages.transcript(session, request.GET.get("branch"), request.GET.get("head"), viewer=request.user)
+# The branch each viewer last read in each session, in their own web session (issue 13 item 2:
+# selection is per viewer; forks and agents never move what someone else lands on).
+SHOWN_KEY = "collab.shown"
+SHOWN_KEEP = 100  # sessions remembered per viewer
+
+
+def remembered_branch(request, sid: str) -> str | None:
+    shown = request.session.get(SHOWN_KEY)
+    return shown.get(sid) if isinstance(shown, dict) else None
+
+
+def remember_branch(request, sid: str, branch_id: str) -> None:
+    """Note the branch this viewer reads in ``sid`` (written only when it changes)."""
+    shown = request.session.get(SHOWN_KEY)
+    shown = dict(shown) if isinstance(shown, dict) else {}
+    if shown.get(sid) == branch_id:
+        return
+    shown.pop(sid, None)
+    shown[sid] = branch_id
+    request.session[SHOWN_KEY] = dict(list(shown.items())[-SHOWN_KEEP:])
+
+
+def _transcript_context(request, session, branch_id: str | None = None) -> dict:
+    """The transcript this viewer reads: ``?branch=``/``?head=`` from their URL, else the branch
+    they last read here, else the session's default (see ``resolve_shown``)."""
+    if branch_id is None:  # what the viewer's own URL asks for
+        branch_id, head_id = request.GET.get("branch") or None, request.GET.get("head") or None
+    else:  # the branch a turn just went to, at its tip
+        head_id = None
+    remembered = None if branch_id or head_id else remembered_branch(request, session.pk)
+    t = page_transcript(session, request.user, branch_id=branch_id, head_id=head_id, remembered=remembered)
+    if t["branch"] is not None:
+        remember_branch(request, session.pk, t["branch"].pk)
     running = Job.objects.filter(branch=t["branch"], status__in=ACTIVE_STATUSES).first() if t["branch"] else None
-    return {"t": t, "running_job": running,
+    return {"t": t, "shown_branch": t["branch"].pk if t["branch"] is not None else None, "running_job": running,
             "can_cancel_running": running is not None and running.status == "running" and _may(check_can_cancel, request.user, running)}
+
+
+def _branches_context(request, session) -> dict:
+    shown = request.GET.get("branch") or remembered_branch(request, session.pk)
+    return {"branches": pages.branches(session), "shown_branch": shown}
 
 
 def _jobs_context(request, session) -> dict:
@@ -142,7 +179,7 @@ _PART_CONTEXT = {
     "jobs": _jobs_context,
     "activity": lambda request, session: {"events": pages.recent_events(session, request.user), "holds": pages.pending_holds(session),
                                           "can_decide_holds": can_decide_holds(request.user, session)},
-    "branches": lambda request, session: {"branches": pages.branches(session)},
+    "branches": _branches_context,
     "agents": lambda request, session: {"agents": child_rail(session)},
 }
 
@@ -151,7 +188,7 @@ def _session_context(request, session, parts=tuple(_PART_CONTEXT)):
     # a sub-agent's session is a read-only transcript: no composer, no fork, no cancel (OW acc. 21)
     context = {"session": session, "readonly": session.is_child,
                "can_post": not session.is_child and access.can_in_session(request.user, session, "turn.start")}
-    for part in parts:
+    for part in parts:  # the transcript first: the branch it shows is the one the branch list marks
         context.update(_PART_CONTEXT[part](request, session))
     return context
 
@@ -199,7 +236,7 @@ def _human(exc: DomainError) -> str:
 def post_turn(request, sid):
     session = access.access_session(request.user, sid, "turn.start")
     try:
-        do_start_user_turn(request.user, session, request.POST.get("prompt", ""), branch=request.POST.get("branch") or None,
+        job = do_start_user_turn(request.user, session, request.POST.get("prompt", ""), branch=request.POST.get("branch") or None,
                            multitask_strategy=request.POST.get("multitask_strategy") or None)
     except (NotFound, Forbidden):
         raise
@@ -207,8 +244,9 @@ def post_turn(request, sid):
         return HttpResponse(_human(exc), status=exc.status, content_type="text/plain; charset=utf-8")
     if request.htmx:
         session.refresh_from_db()
-        return render(request, "collab/session.html#transcript", _session_context(request, session, ["transcript"]))
-    return redirect("collab:session", sid=sid)
+        context = {**_session_context(request, session, []), **_transcript_context(request, session, job.branch_id)}
+        return render(request, "collab/session.html#transcript", context)
+    return redirect(f"{reverse('collab:session', args=[sid])}?branch={job.branch_id}")
 
 
 @login_required
@@ -217,6 +255,7 @@ def fork(request, sid, mid):
     message = access.access_message(request.user, sid, mid, "turn.start")
     job = do_fork_and_start(request.user, message.session, message, request.POST.get("prompt", ""),
                             name=request.POST.get("name", ""))
+    remember_branch(request, sid, job.branch_id)  # this person reads their fork; nobody else is moved
     return redirect(f"{reverse('collab:session', args=[sid])}?branch={job.branch_id}")
 
 

@@ -3,10 +3,9 @@
 from django.db.models import Q
 
 from collab.access import visible_sessions
-from collab.models import ACTIVE_STATUSES, Branch, Event, Job, Message, MessageKind, Session
-from collab.selectors.transcript import lineage
-
-TRANSCRIPT_WINDOW = 200
+from collab.models import ACTIVE_STATUSES, Branch, Job, Message, Session
+from collab.selectors.transcript import PAGE_WINDOW as TRANSCRIPT_WINDOW  # noqa: F401
+from collab.selectors.transcript import generating_text, page_transcript  # noqa: F401
 
 
 def shown_branch(session: Session, branch_id: str | None = None, head_id: str | None = None) -> Branch | None:
@@ -23,41 +22,8 @@ def shown_branch(session: Session, branch_id: str | None = None, head_id: str | 
 
 
 def transcript(session: Session, branch_id: str | None = None, head_id: str | None = None, *, viewer) -> dict:
-    """The shown branch's last messages, each with the attach pointers hanging off it (one query)
-    that point into sessions ``viewer`` may see (issue 17: a card names no session they may not)."""
-    branch = shown_branch(session, branch_id, head_id)
-    messages = lineage(branch.tip, TRANSCRIPT_WINDOW) if branch else []
-    attaches: dict[str, list[Message]] = {}
-    if messages:
-        pointers = list(Message.objects.filter(predecessor_id__in=[m.pk for m in messages], kind=MessageKind.ATTACH))
-        targets = {(p.metadata or {}).get("attach", {}).get("session_id") for p in pointers}
-        targets |= {(m.metadata or {}).get("spawned_from_session") for m in messages}
-        targets.discard(None)
-        seen = set(visible_sessions(viewer).filter(pk__in=targets).values_list("pk", flat=True)) if targets else set()
-        for pointer in pointers:
-            if (pointer.metadata or {}).get("attach", {}).get("session_id") in seen:
-                attaches.setdefault(pointer.predecessor_id, []).append(pointer)
-        for m in messages:
-            if (m.metadata or {}).get("spawned_from_session") not in seen | {None}:
-                m.metadata = {k: v for k, v in m.metadata.items() if k not in ("spawned_from_session", "caller")}
-    for m in messages:
-        m.attaches = attaches.get(m.pk, [])
-    running = Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).first() if branch else None
-    return {"branch": branch, "messages": messages, "clipped": bool(messages) and messages[0].depth > 0,
-            "selected": head_id, "running": running.status if running else None,
-            "generating": generating_text(running) if running else ""}
-
-
-def generating_text(job: Job) -> str:
-    """What a streaming model has said so far in the running job's current model call."""
-    deltas = list(
-        Event.objects.filter(session_id=job.session_id, type="message.delta", payload__job=job.pk)
-        .order_by("seq").values_list("payload", flat=True)
-    )
-    if not deltas:
-        return ""
-    current = deltas[-1].get("call")
-    return "".join(d.get("text", "") for d in deltas if d.get("call") == current)
+    """The shown branch's transcript as the session page renders it (see ``page_transcript``)."""
+    return page_transcript(session, viewer, branch_id=branch_id, head_id=head_id)
 
 
 def recent_jobs(session: Session, limit: int = 20) -> list[Job]:

@@ -16,6 +16,7 @@ idle caller branch instead of a follow-up turn (SPEC §7: cancel is a fence).
 """
 
 import logging
+import re
 
 from django.db import transaction
 
@@ -54,19 +55,50 @@ def reader_spec(job: Job):
     return caller.agent_spec or caller.session.agent_spec
 
 
-def result_notice(job: Job) -> str:
-    """What the caller reads: where the result comes from, how the job ended, the bounded result."""
-    source = f"{job.session_id}:{job.branch.tip_id}" if job.branch.tip_id else job.session_id
+def result_source(job: Job) -> str:
+    """The ``SID:HEAD`` a result comes from: the producing branch's tip when it is delivered."""
+    return f"{job.session_id}:{job.branch.tip_id}" if job.branch.tip_id else job.session_id
+
+
+def _notice_parts(job: Job) -> tuple[str, str]:
+    """(lead, body) of ``result_notice``: the lead says where the result comes from and how the
+    job ended (for the model); the body is the result itself (what a person reads on a card)."""
     who = job.branch.display_name
     if job.status == JobStatus.SUCCEEDED:
         limit = result_limit_for(reader_spec(job))
         body, _ = bound_text(job.result_text, limit) if job.result_text.strip() else ("(the agent finished with an empty reply)", False)
-        return f"[result from {source}]\nAgent {who!r} finished execution {job.pk}:\n\n{body}"
+        return f"[result from {result_source(job)}]\nAgent {who!r} finished execution {job.pk}:\n\n", body
     reason = job.error_reason or job.status
-    return (
-        f"[result from {source}]\nAgent {who!r} did not finish execution {job.pk}: {job.status} "
-        f"(is_error=true): {reason}"
-    )
+    lead = (f"[result from {result_source(job)}]\nAgent {who!r} did not finish execution {job.pk}: {job.status} "
+            "(is_error=true): ")
+    return lead, reason
+
+
+def result_notice(job: Job) -> str:
+    """What the caller reads: where the result comes from, how the job ended, the bounded result."""
+    return "".join(_notice_parts(job))
+
+
+def _notice_with_span(job: Job) -> tuple[str, list[int]]:
+    lead, body = _notice_parts(job)
+    return lead + body, [len(lead), len(lead) + len(body)]
+
+
+_NOTICE_LEAD = re.compile(
+    r"\[result from (?P<source>[^\]\s]*)\]\nAgent .*? (?:finished execution \S+:\n\n"
+    r"|did not finish execution \S+: \S+ \(is_error=true\): )", re.DOTALL)
+_ENVELOPE = re.compile(r"<agent_message>\n<task>[^<]*</task>\n<kind>[^<]*</kind>\n<body>\n(?P<body>.*)\n</body>\n</agent_message>\Z", re.DOTALL)
+
+
+def split_delivery(text: str) -> tuple[str, str] | None:
+    """(source address or "", body) of a delivered result written without a ``body`` span in its
+    metadata (follow-up prompts, and rows written before the span was recorded); None when
+    ``text`` is in neither of the formats above. The formats are made here, so they are read here."""
+    if (m := _ENVELOPE.match(text)) is not None:
+        return "", m.group("body")
+    if (m := _NOTICE_LEAD.match(text)) is not None:
+        return m.group("source"), text[m.end():]
+    return None
 
 
 INTERRUPTED_LIVE = "Sub-agent turn was interrupted."
@@ -112,14 +144,29 @@ def _agent_message(task_name: str, kind: str, body: str) -> str:
     )
 
 
+def _envelope_span(text: str) -> list[int]:
+    """Where the body of an ``_agent_message`` text starts and ends."""
+    start = text.index("<body>\n") + len("<body>\n")
+    return [start, len(text) - len("\n</body>\n</agent_message>")]
+
+
+def delivery_metadata(debt: Job, text_span: list[int]) -> dict:
+    """What a delivered result records beside its text, for people rather than the model (issue 13
+    item 2): which execution it reports, how it ended, where it comes from, and which characters of
+    the text are the result itself (``body``), so a page shows a card instead of the raw text."""
+    return {"result_of": debt.pk, "status": debt.status, "is_error": debt.is_error,
+            "from": result_source(debt), "body": text_span}
+
+
 def mailbox_entry(debt: Job, *, reconciling: bool) -> dict:
     """What a settled debt writes into the caller branch: text, dedupe key, metadata."""
-    meta = {"result_of": debt.pk, "status": debt.status, "is_error": debt.is_error}
     if debt.branch.task_name:
         kind, text = envelope(debt, reconciling=reconciling)
+        meta = delivery_metadata(debt, _envelope_span(text))
         return {"text": text, "dedupe_key": f"agent-msg:{debt.session_id}:{debt.pk}:{kind}",
                 "metadata": {**meta, "task_name": debt.branch.task_name, "agent_message_kind": kind}}
-    return {"text": result_notice(debt), "dedupe_key": f"result:{debt.pk}", "metadata": meta}
+    text, span = _notice_with_span(debt)
+    return {"text": text, "dedupe_key": f"result:{debt.pk}", "metadata": delivery_metadata(debt, span)}
 
 
 def results_owed(branch: Branch) -> bool:
@@ -258,11 +305,10 @@ def bounce_result(branch: Branch, debt: Job, exc: DomainError) -> Job | None:
 def write_cancel_notice(branch: Branch, debt: Job) -> None:
     """The result of a child whose caller was cancelled, as a ``notice`` node at the branch's
     tip (exactly once: a deterministic dedupe key). Precondition: the branch row is locked."""
+    text, span = _notice_with_span(debt)
     append_message(
-        branch, role=MessageRole.USER, kind=MessageKind.NOTICE, text=result_notice(debt),
-        dedupe_key=f"result:{debt.pk}",
-        metadata={"result_of": debt.pk, "status": debt.status, "is_error": debt.is_error,
-                  "cancelled_with": debt.caller_job_id},
+        branch, role=MessageRole.USER, kind=MessageKind.NOTICE, text=text, dedupe_key=f"result:{debt.pk}",
+        metadata={**delivery_metadata(debt, span), "cancelled_with": debt.caller_job_id},
     )
     send_event_on_commit(branch.session_id, "followup.noticed", {"job": debt.pk, "caller_job": debt.caller_job_id})
 

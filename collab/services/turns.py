@@ -195,7 +195,9 @@ def rollback_and_start(user, session: Session, old: Branch, rolled: Job, prompt:
 def do_fork_and_start(user, session: Session, message, prompt: str, *, name: str = "") -> Job:
     """A person forks at any visible node and runs a prompt there. A ``name`` they give is kept
     (never renamed); without one the fork gets a stage-1 label like an agent's (OP §2.4).
-    Their selection moves to the new branch.
+    The session's selected HEAD stays where it is: what the person reads next is theirs to
+    choose (the page shows them their fork), and nobody else who opens the session is moved to it
+    (issue 13 item 2).
     Preconditions: ``message`` came from ``access_message(…, "turn.start")``."""
     from collab.services.branches import create_branch, name_for
 
@@ -209,6 +211,4 @@ def do_fork_and_start(user, session: Session, message, prompt: str, *, name: str
             session, name=name, name_stage=stage, forked_from=message,
             agent_spec=message.branch.agent_spec or session.agent_spec, created_by=user,
         )
-        job = admit_job(session=session, branch=branch, kind=JobKind.USER, prompt=prompt, started_by=user)
-        Session.objects.filter(pk=session.pk).update(head=job.prompt_msg)
-    return job
+        return admit_job(session=session, branch=branch, kind=JobKind.USER, prompt=prompt, started_by=user)

@@ -167,7 +167,7 @@ def test_issue16_the_page_accepts_the_strategy_field(team, scripted_session, cli
     _, sid = scripted_session(team.member, [{"text": "hi"}])
     client.force_login(team.member)
     r = client.post(f"/s/{sid}/turns", {"prompt": "hello", "multitask_strategy": "sideways"})
-    assert r.status_code == 400 and b"invalid_multitask_strategy" in r.content
+    assert r.status_code == 400 and b"must be one of enqueue, reject, interrupt, rollback" in r.content
     r = client.post(f"/s/{sid}/turns", {"prompt": "hello", "multitask_strategy": "reject"})
     assert r.status_code in (200, 302), r.content
     assert Job.objects.filter(session_id=sid).count() == 1

@@ -44,9 +44,11 @@ def test_op_2_4_a_person_forks_from_any_visible_node_and_the_fork_gets_a_label(t
     assert job.kind == "user" and job.prompt_msg.predecessor_id == first_node.pk
     shown = page.get(f"/s/{sid}/?branch={fork.pk}").content.decode()
     assert "Try the other approach instead please" in shown and "first question" in shown
-    # a viewer sees the session but has no fork form and cannot fork
+    # each message has a compact fork action for members; a viewer sees the session but has no
+    # fork form and cannot fork
+    assert shown.count('<details class="fork">') == Job.objects.get(branch=fork).prompt_msg.depth + 1
     viewer = browser_of(team.viewer)
-    assert "fork here" not in viewer.get(f"/s/{sid}/").content.decode()
+    assert '<details class="fork">' not in viewer.get(f"/s/{sid}/").content.decode()
     assert viewer.post(f"/s/{sid}/m/{first_node.pk}/fork", {"prompt": "x"}).status_code == 403
 
 
