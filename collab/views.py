@@ -32,6 +32,8 @@ from collab.selectors.members import invitations_of, members_of
 from collab.services.tokens import TOKEN_LIFETIMES, do_issue_token, do_revoke_token
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.selectors import pages
+from collab.selectors.activity import activity_page, parse_before
+from collab.selectors.stats import project_stats, session_stats
 from collab.selectors.shapes import usage_totals
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import event_record, project_events
@@ -76,6 +78,7 @@ def _project_context(request, project, errors=None):
         "can_audit": access.can(request.user, project.pk, "project.audit"),
         "limit_errors": errors or {},
         "withheld_tools": withheld_tools(project) if project.workspace else {},
+        "stats": project_stats(project, request.user),
     }
 
 
@@ -112,7 +115,9 @@ _PART_CONTEXT = {
     "transcript": lambda request, session: {
         "t": pages.transcript(session, request.GET.get("branch"), request.GET.get("head"), viewer=request.user)},
     "jobs": lambda request, session: {"jobs": pages.recent_jobs(session), "usage": usage_totals(session.jobs.all())},
-    "activity": lambda request, session: {"events": pages.recent_events(session, request.user), "holds": pages.pending_holds(session)},
+    "activity": lambda request, session: {
+        "activity": activity_page(session, request.user, parse_before(request.GET.get("before"))),
+        "holds": pages.pending_holds(session)},
     "branches": lambda request, session: {"branches": pages.branches(session)},
     "agents": lambda request, session: {"agents": child_rail(session)},
 }
@@ -131,7 +136,8 @@ def _session_context(request, session, parts=tuple(_PART_CONTEXT)):
 @require_GET
 def session(request, sid):
     session = access.access_session(request.user, sid)
-    context = {**_session_context(request, session), **visibility_context(request.user, session)}
+    context = {**_session_context(request, session), **visibility_context(request.user, session),
+               "stats": session_stats(session)}
     return render(request, "collab/session.html", context)
 
 
