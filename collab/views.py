@@ -32,7 +32,7 @@ from collab.selectors.members import invitations_of, members_of
 from collab.services.tokens import TOKEN_LIFETIMES, do_issue_token, do_revoke_token
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.selectors import pages
-from collab.selectors.activity import activity_page, parse_before
+from collab.selectors.activity import activity_page, paging
 from collab.selectors.stats import project_stats, session_stats
 from collab.selectors.shapes import usage_totals
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
@@ -116,7 +116,7 @@ _PART_CONTEXT = {
         "t": pages.transcript(session, request.GET.get("branch"), request.GET.get("head"), viewer=request.user)},
     "jobs": lambda request, session: {"jobs": pages.recent_jobs(session), "usage": usage_totals(session.jobs.all())},
     "activity": lambda request, session: {
-        "activity": activity_page(session, request.user, parse_before(request.GET.get("before"))),
+        "activity": activity_page(session, request.user, **paging(request.GET)),
         "holds": pages.pending_holds(session)},
     "branches": lambda request, session: {"branches": pages.branches(session)},
     "agents": lambda request, session: {"agents": child_rail(session)},

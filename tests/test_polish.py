@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from collab.events import send_event_on_commit
 from collab.models import Branch, Job, Session
-from collab.selectors.activity import PAGE_SIZE, activity_page
+from collab.selectors.activity import MAX_PAGES, PAGE_SIZE, activity_page
 from collab.selectors.stats import BUCKETS, job_stats, project_stats, session_stats
 
 
@@ -77,8 +77,9 @@ def test_issue_13_item_8_the_activity_feed_tells_what_happened_in_sentences(team
 
 def test_issue_13_item_8_the_activity_feed_pages_beyond_25_rows_with_an_older_link(team, scripted_session, browser_of):
     """No hard cap: past PAGE_SIZE rows an "older" link (a plain link and an htmx fetch of the
-    partial) shows the next page by seq, without overlap or gap; a bad cursor is a 400."""
-    api, sid = scripted_session(team.member, [{"text": "answer"}])
+    partial) shows one more page, and the live refresh of that panel keeps it (its URL carries
+    ``pages``); no overlap, no gap. Past MAX_PAGES the link jumps by seq (``before``)."""
+    _, sid = scripted_session(team.member, [{"text": "answer"}])
     for i in range(2 * PAGE_SIZE + 5):
         _event(sid, "todo.created", {"todo": i, "subject": f"task {i}"}, actor=team.member)
         _event(sid, "message.delta", {"text": "noise"})
@@ -86,16 +87,35 @@ def test_issue_13_item_8_the_activity_feed_pages_beyond_25_rows_with_an_older_li
     first = page.get(f"/s/{sid}/activity").content.decode()
     rows = _rows(first)
     assert len(rows) == PAGE_SIZE and all(t == "todo.created" for _, t in rows)
-    older = re.search(r'href="\?before=(\d+)#activity"', first)
-    assert older and f'hx-get="/s/{sid}/activity?before={older.group(1)}"' in first
-    second = page.get(f"/s/{sid}/activity?before={older.group(1)}", HTTP_HX_REQUEST="true").content.decode()
-    seqs = [int(s) for s, _ in rows] + [int(s) for s, _ in _rows(second)]
-    assert seqs == sorted(seqs, reverse=True) and len(set(seqs)) == len(seqs) == 2 * PAGE_SIZE
     assert "member added a to-do: task 54" in first
-    # the page view takes the same cursor (the link works without script)
-    assert [s for s, _ in _rows(page.get(f"/s/{sid}/?before={older.group(1)}").content.decode())] == [s for s, _ in _rows(second)]
-    assert page.get(f"/s/{sid}/activity?before=abc").status_code == 400
-    assert page.get(f"/s/{sid}/activity?before=0").status_code == 400
+    assert 'href="?pages=2#activity"' in first and f'hx-get="/s/{sid}/activity?pages=2"' in first
+    two = page.get(f"/s/{sid}/activity?pages=2", HTTP_HX_REQUEST="true").content.decode()
+    assert f'<div id="activity" hx-get="/s/{sid}/activity?pages=2"' in two  # the live refresh keeps both pages
+    seqs = [int(s) for s, _ in _rows(two)]
+    assert seqs[:PAGE_SIZE] == [int(s) for s, _ in rows]
+    assert seqs == sorted(seqs, reverse=True) and len(set(seqs)) == len(seqs) == 2 * PAGE_SIZE
+    # the page view takes the same parameters (the link works without script)
+    assert _rows(page.get(f"/s/{sid}/?pages=2").content.decode()) == _rows(two)
+    # a jump by seq: the rows below it, and a way back to the newest
+    below = page.get(f"/s/{sid}/activity?before={seqs[PAGE_SIZE - 1]}").content.decode()
+    assert [int(s) for s, _ in _rows(below)] == seqs[PAGE_SIZE:]
+    assert "back to the newest" in below
+    for bad in ("before=abc", "before=0", "pages=0", f"pages={MAX_PAGES + 1}", "pages=x"):
+        assert page.get(f"/s/{sid}/activity?{bad}").status_code == 400, bad
+
+
+def test_issue_13_item_8_past_the_last_page_size_the_older_link_jumps_by_seq(team, scripted_session):
+    from collab.selectors import activity
+
+    _, sid = scripted_session(team.member, [{"text": "answer"}])
+    for i in range(12):
+        _event(sid, "todo.created", {"todo": i, "subject": f"task {i}"}, actor=team.member)
+    session = Session.objects.get(pk=sid)
+    page = activity.ActivityPage(rows=[], older=5, pages=activity.MAX_PAGES)
+    assert page.older_query == "?before=5"
+    assert activity.ActivityPage(rows=[], older=5, pages=2, before=9).older_query == "?before=9&pages=3"
+    shown = activity_page(session, team.member, before=10)
+    assert [r.seq for r in shown.rows] == list(range(9, 0, -1)) and shown.query == "?before=10"
 
 
 def test_issue_13_item_8_a_page_of_activity_costs_the_same_queries_however_long_the_log(team, scripted_session):
@@ -206,7 +226,7 @@ def test_issue_13_item_7_stats_take_a_constant_number_of_queries(team, scripted_
 def test_issue_13_item_7_the_session_and_project_pages_draw_the_plots_as_svg(team, scripted_session, browser_of):
     """One polyline point per bucket per plot; the title is escaped inside the SVG; the project
     plots count only the sessions the viewer may see."""
-    api, sid = scripted_session(team.member, [{"text": "answer"}])
+    _, sid = scripted_session(team.member, [{"text": "answer"}])
     Session.objects.filter(pk=sid).update(title='<script>alert("x")</script>')
     session = Session.objects.get(pk=sid)
     _jobs(session, [(0, 30), (300, 60)], tokens=1000)
@@ -214,7 +234,7 @@ def test_issue_13_item_7_the_session_and_project_pages_draw_the_plots_as_svg(tea
     html = browser_of(team.viewer).get(f"/s/{sid}/").content.decode()
     assert "<script>alert" not in html
     svgs = re.findall(r'<figure class="plot (\w+)" data-plot="\w+" data-buckets="(\d+)">.*?<polyline class="line" points="([^"]*)"/>',
-                      html, re.S)
+                      html, re.DOTALL)
     assert [k for k, _, _ in svgs] == ["tokens", "cost", "latency", "agents"]
     assert all(int(n) == BUCKETS and len(points.split()) == BUCKETS for _, n, points in svgs)
     assert 'aria-label="Tokens over time in &lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;"' in html

@@ -4,7 +4,12 @@ Each row says what happened in words a person reads ("alice started a turn on ma
 "researcher finished in 3.2 s", "branch X archived: reason"); the raw event (type, seq,
 payload) rides along for the collapsible developer panel. Streaming chunks
 (``message.delta``) are never listed. Pages of ``PAGE_SIZE`` rows, newest first, keyed by
-``seq`` (``before``): a constant number of queries per page, however long the log.
+``seq``: a constant number of queries per page, however long the log.
+
+Paging keeps the live refresh honest: "older" asks for one more page (``pages``), so the
+panel re-rendered on the next event still shows everything the viewer had opened, as one
+consistent snapshot (no gap, no duplicate). Past ``MAX_PAGES`` the link jumps instead
+(``before``: the rows older than that seq, a part of the log that no longer changes).
 """
 
 import json
@@ -15,6 +20,7 @@ from collab.errors import Invalid
 from collab.models import Branch, Event, Job, Session
 
 PAGE_SIZE = 25
+MAX_PAGES = 20
 NOT_LISTED = ("message.delta",)
 
 
@@ -30,29 +36,51 @@ class ActivityRow:
 @dataclass
 class ActivityPage:
     rows: list[ActivityRow]
-    older: int | None  # the ``before`` of the next (older) page; None when this is the oldest
+    older: int | None  # the seq the next (older) rows start below; None when this is the oldest
+    pages: int = 1
+    before: int | None = None
+
+    @property
+    def query(self) -> str:
+        """The query string that renders this same view again (the live refresh's)."""
+        parts = [f"before={self.before}"] if self.before else []
+        parts += [f"pages={self.pages}"] if self.pages > 1 else []
+        return "?" + "&".join(parts) if parts else ""
+
+    @property
+    def older_query(self) -> str:
+        """One more page, or past MAX_PAGES a jump to the rows below."""
+        if self.pages < MAX_PAGES:
+            return ActivityPage([], None, self.pages + 1, self.before).query
+        return f"?before={self.older}"
 
 
-def parse_before(value: str | None) -> int | None:
-    """The ``before`` query value: a positive whole number, or absent."""
+def _positive(name: str, value: str | None, *, maximum: int | None = None) -> int | None:
     if value in (None, ""):
         return None
     try:
-        before = int(value)
+        number = int(value)
     except ValueError:
-        raise Invalid("before must be a whole number (an event seq)", code="invalid_before") from None
-    if before < 1:
-        raise Invalid("before must be a positive event seq", code="invalid_before")
-    return before
+        raise Invalid(f"{name} must be a whole number", code=f"invalid_{name}") from None
+    if number < 1 or (maximum is not None and number > maximum):
+        raise Invalid(f"{name} must be between 1 and {maximum or 'any seq'}", code=f"invalid_{name}")
+    return number
 
 
-def activity_page(session: Session, viewer, before: int | None = None, limit: int = PAGE_SIZE) -> ActivityPage:
-    """The session's events older than ``before`` (newest first), in sentences, without those
+def paging(query) -> dict:
+    """``before`` (an event seq) and ``pages`` (1..MAX_PAGES) from a query dict; 400 on bad values."""
+    return {"before": _positive("before", query.get("before")),
+            "pages": _positive("pages", query.get("pages"), maximum=MAX_PAGES) or 1}
+
+
+def activity_page(session: Session, viewer, before: int | None = None, pages: int = 1) -> ActivityPage:
+    """``pages`` pages of the session's events older than ``before`` (newest first), in sentences, without those
     about another session ``viewer`` may not see (an agent spawned into it: its id and branch
     name stay out of the feed). At most four queries."""
     events = session.events.exclude(type__in=NOT_LISTED).select_related("actor").order_by("-seq")
     if before is not None:
         events = events.filter(seq__lt=before)
+    limit = pages * PAGE_SIZE
     events = list(events[: limit + 1])
     older = events[limit - 1].seq if len(events) > limit else None
     events = events[:limit]
@@ -80,7 +108,7 @@ def activity_page(session: Session, viewer, before: int | None = None, limit: in
         )
         for e, p in kept
     ]
-    return ActivityPage(rows=rows, older=older)
+    return ActivityPage(rows=rows, older=older, pages=pages, before=before)
 
 
 def _seconds(job: Job | None) -> str:

@@ -10,9 +10,21 @@ which the agents working per bucket are counted. The plots are drawn by the temp
 """
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
-from django.db.models import Avg, Count, DateTimeField, F, FloatField, Func, Max, Min, Q, Sum, Value
+from django.db.models import (
+    Avg,
+    Count,
+    DateTimeField,
+    F,
+    FloatField,
+    Func,
+    Max,
+    Min,
+    Q,
+    Sum,
+    Value,
+)
 from django.db.models.functions import Coalesce, Floor, Least
 from django.utils import timezone
 
@@ -73,7 +85,7 @@ def project_stats(project, viewer) -> Stats:
 
 
 def _at(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, tz=dt_timezone.utc)
+    return datetime.fromtimestamp(seconds, tz=UTC)
 
 
 def job_stats(jobs, *, title: str, buckets: int = BUCKETS, now: datetime | None = None) -> Stats:

@@ -102,3 +102,31 @@ def test_issue_13_item_8_the_real_worker_introduces_itself_by_a_neutral_name(wor
 
     log = worker.log.read_text(errors="replace")
     assert re.search(r"Q Cluster trellis-\S+-\d+ \[[^\]]+\] running\.", log), log[-2000:]
+
+
+def test_issue_13_item_8_the_older_link_opens_the_next_page_and_live_updates_keep_it(team, scripted_session, server, page):
+    from django.db import transaction
+
+    from collab.events import send_event_on_commit
+    from collab.selectors.activity import PAGE_SIZE
+
+    _, sid = scripted_session(team.member, [{"text": "answer"}])
+    for i in range(PAGE_SIZE + 7):
+        with transaction.atomic():
+            send_event_on_commit(sid, "todo.created", {"todo": i, "subject": f"task {i}"}, actor=team.member)
+    log_in(page, server, team.member)
+    page.goto(f"{server.url}/s/{sid}/")
+    rows = page.locator("#activity ol.events > li[data-seq]")
+    expect(rows).to_have_count(PAGE_SIZE)
+    page.evaluate("window.__marker = 1")
+    page.click("#activity ol.events li.older a")
+    expect(rows).to_have_count(PAGE_SIZE + 8)  # + the 7 older to-dos and "created the session"
+    expect(page.locator("#activity ol.events li.older")).to_have_count(0)
+    # a live event re-renders the panel: the opened page stays, the new row on top
+    with transaction.atomic():
+        send_event_on_commit(sid, "todo.created", {"todo": 99, "subject": "live one"}, actor=team.member)
+    expect(rows.first).to_contain_text("live one")
+    expect(rows).to_have_count(PAGE_SIZE + 9)
+    assert page.evaluate("window.__marker") == 1  # no navigation
+    seqs = [int(s) for s in rows.evaluate_all("els => els.map(e => e.dataset.seq)")]
+    assert seqs == sorted(seqs, reverse=True) and len(set(seqs)) == len(seqs)
