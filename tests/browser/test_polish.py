@@ -118,6 +118,9 @@ def test_issue_13_item_8_the_older_link_opens_the_next_page_and_live_updates_kee
     page.goto(f"{server.url}/s/{sid}/")
     rows = page.locator("#activity ol.events > li[data-seq]")
     expect(rows).to_have_count(PAGE_SIZE)
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    # the refresh the socket's opening triggers replaces the panel (and a link clicked meanwhile)
+    page.wait_for_load_state("networkidle")
     page.evaluate("window.__marker = 1")
     page.click("#activity ol.events li.older a")
     expect(rows).to_have_count(PAGE_SIZE + 8)  # + the 7 older to-dos and "created the session"
