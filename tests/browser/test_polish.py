@@ -105,7 +105,9 @@ def test_issue_13_item_8_the_real_worker_introduces_itself_by_a_neutral_name(wor
 
 
 def test_issue_13_item_8_the_older_link_opens_the_next_page_and_live_updates_keep_it(team, scripted_session, server, page):
-    from django.db import transaction
+    import threading
+
+    from django.db import connection, transaction
 
     from collab.events import send_event_on_commit
     from collab.selectors.activity import PAGE_SIZE
@@ -126,8 +128,14 @@ def test_issue_13_item_8_the_older_link_opens_the_next_page_and_live_updates_kee
     expect(rows).to_have_count(PAGE_SIZE + 8)  # + the 7 older to-dos and "created the session"
     expect(page.locator("#activity ol.events li.older")).to_have_count(0)
     # a live event re-renders the panel: the opened page stays, the new row on top
-    with transaction.atomic():
-        send_event_on_commit(sid, "todo.created", {"todo": 99, "subject": "live one"}, actor=team.member)
+    def live_one():  # off Playwright's event-loop thread, where pushing to the channel layer works
+        with transaction.atomic():
+            send_event_on_commit(sid, "todo.created", {"todo": 99, "subject": "live one"}, actor=team.member)
+        connection.close()
+
+    pusher = threading.Thread(target=live_one)
+    pusher.start()
+    pusher.join()
     expect(rows.first).to_contain_text("live one")
     expect(rows).to_have_count(PAGE_SIZE + 9)
     assert page.evaluate("window.__marker") == 1  # no navigation
