@@ -74,6 +74,8 @@ def test_issue_13_item_8_keyboard_focus_is_visible(team, scripted_session, serve
     sid = _session_with_content(scripted_session, team)
     log_in(page, server, team.member)
     page.goto(f"{server.url}/s/{sid}/")
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    page.wait_for_load_state("networkidle")  # the refresh the socket's opening triggers has landed
     page.keyboard.press("Tab")
     first = page.evaluate("[document.activeElement.className, getComputedStyle(document.activeElement).outlineStyle]")
     assert first == ["skip", "solid"]  # "Skip to content" shows itself on focus
@@ -86,6 +88,12 @@ def test_issue_13_item_8_keyboard_focus_is_visible(team, scripted_session, serve
     assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") == "solid"
     page.keyboard.press("Enter")
     expect(page.locator("#activity ol.events details").first.locator(".dev pre")).to_be_visible()
+    # DAG nodes are <a> elements inside an SVG: a focused node's shape gets the focus colour
+    page.evaluate("""document.querySelector('#content').insertAdjacentHTML('afterbegin',
+        '<svg width="40" height="40"><a href="#n1" id="node-probe"><circle cx="20" cy="20" r="8"/></a></svg>')""")
+    page.focus("#node-probe")
+    stroke = page.evaluate("getComputedStyle(document.querySelector('#node-probe circle')).strokeWidth")
+    assert stroke == "3px"
 
 
 @pytest.mark.parametrize("scheme,dark", [("light", False), ("dark", True)])
