@@ -118,6 +118,17 @@ def test_issue_13_item_8_past_the_last_page_size_the_older_link_jumps_by_seq(tea
     assert [r.seq for r in shown.rows] == list(range(9, 0, -1)) and shown.query == "?before=10"
 
 
+def test_issue_13_item_8_the_feed_names_no_session_the_viewer_may_not_see(team, scripted_session, browser_of):
+    """Issue 17 kept: an event about another session (an agent spawned into it) is listed only to
+    those who may see that session; nobody else learns its id or name from the feed."""
+    _, sid = scripted_session(team.member, [{"text": "answer"}])
+    hidden = Session.objects.create(project=team.alpha, title="hidden", visibility="private", created_by=team.member)
+    _event(sid, "agent.spawned", {"session": hidden.pk, "name": "secret-agent", "background": True})
+    assert "agent secret-agent spawned" in browser_of(team.member).get(f"/s/{sid}/activity").content.decode()
+    shown = browser_of(team.viewer).get(f"/s/{sid}/activity").content.decode()
+    assert "secret-agent" not in shown and hidden.pk not in shown
+
+
 def test_issue_13_item_8_a_page_of_activity_costs_the_same_queries_however_long_the_log(team, scripted_session):
     api, sid = scripted_session(team.member, [{"text": "answer"}])
     session = Session.objects.get(pk=sid)
