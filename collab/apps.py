@@ -10,6 +10,11 @@ class CollabConfig(AppConfig):
 
         post_spawn.connect(_reconcile_on_worker_start, dispatch_uid="collab-reconcile-on-spawn")
 
+        from collab import worker_name
+
+        if worker_name.is_worker_process():
+            worker_name.install()
+
 
 def _reconcile_on_worker_start(sender, proc_name=None, **kwargs):
     """At worker start, jobs left running by a dead process become interrupted (OW §8); from

@@ -37,6 +37,8 @@ from collab.services.connections import connections_for
 from collab.services.specs import do_add_agent_spec, do_update_agent_spec
 from collab.selectors import pages
 from collab.selectors.transcript import page_transcript
+from collab.selectors.activity import activity_page, paging
+from collab.selectors.stats import project_stats, session_stats
 from collab.selectors.shapes import usage_totals
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import event_record, project_events
@@ -82,6 +84,7 @@ def _project_context(request, project, errors=None):
         "can_manage_specs": access.can(request.user, project.pk, SPEC_CAPABILITY),
         "limit_errors": errors or {},
         "withheld_tools": withheld_tools(project) if project.workspace else {},
+        "stats": project_stats(project, request.user),
     }
 
 
@@ -177,8 +180,9 @@ def _jobs_context(request, session) -> dict:
 _PART_CONTEXT = {
     "transcript": _transcript_context,
     "jobs": _jobs_context,
-    "activity": lambda request, session: {"events": pages.recent_events(session, request.user), "holds": pages.pending_holds(session),
-                                          "can_decide_holds": can_decide_holds(request.user, session)},
+    "activity": lambda request, session: {
+        "activity": activity_page(session, request.user, **paging(request.GET)),
+        "holds": pages.pending_holds(session), "can_decide_holds": can_decide_holds(request.user, session)},
     "branches": _branches_context,
     "agents": lambda request, session: {"agents": child_rail(session)},
 }
@@ -207,7 +211,8 @@ def _composer_context(request, session, branch) -> dict:
 @require_GET
 def session(request, sid):
     session = access.access_session(request.user, sid)
-    context = {**_session_context(request, session), **visibility_context(request.user, session)}
+    context = {**_session_context(request, session), **visibility_context(request.user, session),
+               "stats": session_stats(session)}
     context["composer"] = _composer_context(request, session, context["t"]["branch"])
     return render(request, "collab/session.html", context)
 

@@ -73,6 +73,7 @@ INSTALLED_APPS = [
     "template_partials",
     "channels",
     "django_q",
+    "ninja",  # its own swagger-ui files (static/ninja/): /api/docs works without a CDN
     "accounts",
     "collab",
     "axes",
@@ -354,5 +355,7 @@ LOGGING = {
     "loggers": {
         "django.channels.server": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
+        # the worker's per-task lines ("processing …", "Processed …"); `manage.py serve` sets WARNING
+        "django-q": {"level": env_str("TRELLIS_WORKER_LOG_LEVEL", "INFO")},
     },
 }

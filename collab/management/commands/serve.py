@@ -2,6 +2,10 @@
 
 For the scaled deployment run ``daphne config.asgi:application`` and
 ``manage.py qcluster`` as separate services instead.
+
+Quiet by default (issue 13 item 8): daphne's access log (a line for every request, every
+htmx fragment and every WebSocket handshake) is off and the worker logs warnings only.
+``--verbose`` or ``TRELLIS_VERBOSE=1`` turns both back on.
 """
 
 import os
@@ -14,6 +18,17 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from config.env import env_bool
+
+
+def process_commands(python: str, manage: str, host: str, port: int, *, verbose: bool) -> list[tuple[list[str], dict]]:
+    """(argv, extra environment) of the worker and the web server."""
+    worker_env = {} if verbose else {"TRELLIS_WORKER_LOG_LEVEL": os.environ.get("TRELLIS_WORKER_LOG_LEVEL") or "WARNING"}
+    daphne = [python, "-m", "daphne", "-b", host, "-p", str(port)]
+    # daphne's verbosity 1 (its default) writes the access log to stdout; 0 keeps warnings only
+    daphne += ["--access-log", "-"] if verbose else ["-v", "0"]
+    return [([python, manage, "qcluster"], worker_env), ([*daphne, "config.asgi:application"], {})]
+
 
 class Command(BaseCommand):
     help = "Migrate, ensure the demo data, then run web + worker until interrupted."
@@ -22,8 +37,13 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--no-demo", action="store_true")
+        parser.add_argument(
+            "--verbose", action="store_true", default=env_bool("TRELLIS_VERBOSE", False),
+            help="print every HTTP request and WebSocket connection (daphne's access log) and each task the "
+                 "worker runs (also TRELLIS_VERBOSE=1)",
+        )
 
-    def handle(self, *args, host, port, no_demo, **options):
+    def handle(self, *args, host, port, no_demo, verbose, **options):
         call_command("migrate", interactive=False, verbosity=0)
         login = ""
         if not no_demo:
@@ -35,8 +55,8 @@ class Command(BaseCommand):
         python = sys.executable
         manage = str(settings.BASE_DIR / "manage.py")
         procs = [
-            subprocess.Popen([python, manage, "qcluster"]),
-            subprocess.Popen([python, "-m", "daphne", "-b", host, "-p", str(port), "config.asgi:application"]),
+            subprocess.Popen(argv, env={**os.environ, **extra})
+            for argv, extra in process_commands(python, manage, host, port, verbose=verbose)
         ]
         url = f"http://{host}:{port}/"
         self.stdout.write(self.style.SUCCESS(f"Trellis is running at {url}"))
