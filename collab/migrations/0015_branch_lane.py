@@ -1,4 +1,5 @@
-"""Branch.lane: each branch's column in the session DAG (issue 13 item 1).
+"""Branch.lane: each branch's column in the session DAG (issue 13 item 1), and the index its
+keyset pages read (session, created_at, id; issue 13 item 4).
 
 Existing branches get lanes as if each had been placed when it opened: in creation order, the
 free lane nearest its parent's, where a lane is free again once its branch was archived before
@@ -62,4 +63,8 @@ class Migration(migrations.Migration):
             ),
         ),
         migrations.RunPython(assign_lanes, migrations.RunPython.noop),
+        migrations.AddIndex(
+            model_name="message",
+            index=models.Index(fields=["session", "-created_at", "-id"], name="message_session_keyset"),
+        ),
     ]

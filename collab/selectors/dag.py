@@ -230,7 +230,7 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
                 external.setdefault(debt["caller_session_id"], []).append(dict(
                     kind="result", src=End(last, debt["branch_id"]), dst=End(where="external"),
                     detail=debt["status"], verb="→ result to", head=None, branch=debt["caller_branch_id"]))
-    if leaving and bottom is not None:
+    if leaving and bottom is not None and (before or at is not None):  # the newest page has nothing below it
         keys = list(leaving)
         below = (
             Message.objects.filter(session_id=sid).filter(_at_or_after(bottom)).exclude(pk__in=page_ids)
