@@ -97,6 +97,7 @@ class Graph:
     edges: list = field(default_factory=list)
     folded: int = 0
     fold_x: int = 0
+    nodes_svg: str = ""  # the nodes' markup, filled in by the selector (collab.selectors.dag.nodes_svg)
 
 
 def column(lane: int, cap: int = LANE_CAP) -> int:

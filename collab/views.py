@@ -144,7 +144,7 @@ def _dag_context(request, session, **cursor) -> dict:
         if not at.isdigit() or not 0 < int(at) <= session.last_event_seq:
             raise Invalid(f"at must be an event number from 1 to {session.last_event_seq}", code="invalid_event")
         at = int(at)
-    return {"dag": dag_page(session, request.user, at=at, **cursor), "selected": request.GET.get("head")}
+    return {"dag": dag_page(session, request.user, at=at, selected=request.GET.get("head"), **cursor)}
 
 
 @login_required

@@ -22,6 +22,7 @@ from django.db.models import OuterRef, Q, Subquery
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Substr
 from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 
 from collab.access import visible_sessions
 from collab.dag_layout import End, Lane, Link, Row, layout
@@ -46,7 +47,7 @@ SNIPPET = 160
 _KIND_LABEL = {
     MessageKind.AGENT_MESSAGE: "result",
     MessageKind.NOTICE: "notice",
-    MessageKind.FOLLOWUP: "result (follow-up)",
+    MessageKind.FOLLOWUP: "result",
     MessageKind.TASK: "task",
     MessageKind.MESSAGE: "message",
     MessageKind.AGENT_SPAWN: "spawned",
@@ -69,7 +70,7 @@ def row_label(m) -> str:
         text = text[len(header):]
     if m.kind in _KIND_LABEL:
         who = _KIND_LABEL[m.kind]
-        if m.kind in (MessageKind.AGENT_MESSAGE, MessageKind.NOTICE):
+        if m.kind in (MessageKind.AGENT_MESSAGE, MessageKind.NOTICE, MessageKind.FOLLOWUP):
             status = (m.metadata or {}).get("status")
             return f"{who}: {status}" if status else who
     elif m.role == "assistant" and m.tool_calls and not text.strip():
@@ -81,7 +82,7 @@ def row_label(m) -> str:
 
 
 def dag_page(session, viewer, *, before: str | None = None, since: str | None = None,
-             at: int | None = None) -> dict:
+             at: int | None = None, selected: str | None = None) -> dict:
     """One page of the session's graph, laid out. ``before``: the page older than that row
     (a "load older" request); ``since``: every row from that one on (the live block's refresh);
     neither: the newest page. ``at``: as of event ``at`` (replay; read-only)."""
@@ -119,7 +120,7 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
     )
     has_older = len(fetched) > limit
     if since and has_older:  # the live block grew past its bound: start again from the newest page
-        return dag_page(session, viewer, at=at)
+        return dag_page(session, viewer, at=at, selected=selected)
     rows = fetched[:limit][::-1]
     if since:
         has_older = False  # the live block never carries the "load older" link: the page keeps its own
@@ -209,6 +210,12 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
             .annotate(last_msg=Subquery(last_row))
             .values("id", "status", "session_id", "branch_id", "caller_session_id", "caller_branch_id", "last_msg")
         )
+    result_label = {}
+    for debt in debts:
+        arrival = arrivals.get(debt["id"])
+        if arrival is not None:
+            who = by_id[debt["branch_id"]].display_name if debt["session_id"] == sid and debt["branch_id"] in by_id else ""
+            result_label[arrival.pk] = f"result{' from ' + who if who else ''}: {debt['status']}"
     leaving = {}
     for debt in debts:
         arrival = arrivals.get(debt["id"])
@@ -280,15 +287,50 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
         lanes.append(Lane(b.pk, b.lane, b.display_name, archived, b.archive_reason if archived else "",
                           live.get(b.pk, ""), above, below))
     graph_rows = [
-        Row(m.pk, m.branch_id, m.role, m.kind, row_label(m),
+        Row(m.pk, m.branch_id, m.role, m.kind, result_label.get(m.pk) or row_label(m),
             f"{by_id[m.branch_id].display_name if m.branch_id in by_id else ''} · {m.role}"
             f"{'' if m.kind == 'normal' else ' · ' + m.kind} · {m.created_at:%Y-%m-%d %H:%M:%S}",
             f"{url}?branch={m.branch_id}&head={m.pk}")
         for m in rows
     ]
     graph = layout(graph_rows, lanes, links)
+    graph.nodes_svg = nodes_svg(graph.nodes, selected)
     return {"graph": graph, "rows": len(rows), "older": rows[0].pk if rows and has_older else None,
             "first": rows[0].pk if rows else None, "at": at, "session": session}
+
+
+_NODE = (
+    '<a class="{cls}" href="{href}" data-node="{id}" data-lane="{lane}" data-branch="{branch}"{extra}>'
+    '<title>{title}</title>{rings}<circle class="dot" cx="{x}" cy="{y}" r="{r}"/>'
+    '<text class="label" x="{label_x}" y="{ty}">{label}</text></a>'
+)
+_CARD = '<a class="card edge-{kind}" href="{href}" data-card="{kind}"><text x="{x}" y="{y}">{text}</text></a>'
+_HIDDEN_CARD = '<g class="card hidden edge-{kind}" data-card="{kind}"><text x="{x}" y="{y}">{text}</text></g>'
+
+
+def nodes_svg(nodes: list[dict], selected: str | None = None):
+    """The nodes' SVG, built with ``format_html`` (every value escaped): one row's markup costs a
+    few microseconds here against a few hundred in the template engine, which a 150-row page feels."""
+    parts = []
+    for n in nodes:
+        cls = ["node", f"c{'fold' if n['folded'] else n['lane']}", f"role-{n['role']}", f"kind-{n['kind']}"]
+        cls += [name for name, on in (("archived", n["archived"]), ("fork-point", n["fork_point"]),
+                                      ("live", n["live"]), ("selected", n["id"] == selected)) if on]
+        extra = format_html_join("", ' {}="{}"', [(k, v) for k, v in (
+            ("data-fork-point", "1" if n["fork_point"] else ""), ("data-live", n["live"]),
+            ("data-folded", "1" if n["folded"] else "")) if v])
+        rings = format_html_join("", '<circle class="{}" cx="{}" cy="{}" r="{}"/>', [
+            (name, n["x"], n["y"], r) for name, r, on in (("ring", 7, n["fork_point"]), ("pulse", 8, n["live"])) if on])
+        title = n["title"] + (f" — archived{': ' + n['reason'] if n['reason'] else ''}" if n["archived"] else "")
+        r = 2.5 if n["folded"] or n["role"] == "tool" else 4.5 if n["role"] == "user" else 3.5
+        parts.append(format_html(_NODE, cls=" ".join(cls), href=n["href"], id=n["id"], lane=n["lane"],
+                                 branch=n["branch"], extra=extra, title=title, rings=rings, x=n["x"], y=n["y"], r=r,
+                                 label_x=n["label_x"], ty=n["y"] + 4, label=n["label"]))
+        for c in n["cards"]:
+            template = _CARD if c["card_href"] else _HIDDEN_CARD
+            parts.append(format_html(template, kind=c["kind"], href=c["card_href"], x=c["card_x"], y=n["y"] + 4,
+                                     text=c["card_text"]))
+    return format_html_join("", "{}", ((part,) for part in parts))  # each part is already escaped markup
 
 
 def replay_cutoff(session, at: int):

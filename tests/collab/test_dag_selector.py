@@ -245,3 +245,17 @@ def test_issue_13_item_6_replay_at_event_n_shows_the_graph_as_it_was(story, team
     client.force_login(team.viewer)
     html = client.get(f"/s/{story.sid}/?at=3").content.decode()
     assert 'data-at="3"' in html and "?at=4" in html and "?at=2" in html and 'id="dag-live"' not in html
+
+
+def test_issue_13_item_1_text_in_the_graph_is_escaped(team):
+    """Model and user text reach the SVG only escaped (threat model: all model output is untrusted)."""
+    session = _big_session(team, 3, 1, title="xss")
+    Message.objects.filter(session=session).update(text='<script>alert(1)</script>"><img src=x onerror=alert(2)>')
+    Branch.objects.filter(session=session).update(name='<b onmouseover="x">main</b>', archived=True,
+                                                  archived_at=timezone.now(), archive_reason="<i>why</i>")
+    client = Client()
+    client.force_login(team.member)
+    html = client.get(f"/s/{session.pk}/dag").content.decode()
+    assert "<script>alert" not in html and "<img src=x" not in html and "<b onmouseover" not in html
+    assert "<i>why" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;i&gt;why&lt;/i&gt;" in html
