@@ -115,3 +115,30 @@ def test_issue_13_item_1_the_dag_of_a_scripted_session_has_its_lanes_dots_and_ed
     page.locator(f'#dag [data-node="{fork_first.pk}"]').click()
     expect(page).to_have_url(f"{server.url}/s/{sid}/?branch={fork.pk}&head={fork_first.pk}")
     expect(page.locator("#transcript")).to_contain_text("Try another plan")
+
+
+def test_issue_13_item_4_a_long_session_opens_on_its_newest_page_and_loads_older_rows_on_scroll(team, server, request):
+    """Issue 13 item 4: the graph opens with the newest page (scrolled to the bottom); scrolling up
+    loads the older pages above it, in order, with no row twice or missing."""
+    from collab.models import Message
+    from collab.selectors.dag import PAGE_ROWS
+    from tests.collab.test_dag_selector import _big_session
+
+    session = _big_session(team, 2 * PAGE_ROWS + 30, 12, title="long")
+    expected = list(Message.objects.filter(session=session).order_by("created_at", "id").values_list("pk", flat=True))
+    page = request.getfixturevalue("page")
+    page.set_viewport_size({"width": 1440, "height": 900})
+    log_in(page, server, team.member)
+    page.goto(f"{server.url}/s/{session.pk}/")
+    nodes = page.locator("#dag [data-node]")
+    expect(nodes).to_have_count(PAGE_ROWS)
+    scroller = page.locator("#dag .dag-scroll")
+    # opened at the bottom: the newest row is in view, the oldest of the page is not
+    expect(page.locator(f'#dag [data-node="{expected[-1]}"]')).to_be_in_viewport()
+    for shown in (2 * PAGE_ROWS, len(expected)):
+        scroller.evaluate("e => { e.scrollTop = -e.scrollHeight; }")  # column-reverse: the top is negative
+        expect(nodes).to_have_count(shown)
+    assert nodes.evaluate_all("els => els.map(e => e.dataset.node)") == expected
+    expect(page.locator("#dag .dag-older")).to_have_count(0)
+    folded = page.locator("#dag [data-folded-lanes]")
+    expect(folded.first).to_have_text("+4")  # 12 lanes, 8 drawn, the rest folded
