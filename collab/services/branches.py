@@ -35,11 +35,13 @@ def name_for(description: str, prompt: str) -> tuple[str, int]:
 
 
 def create_branch(session, *, name: str, name_stage: int, forked_from=None, agent_spec=None, created_by=None,
-                  created_by_job=None, parent_branch=None, task_name=None) -> Branch:
-    """Precondition: inside ``transaction.atomic``; the caller has authorized the session."""
+                  created_by_job=None, parent_branch=None, task_name=None, near=None) -> Branch:
+    """Precondition: inside ``transaction.atomic``; the caller has authorized the session.
+    ``near``: the branch that opens this one (a spawn's caller), whose lane the new one sits beside."""
     name = fit_text(name, 100)
     lock_session(session.pk)  # lanes of one session are chosen one at a time (a no-op if held)
-    lane = open_lane(session.pk, forked_from=forked_from, created_by_job=created_by_job, parent_branch=parent_branch)
+    lane = open_lane(session.pk, forked_from=forked_from, created_by_job=created_by_job,
+                     parent_branch=parent_branch or near)
     branch = Branch.objects.create(
         session=session, name=name, name_stage=name_stage, forked_from=forked_from, agent_spec=agent_spec,
         created_by=created_by, created_by_job=created_by_job, parent_branch=parent_branch, task_name=task_name,
@@ -63,8 +65,9 @@ def create_branch(session, *, name: str, name_stage: int, forked_from=None, agen
 def open_lane(session_id: str, *, forked_from=None, created_by_job=None, parent_branch=None) -> int:
     """The DAG lane of a branch opening now (issue 13 item 1): the free lane nearest its parent's.
 
-    Its parent is the branch it forks from, else the branch whose job spawned it, else its
-    OpenWork parent — when that one is in the same session (a branch opened in another session
+    Its parent is the branch it forks from, else the branch whose job spawned it, else the
+    branch that opened it (OpenWork parent, or a spawn's caller without a job: a gateway call) —
+    when that one is in the same session (a branch opened in another session
     starts near lane 0). A lane is taken while its branch can still write rows: not archived, or
     archived with a turn still open (archive never cancels a running turn). Once archived and idle,
     a branch writes nothing more, so a later branch may reuse its column below its last row.

@@ -79,6 +79,15 @@ def test_issue_13_item_1_every_branch_gets_the_free_lane_nearest_its_parent_when
     # while a branch has an open turn its lane stays taken, even archived
     later = do_fork_and_start(team.member, session, story.p1, "A fourth way")
     assert Branch.objects.get(pk=later.branch_id).lane == 3
+    # a spawn opens beside the branch that called it, not at the lowest free lane (1, once scout is archived)
+    from collab.gateway import run_as_branch
+    from collab.services.archive import do_archive_branch
+
+    _run(later.pk)
+    do_archive_branch(Branch.objects.get(pk=story.scout.pk), user=team.member, reason="done")
+    run_as_branch(team.member, Branch.objects.get(pk=later.branch_id).address, "agent",
+                  {"prompt": "look", "description": "helper", "run_in_background": True})
+    assert Branch.objects.get(session_id=story.sid, name="helper").lane == 4
 
 
 def test_issue_13_item_1_the_graph_has_forks_spawns_delegations_results_and_an_archived_lane(story, team):
