@@ -135,6 +135,7 @@ def main():
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--branches", type=int, default=200)
+    parser.add_argument("--queries", action="store_true", help="also print each query of the big page with its time")
     args = parser.parse_args()
 
     url, drop = fresh_database()
@@ -173,28 +174,8 @@ def main():
         client = Client()
         client.force_login(user)
         results = {}
-        if os.environ.get("BENCH_PROFILE"):
-            import cProfile
-            import pstats
-
-            dag_page(big, user)
-            cProfile.runctx("page = dag_page(big, user)", globals(), {"big": big, "user": user, "dag_page": dag_page}, "/tmp/page.prof")
-            pstats.Stats("/tmp/page.prof").sort_stats("tottime").print_stats(12)
-            page = dag_page(big, user)
-            cProfile.runctx("render_to_string('collab/_dag.html', {'dag': page, 'session': big})", globals(),
-                            {"big": big, "page": page, "render_to_string": render_to_string}, "/tmp/page.prof")
-            pstats.Stats("/tmp/page.prof").sort_stats("tottime").print_stats(12)
-            from django.db import connection
-
-            def timed(execute, sql, params, many, context):
-                start = time.perf_counter()
-                try:
-                    return execute(sql, params, many, context)
-                finally:
-                    print(f"{(time.perf_counter() - start) * 1000:7.1f} ms  {sql[:300]}")
-
-            with connection.execute_wrapper(timed):
-                client.get(f"/s/{big.pk}/")
+        if args.queries:
+            print_queries(client, f"/s/{big.pk}/")
         for label, session in (("100 messages / 3 branches", small),
                                (f"{args.messages:,} messages / {args.branches} branches", big)):
             times, queries, size = measure(client, f"/s/{session.pk}/", args.repeat)
@@ -214,6 +195,21 @@ def main():
               f"ratio to the 100-message page {big_ms / results['100 messages / 3 branches']:.2f}x")
     finally:
         drop()
+
+
+def print_queries(client, url: str) -> None:
+    """Each query of one request with its time (``--queries``: where a slow page spends it)."""
+    from django.db import connection
+
+    def timed(execute, sql, params, many, context):
+        start = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            print(f"    {(time.perf_counter() - start) * 1000:7.1f} ms  {' '.join(sql.split())[:160]}")
+
+    with connection.execute_wrapper(timed):
+        client.get(url)
 
 
 def connection_vendor() -> str:

@@ -134,7 +134,7 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
     # live lanes
     live: dict[str, str] = {}
     if at is None:
-        for branch_id, status in Job.objects.filter(session_id=sid, status__in=OPEN_STATUSES).values_list(
+        for branch_id, status in Job.objects.filter(session_id=sid, status__in=OPEN_STATUSES).order_by().values_list(
             "branch_id", "status"
         ):
             live[branch_id] = "running" if status in ACTIVE_STATUSES or live.get(branch_id) == "running" else "queued"
@@ -169,8 +169,8 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
         calls = list(
             Job.objects.filter(Q(caller_msg_id__in=ids) | Q(prompt_msg_id__in=ids))
             .exclude(kind=JobKind.FOLLOWUP).exclude(prompt_msg__isnull=True).exclude(caller_msg__isnull=True)
-            .values("id", "kind", "status", "session_id", "branch_id", "caller_session_id", "caller_msg_id",
-                    "caller_branch_id", "prompt_msg_id", "branch__name")
+            .order_by().values("id", "kind", "status", "session_id", "branch_id", "caller_session_id", "caller_msg_id",
+                               "caller_branch_id", "prompt_msg_id", "branch__name")
         )
     else:
         calls = []
@@ -207,7 +207,7 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
                     .order_by("-created_at", "-id").values("id")[:1])
         debts = list(
             Job.objects.filter(Q(pk__in=list(arrivals)) | Q(pk__in=page_jobs, followup_state=FollowupState.DELIVERED))
-            .annotate(last_msg=Subquery(last_row))
+            .annotate(last_msg=Subquery(last_row)).order_by()
             .values("id", "status", "session_id", "branch_id", "caller_session_id", "caller_branch_id", "last_msg")
         )
     result_label = {}
