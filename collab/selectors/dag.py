@@ -12,7 +12,9 @@ session's length, a page costs the same fixed set of queries (``DAG_QUERIES`` at
 5. the jobs whose results arrive on, or leave from, the page's rows, each with its last row;
 6. results that left the page's rows and arrived below it (only when there are such);
 7. the branches with an open turn (live lanes);
-8. which of the other sessions named by those edges the viewer may see (only when there are any).
+8. which of the other sessions named by those edges the viewer may see (only when there are any);
+
+and a replay (``at``) one more: the time of event ``at``.
 
 Another session the viewer may not see is drawn as "another session": no id, no title, no link
 (issue 17: indistinguishable from none).

@@ -268,3 +268,33 @@ def test_issue_13_item_1_text_in_the_graph_is_escaped(team):
     assert "<script>alert" not in html and "<img src=x" not in html and "<b onmouseover" not in html
     assert "<i>why" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;i&gt;why&lt;/i&gt;" in html
+
+
+def test_issue_13_item_1_a_result_from_another_session_is_a_card_on_both_sides(team):
+    """A child in another session (an explorer, a spawn into another session): its result arrives in
+    the caller's mailbox (an ``agent_message`` row); the caller's graph shows a result card from the
+    child's session, the child's graph a result card to the caller's."""
+    from collab.services.sessions import do_create_session
+
+    parent = _big_session(team, 4, 1, title="parent")
+    child = do_create_session(team.member, team.alpha, title="explorer one")
+    child_branch = child.branches.get()
+    calling = Message.objects.filter(session=parent).order_by("created_at").last()
+    prompt = Message.objects.create(session=child, branch=child_branch, role="user", kind="agent_spawn", text="look")
+    debt = Job.objects.create(project=team.alpha, session=child, branch=child_branch, kind="spawn", status="succeeded",
+                              caller_session=parent, caller_msg=calling, caller_branch=calling.branch, prompt_msg=prompt,
+                              followup_state="delivered", started_at=timezone.now(), finished_at=timezone.now())
+    Message.objects.filter(pk=prompt.pk).update(job=debt)
+    answer = Message.objects.create(session=child, branch=child_branch, role="assistant", text="found it", job=debt,
+                                    predecessor=prompt, depth=1)
+    arrival = Message.objects.create(session=parent, branch=calling.branch, role="user", kind="agent_message",
+                                     text="<agent_message>…</agent_message>", predecessor=calling, depth=calling.depth + 1,
+                                     metadata={"result_of": debt.pk, "status": "succeeded"})
+    graph = dag_page(parent, team.member)["graph"]
+    cards = {(c["kind"], c["from"], c["to"], c["card_text"]) for n in graph.nodes for c in n["cards"]}
+    assert ("spawn", calling.pk, child.pk, "→ spawn 'main' in explorer one") in cards
+    assert ("result", child.pk, arrival.pk, "← result from explorer one") in cards
+    child_graph = dag_page(child, team.member)["graph"]
+    child_cards = {(c["kind"], c["from"], c["to"], c["card_text"]) for n in child_graph.nodes for c in n["cards"]}
+    assert ("spawn", parent.pk, prompt.pk, "← spawn from parent") in child_cards
+    assert ("result", answer.pk, parent.pk, "→ result to parent") in child_cards
