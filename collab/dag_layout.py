@@ -30,7 +30,7 @@ def pick_lane(occupied, parent_lane: int | None) -> int:
     taken = set(occupied)
     if parent_lane is None:
         parent_lane = 0
-    for distance in range(0, len(taken) + parent_lane + 2):
+    for distance in range(len(taken) + parent_lane + 2):
         for lane in (parent_lane + distance, parent_lane - distance):
             if lane >= 0 and lane not in taken:
                 return lane

@@ -186,14 +186,14 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
             dst = End(job["prompt_msg_id"], job["branch_id"], "row" if job["prompt_msg_id"] in page_ids else "below")
             links.append(Link("spawn", src, dst, detail=detail))
         elif src_here and job["caller_msg_id"] in page_ids:
-            external.setdefault(job["session_id"], []).append(dict(
-                kind="spawn", src=End(job["caller_msg_id"], job["caller_branch_id"]), dst=End(where="external"),
-                detail=detail, verb=f"→ {detail} {job['branch__name']!r} in", head=job["prompt_msg_id"],
-                branch=job["branch_id"], name=job["branch__name"]))
+            external.setdefault(job["session_id"], []).append({
+                "kind": "spawn", "src": End(job["caller_msg_id"], job["caller_branch_id"]), "dst": End(where="external"),
+                "detail": detail, "verb": f"→ {detail} {job['branch__name']!r} in", "head": job["prompt_msg_id"],
+                "branch": job["branch_id"]})
         elif dst_here and job["prompt_msg_id"] in page_ids:
-            external.setdefault(job["caller_session_id"], []).append(dict(
-                kind="spawn", src=End(where="external"), dst=End(job["prompt_msg_id"], job["branch_id"]),
-                detail=detail, verb=f"← {detail} from", head=job["caller_msg_id"], branch=job["caller_branch_id"]))
+            external.setdefault(job["caller_session_id"], []).append({
+                "kind": "spawn", "src": End(where="external"), "dst": End(job["prompt_msg_id"], job["branch_id"]),
+                "detail": detail, "verb": f"← {detail} from", "head": job["caller_msg_id"], "branch": job["caller_branch_id"]})
 
     # result edges: from the job's last row to where its result arrived (mailbox or follow-up turn)
     arrivals = {}
@@ -229,16 +229,16 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
                 src = End(last, debt["branch_id"], "row" if last in page_ids else "above")
                 links.append(Link("result", src, End(arrival.pk, arrival.branch_id), detail=debt["status"]))
             else:
-                external.setdefault(debt["session_id"], []).append(dict(
-                    kind="result", src=End(where="external"), dst=End(arrival.pk, arrival.branch_id),
-                    detail=debt["status"], verb="← result from", head=last, branch=debt["branch_id"]))
+                external.setdefault(debt["session_id"], []).append({
+                    "kind": "result", "src": End(where="external"), "dst": End(arrival.pk, arrival.branch_id),
+                    "detail": debt["status"], "verb": "← result from", "head": last, "branch": debt["branch_id"]})
         elif last in page_ids and debt["session_id"] == sid:
             if debt["caller_session_id"] == sid:
                 leaving[debt["id"]] = debt
             elif debt["caller_session_id"]:
-                external.setdefault(debt["caller_session_id"], []).append(dict(
-                    kind="result", src=End(last, debt["branch_id"]), dst=End(where="external"),
-                    detail=debt["status"], verb="→ result to", head=None, branch=debt["caller_branch_id"]))
+                external.setdefault(debt["caller_session_id"], []).append({
+                    "kind": "result", "src": End(last, debt["branch_id"]), "dst": End(where="external"),
+                    "detail": debt["status"], "verb": "→ result to", "head": None, "branch": debt["caller_branch_id"]})
     if leaving and bottom is not None and (before or at is not None):  # the newest page has nothing below it
         keys = list(leaving)
         below = (
@@ -264,8 +264,6 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
                     title = shown["title"] or shown["task_name"] or other
                     query = f"?branch={item['branch']}" + (f"&head={item['head']}" if item["head"] else "")
                     card, href, ref = f"{item['verb']} {title}", reverse("collab:session", args=[other]) + query, other
-                    if item["kind"] == "spawn" and item["verb"].startswith("→"):
-                        card = f"{item['verb']} {title}"
                 else:
                     verb = item["verb"].split(" ")[0] + " " + ("result" if item["kind"] == "result" else item["detail"])
                     card, href, ref = f"{verb} · another session", "", "hidden"

@@ -1,6 +1,17 @@
 """The DAG's geometry, without a database (issue 13 item 1): lanes for life, forks, edges, the fold."""
 
-from collab.dag_layout import LANE_CAP, ROW_H, End, Lane, Link, Row, layout, pick_lane, x_of, y_of
+from collab.dag_layout import (
+    LANE_CAP,
+    ROW_H,
+    End,
+    Lane,
+    Link,
+    Row,
+    layout,
+    pick_lane,
+    x_of,
+    y_of,
+)
 
 
 def test_issue_13_item_1_a_new_lane_is_the_free_one_nearest_its_parents():
