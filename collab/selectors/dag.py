@@ -121,11 +121,11 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
         rows_qs.defer("text").annotate(snippet=Substr("text", 1, SNIPPET)).order_by("-created_at", "-id")[: limit + 1]
     )
     has_older = len(fetched) > limit
-    if since and has_older:  # the live block grew past its bound: start again from the newest page
+    if since and has_older:  # the live block grew past its bound: the newest page, with a link to the rows before it
         return dag_page(session, viewer, at=at, selected=selected)
     rows = fetched[:limit][::-1]
     if since:
-        has_older = False  # the live block never carries the "load older" link: the page keeps its own
+        has_older = False  # the live block carries no "load older" link: the page above it keeps its own
     ids = [m.pk for m in rows]
     page_ids = set(ids)
     if rows:

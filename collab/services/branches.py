@@ -12,6 +12,7 @@ from collab.services.locking import lock_session
 from collab.text import fit_text
 
 LABEL_CHARS = 24
+MAX_LANE = 32767  # the column's range; every lane past the DAG's cap (8) is drawn folded anyway
 
 
 def label_from(prompt: str) -> str:
@@ -82,7 +83,7 @@ def open_lane(session_id: str, *, forked_from=None, created_by_job=None, parent_
         parent = parent_branch.lane
     busy = Job.objects.filter(branch=OuterRef("pk"), status__in=OPEN_STATUSES)
     taken = Branch.objects.filter(session_id=session_id).filter(Q(archived=False) | Exists(busy))
-    return pick_lane(set(taken.values_list("lane", flat=True)), parent)
+    return min(pick_lane(set(taken.values_list("lane", flat=True)), parent), MAX_LANE)
 
 
 def do_set_branch_internal(actor, branch: Branch, internal: bool) -> bool:

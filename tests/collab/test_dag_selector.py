@@ -298,3 +298,21 @@ def test_issue_13_item_1_a_result_from_another_session_is_a_card_on_both_sides(t
     child_cards = {(c["kind"], c["from"], c["to"], c["card_text"]) for n in child_graph.nodes for c in n["cards"]}
     assert ("spawn", parent.pk, prompt.pk, "← spawn from parent") in child_cards
     assert ("result", answer.pk, parent.pk, "→ result to parent") in child_cards
+
+
+def test_issue_13_item_4_the_live_block_refreshes_from_its_first_row_and_stays_bounded(team, monkeypatch):
+    """The live block (the newest page) re-fetches every row from its own first one, so rows never
+    move between blocks; past ``SINCE_MAX_ROWS`` it becomes the newest page again, with the link to
+    the rows before it (no row lost)."""
+    from collab.selectors import dag
+
+    session = _big_session(team, 20, 2, title="live")
+    ids = list(Message.objects.filter(session=session).order_by("created_at", "id").values_list("pk", flat=True))
+    client = Client()
+    client.force_login(team.member)
+    html = client.get(f"/s/{session.pk}/dag?since={ids[5]}", HTTP_HX_REQUEST="true").content.decode()
+    assert html.count("data-node=") == 15 and "dag-older" not in html and f"since={ids[5]}" in html
+    monkeypatch.setattr(dag, "SINCE_MAX_ROWS", 10)
+    monkeypatch.setattr(dag, "PAGE_ROWS", 8)
+    html = client.get(f"/s/{session.pk}/dag?since={ids[5]}", HTTP_HX_REQUEST="true").content.decode()
+    assert html.count("data-node=") == 8 and f"before={ids[12]}" in html and f"since={ids[12]}" in html
