@@ -111,6 +111,23 @@ def test_issue_13_item_1_the_dag_of_a_scripted_session_has_its_lanes_dots_and_ed
     after = page.locator("#dag svg [data-node] circle.dot").evaluate_all("els => els.map(e => e.getAttribute('cy'))")
     assert after[: len(before)] == before
 
+    # replay (issue 13 item 6): as of event N the graph holds the rows written by then; read-only
+    from collab.models import Event
+
+    created = [e for e in Event.objects.filter(session_id=sid, type="message.created").order_by("seq")
+               if e.payload["kind"] != "attach"]  # attach pointers are edges, not rows
+    fourth = created[3].seq
+    page.goto(f"{server.url}/s/{sid}/?at={fourth}")
+    expect(page.locator("#dag .badge")).to_have_text(f"replay · event {fourth}")
+    expect(page.locator("#dag svg [data-node]")).to_have_count(4)
+    assert page.locator("#dag svg [data-node]").evaluate_all("els => els.map(e => e.dataset.node)") == [
+        e.payload["id"] for e in created[:4]]
+    expect(page.locator("#dag-live")).to_have_count(0)
+    page.locator('#dag a.step[rel="prev"]').click()
+    expect(page).to_have_url(f"{server.url}/s/{sid}/?at={fourth - 1}")
+    expect(page.locator("#dag svg [data-node]")).to_have_count(3)
+    page.goto(f"{server.url}/s/{sid}/")
+
     # a node opens its branch's reading view at that node
     page.locator(f'#dag [data-node="{fork_first.pk}"]').click()
     expect(page).to_have_url(f"{server.url}/s/{sid}/?branch={fork.pk}&head={fork_first.pk}")
