@@ -101,6 +101,8 @@ def test_issue_13_item_1_the_dag_of_a_scripted_session_has_its_lanes_dots_and_ed
     expect(dag.locator("[data-live]")).to_have_count(0)
 
     DOCS.mkdir(exist_ok=True)
+    page.goto(f"{server.url}/s/{sid}/?branch={main.pk}")  # the picture for the README reads main
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
     page.screenshot(path=str(DOCS / "session-dag.png"), full_page=False)
 
     # a new turn's rows arrive live, appended below (rows above keep their place)
