@@ -316,3 +316,26 @@ def test_issue_13_item_4_the_live_block_refreshes_from_its_first_row_and_stays_b
     monkeypatch.setattr(dag, "PAGE_ROWS", 8)
     html = client.get(f"/s/{session.pk}/dag?since={ids[5]}", HTTP_HX_REQUEST="true").content.decode()
     assert html.count("data-node=") == 8 and f"before={ids[12]}" in html and f"since={ids[12]}" in html
+
+
+def test_issue_13_item_1_the_migration_places_existing_branches_as_if_each_had_opened_then(team):
+    """0015_branch_lane gives rows written before lanes existed the lanes ``open_lane`` would have:
+    in creation order, nearest the parent's, a lane reused once its branch was archived."""
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("collab.migrations.0015_branch_lane")
+    session = _big_session(team, 6, 1, title="old")
+    main = session.branches.get()
+    fork_point = Message.objects.filter(branch=main).order_by("created_at").first()
+    t = timezone.now()
+    a = Branch.objects.create(session=session, name="a", forked_from=fork_point, created_at=t)
+    b = Branch.objects.create(session=session, name="b", forked_from=fork_point, created_at=t + timedelta(seconds=1),
+                              archived=True, archived_at=t + timedelta(seconds=2))
+    c = Branch.objects.create(session=session, name="c", forked_from=fork_point, created_at=t + timedelta(seconds=3))
+    Branch.objects.filter(session=session).update(lane=0)
+    migration.assign_lanes(apps, None)
+    lanes = dict(Branch.objects.filter(session=session).values_list("name", "lane"))
+    assert lanes == {"main": 0, "a": 1, "b": 2, "c": 2}
+    assert {a.pk, b.pk, c.pk} <= set(Branch.objects.values_list("pk", flat=True))
