@@ -187,6 +187,16 @@ def test_issue_13_item_4_a_page_costs_the_same_queries_at_any_session_size(team,
         assert page["rows"] == PAGE_ROWS and before
     assert counts["small"] == counts["big"], counts
     assert counts["big"][0] <= DAG_QUERIES and counts["big"][1] <= DAG_QUERIES, counts
+    # and through the page's own route (authorization, session, template): the same at both sizes
+    client = Client()
+    client.force_login(team.member)
+    routes = {}
+    for name, session in (("small", small), ("big", big)):
+        client.get(f"/s/{session.pk}/dag")  # the login's first request loads what every later one reuses
+        with CaptureQueriesContext(connection) as column:
+            assert client.get(f"/s/{session.pk}/dag").status_code == 200
+        routes[name] = len(column)
+    assert routes["small"] == routes["big"], routes
 
 
 def test_issue_13_item_4_keyset_pages_walk_the_whole_session_without_gaps_or_overlaps(team):
