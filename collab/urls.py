@@ -24,6 +24,7 @@ urlpatterns = [
         path(f"s/<str:sid>/{part}", views.session_partial, {"part": part}, name=f"session_{part}")
         for part in sorted(views.SESSION_PARTIALS)
     ],
+    path("s/<str:sid>/dag", views.session_dag, name="session_dag"),
     path("s/<str:sid>/turns", views.post_turn, name="post_turn"),
     path("s/<str:sid>/visibility", views.session_visibility, name="session_visibility"),
     path("s/<str:sid>/m/<str:mid>/fork", views.fork, name="fork"),

@@ -39,6 +39,7 @@ from collab.selectors import pages
 from collab.selectors.transcript import page_transcript
 from collab.selectors.activity import activity_page, paging
 from collab.selectors.stats import project_stats, session_stats
+from collab.selectors.dag import dag_page
 from collab.selectors.shapes import usage_totals
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import event_record, project_events
@@ -214,7 +215,32 @@ def session(request, sid):
     context = {**_session_context(request, session), **visibility_context(request.user, session),
                "stats": session_stats(session)}
     context["composer"] = _composer_context(request, session, context["t"]["branch"])
+    context.update(_dag_context(request, session))
     return render(request, "collab/session.html", context)
+
+
+def _dag_context(request, session, **cursor) -> dict:
+    """The graph column (issue 13 items 1, 4, 6): ``?at=N`` replays it as of event N."""
+    at = request.GET.get("at")
+    if at is not None:
+        if not at.isdigit() or not 0 < int(at) <= session.last_event_seq:
+            raise Invalid(f"at must be an event number from 1 to {session.last_event_seq}", code="invalid_event")
+        at = int(at)
+    return {"dag": dag_page(session, request.user, at=at, selected=request.GET.get("head"), **cursor)}
+
+
+@login_required
+@require_GET
+def session_dag(request, sid):
+    """A piece of the graph: ``?before=MID`` the page older than that row (with the next "load older"
+    link), ``?since=MID`` the live block from that row on, neither the whole column."""
+    session = access.access_session(request.user, sid)
+    before, since = request.GET.get("before") or None, request.GET.get("since") or None
+    if before and since:
+        raise Invalid("give before or since, not both", code="invalid_cursor")
+    part = "older" if before else "live" if since or request.htmx else "column"
+    context = {"session": session, "dag_part": part, **_dag_context(request, session, before=before, since=since)}
+    return render(request, "collab/_dag.html", context)
 
 
 SESSION_PARTIALS = frozenset(_PART_CONTEXT)

@@ -52,6 +52,11 @@ class Branch(models.Model):
     )
     merged_into = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     internal = models.BooleanField(default=False, help_text="hidden from agents' listings; shown in the UI")
+    lane = models.PositiveSmallIntegerField(
+        default=0,
+        help_text="its column in the session's DAG, chosen when it opens (collab.dag_layout.pick_lane) and kept "
+                  "for life; reused only after the branch is archived and idle",
+    )
     turns = models.PositiveIntegerField(default=0)
     chars = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)

@@ -139,6 +139,8 @@ class Message(models.Model):
         indexes = [
             models.Index(fields=["branch", "depth"], name="message_branch_depth"),
             models.Index(fields=["session", "created_at"], name="message_session_created"),
+            # the session DAG's keyset pages: (created_at, id) in one index, newest first (issue 13 item 4)
+            models.Index(fields=["session", "-created_at", "-id"], name="message_session_keyset"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(role__in=MessageRole.values), name="message_role_valid"),

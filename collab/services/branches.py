@@ -3,13 +3,16 @@
 import re
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 
+from collab.dag_layout import pick_lane
 from collab.events import send_event_on_commit
-from collab.models import Branch, NameStage
+from collab.models import OPEN_STATUSES, Branch, Job, NameStage
 from collab.services.locking import lock_session
 from collab.text import fit_text
 
 LABEL_CHARS = 24
+MAX_LANE = 32767  # the column's range; every lane past the DAG's cap (8) is drawn folded anyway
 
 
 def label_from(prompt: str) -> str:
@@ -33,12 +36,17 @@ def name_for(description: str, prompt: str) -> tuple[str, int]:
 
 
 def create_branch(session, *, name: str, name_stage: int, forked_from=None, agent_spec=None, created_by=None,
-                  created_by_job=None, parent_branch=None, task_name=None) -> Branch:
-    """Precondition: inside ``transaction.atomic``; the caller has authorized the session."""
+                  created_by_job=None, parent_branch=None, task_name=None, near=None) -> Branch:
+    """Precondition: inside ``transaction.atomic``; the caller has authorized the session.
+    ``near``: the branch that opens this one (a spawn's caller), whose lane the new one sits beside."""
     name = fit_text(name, 100)
+    lock_session(session.pk)  # lanes of one session are chosen one at a time (a no-op if held)
+    lane = open_lane(session.pk, forked_from=forked_from, created_by_job=created_by_job,
+                     parent_branch=parent_branch or near)
     branch = Branch.objects.create(
         session=session, name=name, name_stage=name_stage, forked_from=forked_from, agent_spec=agent_spec,
         created_by=created_by, created_by_job=created_by_job, parent_branch=parent_branch, task_name=task_name,
+        lane=lane,
     )
     send_event_on_commit(
         session.pk,
@@ -53,6 +61,29 @@ def create_branch(session, *, name: str, name_stage: int, forked_from=None, agen
         actor=created_by,
     )
     return branch
+
+
+def open_lane(session_id: str, *, forked_from=None, created_by_job=None, parent_branch=None) -> int:
+    """The DAG lane of a branch opening now (issue 13 item 1): the free lane nearest its parent's.
+
+    Its parent is the branch it forks from, else the branch whose job spawned it, else the
+    branch that opened it (OpenWork parent, or a spawn's caller without a job: a gateway call) —
+    when that one is in the same session (a branch opened in another session
+    starts near lane 0). A lane is taken while its branch can still write rows: not archived, or
+    archived with a turn still open (archive never cancels a running turn). Once archived and idle,
+    a branch writes nothing more, so a later branch may reuse its column below its last row.
+    Precondition: the session row is locked, so two branches opening at once never share a lane.
+    """
+    parent = None
+    if forked_from is not None and forked_from.session_id == session_id:
+        parent = Branch.objects.filter(pk=forked_from.branch_id).values_list("lane", flat=True).first()
+    if parent is None and created_by_job is not None and created_by_job.session_id == session_id:
+        parent = Branch.objects.filter(pk=created_by_job.branch_id).values_list("lane", flat=True).first()
+    if parent is None and parent_branch is not None and parent_branch.session_id == session_id:
+        parent = parent_branch.lane
+    busy = Job.objects.filter(branch=OuterRef("pk"), status__in=OPEN_STATUSES)
+    taken = Branch.objects.filter(session_id=session_id).filter(Q(archived=False) | Exists(busy))
+    return min(pick_lane(set(taken.values_list("lane", flat=True)), parent), MAX_LANE)
 
 
 def do_set_branch_internal(actor, branch: Branch, internal: bool) -> bool:

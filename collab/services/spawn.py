@@ -84,7 +84,7 @@ def _admit_spawn(actor: Actor, *, prompt, description, agent_id, start_from, run
         check_topology(actor, spawn=True)  # counted under the caller's lock (OP §5.1)
         branch = create_branch(
             session, name=name, name_stage=stage, forked_from=fork_node, agent_spec=spec,
-            created_by=actor.user, created_by_job=actor.job,
+            created_by=actor.user, created_by_job=actor.job, near=actor.branch,
         )
         calling = actor.calling_node
         job = admit_job(
