@@ -15,7 +15,7 @@ import uuid
 from urllib.parse import urlencode
 
 from django.core.paginator import Paginator
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 
 from collab import access
 from collab.errors import DomainError, Invalid, NotFound
@@ -120,8 +120,7 @@ _PART_CONTEXT = {
 
 def _session_context(request, session, parts=tuple(_PART_CONTEXT)):
     # a sub-agent's session is a read-only transcript: no composer, no fork, no cancel (OW acc. 21)
-    context = {"session": session, "readonly": session.is_child,
-               "can_post": not session.is_child and access.can_in_session(request.user, session, "turn.start")}
+    context = {"session": session, "readonly": session.is_child, "can_post": _can_post(request, session)}
     for part in parts:
         context.update(_PART_CONTEXT[part](request, session))
     return context
@@ -144,6 +143,93 @@ def session_partial(request, sid, part):
     """One live-refreshed piece of the session page (htmx re-fetches it on each event)."""
     session = access.access_session(request.user, sid)
     return render(request, f"collab/session.html#{part}", _session_context(request, session, [part]))
+
+
+# --- live fragments (issue 13 item 3) ---------------------------------------------------------
+# The page's script asks for exactly what one event changed; each answer costs the same however
+# long the session is. Out-of-band pieces (hx-swap-oob) ride along with the row they belong to.
+
+
+@login_required
+@require_GET
+def session_rows(request, sid):
+    """The shown branch's rows after message ``after`` (``?branch=B&after=M``), then its running
+    indicator out of band. 409 when the page is too far behind: it reloads its transcript."""
+    session = access.access_session(request.user, sid)
+    try:
+        t = pages.rows_after(session, _required(request, "branch"), request.GET.get("after") or None, viewer=request.user)
+    except pages.TooFarBehind:
+        return HttpResponse("reload the transcript", status=409, content_type="text/plain")
+    t.update(pages.running_state(t["branch"]))
+    return render(request, "collab/session.html#rows", {**_live_context(request, session), "t": t})
+
+
+@login_required
+@require_GET
+def session_running(request, sid):
+    """The running indicator of branch ``?branch=B`` (a streaming model's text so far)."""
+    session = access.access_session(request.user, sid)
+    branch = pages.shown_branch(session, _required(request, "branch"))
+    if branch is None:
+        raise NotFound()
+    return render(request, "collab/session.html#running", {"t": pages.running_state(branch)})
+
+
+@login_required
+@require_GET
+def message_row(request, sid, mid):
+    """One transcript row, re-rendered (an attach pointer was hung off it)."""
+    session = access.access_session(request.user, sid)
+    m = pages.message_row(session, mid, viewer=request.user)
+    return render(request, "collab/_message.html", {**_live_context(request, session), "m": m, "t": {"selected": None}})
+
+
+@login_required
+@require_GET
+def job_row(request, sid, job_id):
+    """One job's row; out of band the usage line, the job's branch row, and — when ``?branch=`` is
+    the job's branch — the running indicator."""
+    session = access.access_session(request.user, sid)
+    job = pages.session_job(session, job_id)
+    shown = request.GET.get("branch")
+    return render(request, "collab/session.html#job_live", {
+        **_live_context(request, session), "j": job, "usage": usage_totals(session.jobs.all()),
+        "job_branch": pages.branch_row(session, job.branch_id),
+        "t": pages.running_state(job.branch) if shown == job.branch_id else None,
+    })
+
+
+@login_required
+@require_GET
+def branch_row(request, sid, branch_id):
+    session = access.access_session(request.user, sid)
+    return render(request, "collab/session.html#branch_row", {"b": pages.branch_row(session, branch_id)})
+
+
+@login_required
+@require_GET
+def agent_row(request, sid, child_sid):
+    """The agent rail's row of the OpenWork child in session ``child_sid``."""
+    session = access.access_session(request.user, sid)
+    rows = child_rail(session, child_sid)
+    if not rows:
+        raise NotFound()
+    return render(request, "collab/session.html#agent_row", {"a": rows[0]})
+
+
+def _live_context(request, session) -> dict:
+    return {"session": session, "can_post": _can_post(request, session)}
+
+
+def _can_post(request, session) -> bool:
+    return not session.is_child and access.can_in_session(request.user, session, "turn.start")
+
+
+def _required(request, name: str) -> str:
+    value = request.GET.get(name, "")
+    if not value:
+        raise Invalid(f"{name} is required", code=f"missing_{name}")
+    return value
 
 
 @login_required
@@ -177,7 +263,8 @@ def cancel_job(request, sid, job_id):
     )
     session = access.access_session(request.user, sid)
     if request.htmx:
-        return render(request, "collab/session.html#jobs", _session_context(request, session, ["jobs"]))
+        job.refresh_from_db()
+        return render(request, "collab/session.html#job_row", {**_live_context(request, session), "j": job})
     return redirect("collab:session", sid=sid)
 
 

@@ -3,6 +3,7 @@
 from django.db.models import Q
 
 from collab.access import visible_sessions
+from collab.errors import NotFound
 from collab.models import ACTIVE_STATUSES, Branch, Event, Job, Message, MessageKind, Session
 from collab.selectors.transcript import lineage
 
@@ -26,7 +27,14 @@ def transcript(session: Session, branch_id: str | None = None, head_id: str | No
     """The shown branch's last messages, each with the attach pointers hanging off it (one query)
     that point into sessions ``viewer`` may see (issue 17: a card names no session they may not)."""
     branch = shown_branch(session, branch_id, head_id)
-    messages = lineage(branch.tip, TRANSCRIPT_WINDOW) if branch else []
+    messages = with_attaches(lineage(branch.tip, TRANSCRIPT_WINDOW) if branch else [], viewer)
+    return {"branch": branch, "messages": messages, "clipped": bool(messages) and messages[0].depth > 0,
+            "selected": head_id, **running_state(branch)}
+
+
+def with_attaches(messages: list[Message], viewer) -> list[Message]:
+    """``messages`` with ``attaches``: the attach pointers hanging off each that point into sessions
+    ``viewer`` may see, and without a ``spawned_from_session`` they may not (two queries at most)."""
     attaches: dict[str, list[Message]] = {}
     if messages:
         pointers = list(Message.objects.filter(predecessor_id__in=[m.pk for m in messages], kind=MessageKind.ATTACH))
@@ -42,10 +50,60 @@ def transcript(session: Session, branch_id: str | None = None, head_id: str | No
                 m.metadata = {k: v for k, v in m.metadata.items() if k not in ("spawned_from_session", "caller")}
     for m in messages:
         m.attaches = attaches.get(m.pk, [])
+    return messages
+
+
+def running_state(branch: Branch | None) -> dict:
+    """The branch's running turn as the page shows it: ``running`` (its status or None) and
+    ``generating`` (what a streaming model has said so far)."""
     running = Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).first() if branch else None
-    return {"branch": branch, "messages": messages, "clipped": bool(messages) and messages[0].depth > 0,
-            "selected": head_id, "running": running.status if running else None,
+    return {"running": running.status if running else None,
             "generating": generating_text(running) if running else ""}
+
+
+LIVE_ROWS = 100  # at most this many rows per live fetch; a client further behind reloads the transcript
+
+
+class TooFarBehind(Exception):
+    """The rows a client asks for are not a short tail of the branch: it reloads the transcript."""
+
+
+def rows_after(session: Session, branch_id: str, after_id: str | None, *, viewer) -> dict:
+    """Issue 13 item 3: the rows of ``branch_id``'s lineage after message ``after_id`` (from its start
+    when None), oldest first, for a page that shows that branch up to ``after_id``.
+
+    The work is bounded by the number of new rows (at most ``LIVE_ROWS``), not by the branch's
+    length: the walk back from the tip stops at ``after_id``'s depth. Raises ``NotFound`` for a
+    branch or message not in the session, ``TooFarBehind`` when ``after_id`` is more than
+    ``LIVE_ROWS`` rows behind the tip or not on the branch's lineage."""
+    branch = session.branches.filter(pk=branch_id).select_related("tip").first()
+    if branch is None:
+        raise NotFound()
+    after = None
+    if after_id:
+        after = Message.objects.filter(pk=after_id, session=session).only("pk", "depth").first()
+        if after is None:
+            raise NotFound()
+    tip = branch.tip
+    start = after.depth + 1 if after else 0
+    count = (tip.depth - start + 1) if tip else 0
+    if count > LIVE_ROWS or count < 0:
+        raise TooFarBehind()
+    if count == 0 and after is not None and after.pk != (tip.pk if tip else branch.forked_from_id):
+        raise TooFarBehind()  # the page shows another lineage
+    messages = lineage(tip, count) if count > 0 else []
+    if messages and messages[0].predecessor_id != (after.pk if after else None):
+        raise TooFarBehind()  # ``after_id`` is not on this branch's lineage
+    return {"branch": branch, "messages": with_attaches(messages, viewer), "selected": None}
+
+
+def message_row(session: Session, message_id: str, *, viewer) -> Message:
+    """One transcript row (a message of the session, with its attach pointers), e.g. after an
+    attach pointer was hung off it."""
+    message = Message.objects.filter(pk=message_id, session=session).exclude(kind=MessageKind.ATTACH).first()
+    if message is None:
+        raise NotFound()
+    return with_attaches([message], viewer)[0]
 
 
 def generating_text(job: Job) -> str:
@@ -58,6 +116,22 @@ def generating_text(job: Job) -> str:
         return ""
     current = deltas[-1].get("call")
     return "".join(d.get("text", "") for d in deltas if d.get("call") == current)
+
+
+def session_job(session: Session, job_id: str) -> Job:
+    job = session.jobs.select_related("branch").filter(pk=job_id).first()
+    if job is None:
+        raise NotFound()
+    return job
+
+
+def branch_row(session: Session, branch_id: str) -> Branch:
+    """One row of the branch list, with ``busy`` (a turn running on it)."""
+    branch = session.branches.filter(pk=branch_id).first()
+    if branch is None:
+        raise NotFound()
+    branch.busy = Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists()
+    return branch
 
 
 def recent_jobs(session: Session, limit: int = 20) -> list[Job]:
