@@ -194,15 +194,14 @@
     if (firstArchived) swap(firstArchived, html, "beforebegin"); else swap(list, html, "beforeend");
   }
 
-  function addAgent(name) {
-    return function (list, html) {
-      var heading = byId("agents").querySelector("h2");
-      if (heading) heading.hidden = false;
-      var next = Array.prototype.find.call(list.querySelectorAll(":scope > li.agent"), function (li) {
-        return li.dataset.agent > name;
-      });
-      if (next) swap(next, html, "beforebegin"); else swap(list, html, "beforeend");
-    };
+  function addAgent(list, html) {
+    var heading = byId("agents").querySelector("h2");
+    if (heading) heading.hidden = false;
+    swap(list, html, "beforeend");
+    // the rail is ordered by task name, as the page renders it
+    Array.prototype.slice.call(list.querySelectorAll(":scope > li.agent"))
+      .sort(function (a, b) { return a.dataset.agent < b.dataset.agent ? -1 : a.dataset.agent > b.dataset.agent ? 1 : 0; })
+      .forEach(function (li) { list.appendChild(li); });
   }
 
   function refreshActivity() { htmx.trigger(document.body, "collab:activity"); }
@@ -234,7 +233,7 @@
       });
     } else if ((type === "child.job" || (type === "agent.spawned" && p.toolset === "openwork")) && p.session && p.session !== sid) {
       schedule("agent:" + p.session, ROW_DELAY, function () {
-        return patchRow("agents", p.session, "agent-" + p.session, {}, addAgent(p.task_name || ""));
+        return patchRow("agents", p.session, "agent-" + p.session, {}, addAgent);
       });
     }
     if (type !== "message.delta") schedule("activity", ACTIVITY_DELAY, refreshActivity);
