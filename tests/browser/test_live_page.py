@@ -6,6 +6,7 @@ typing survives; a page whose socket drops asks for the gap by ``seq`` and shows
 """
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.db import transaction
@@ -176,7 +177,7 @@ def _requests_for_one_new_row(page, server, sid) -> list[tuple[str, int]]:
     assert seen == [], [r.url for r in seen]
 
     (new,) = grow(sid, 1, "the newest")
-    expect(page.locator(f"#transcript #m-{new}")).to_have_count(1)
+    expect(page.locator(f"#transcript #m-{new}")).to_have_count(1, timeout=20_000)
     quiet_since = len(seen)
     page.wait_for_timeout(1500)  # the activity panel refreshes at most once a second
     while len(seen) != quiet_since:
