@@ -145,3 +145,26 @@ def test_issue_13_3_a_job_row_carries_usage_its_branch_row_and_the_running_indic
     assert page.get(f"/s/{sid}/agents/nope").status_code == 404
     assert browser_of(team.outsider).get(f"/s/{sid}/jobs/{job}").status_code == 404
     assert Job.objects.get(pk=job).status == "running"
+
+
+def test_issue_13_3_one_row_is_re_rendered_with_the_attach_pointer_hung_off_it(team, scripted_session, browser_of):
+    """``GET /s/{sid}/m/{mid}/row``: the row of one message, now with the attach card of an agent
+    spawned from it (the page patches that row alone); an attach pointer is no row of its own."""
+    from collab.models import MessageKind
+    from collab.services.messages import append_message
+
+    _, sid = scripted_session(team.member, [{"text": "x"}])
+    ids = grow(sid, 2)
+    page = browser_of(team.member)
+    before = page.get(f"/s/{sid}/m/{ids[1]}/row").content.decode()
+    assert row_ids(before) == [ids[1]] and "data-attach" not in before
+    with transaction.atomic():
+        main = Branch.objects.select_related("tip").get(pk=main_of(sid).pk)
+        pointer = append_message(main, role="system", kind=MessageKind.ATTACH, predecessor=main.tip, move_tip=False,
+                                 text="spawned 'helper'",
+                                 metadata={"attach": {"session_id": sid, "head_id": ids[1], "branch": main.pk,
+                                                      "execution_id": "e1"}})
+    after = page.get(f"/s/{sid}/m/{ids[1]}/row").content.decode()
+    assert row_ids(after) == [ids[1]] and f'data-attach="{pointer.pk}"' in after
+    assert page.get(f"/s/{sid}/m/{pointer.pk}/row").status_code == 404
+    assert browser_of(team.outsider).get(f"/s/{sid}/m/{ids[1]}/row").status_code == 404
