@@ -178,10 +178,13 @@ def session_running(request, sid):
 @login_required
 @require_GET
 def message_row(request, sid, mid):
-    """One transcript row, re-rendered (an attach pointer was hung off it)."""
+    """One transcript row, re-rendered (an attach pointer was hung off it), as the page showing
+    branch ``?branch=`` renders it."""
     session = access.access_session(request.user, sid)
     m = pages.message_row(session, mid, viewer=request.user)
-    return render(request, "collab/_message.html", {**_live_context(request, session), "m": m, "t": {"selected": None}})
+    shown = request.GET.get("branch")
+    t = {"selected": None, "branch": pages.shown_branch(session, shown) if shown else None}
+    return render(request, "collab/_message.html", {**_live_context(request, session), "m": m, "t": t})
 
 
 @login_required

@@ -160,9 +160,10 @@
   }
 
   function patchMessage(id) {
-    var row = byId("m-" + id), session = byId("session");
+    var row = byId("m-" + id), session = byId("session"), transcript = byId("transcript");
     if (!row) return;
-    return get("/s/" + encodeURIComponent(session.dataset.session) + "/m/" + encodeURIComponent(id) + "/row").then(function (r) {
+    var url = "/s/" + encodeURIComponent(session.dataset.session) + "/m/" + encodeURIComponent(id) + "/row";
+    return get(withParams(url, { branch: transcript ? transcript.dataset.branch : "" })).then(function (r) {
       var now = byId("m-" + id);
       if (r.ok && now) swap(now, r.text, "outerHTML");
     });

@@ -120,6 +120,13 @@ def test_issue_13_3_a_second_viewer_sees_new_rows_live_and_keeps_what_they_are_t
     assert not [p for p in paths if p.split("?")[0] in sections | {f"/s/{sid}/"}], paths
     assert any(p.startswith(f"/s/{sid}/rows?") for p in paths), paths
 
+    # their own post swaps the transcript from the composer's answer: the fork text stays too
+    with page.expect_response(lambda r: r.url.endswith(f"/s/{sid}/turns")):
+        page.click("#composer button[type=submit]")
+    expect(transcript.locator("article.msg.role-user .text").last).to_have_text("a draft for the composer")
+    expect(fork_input).to_have_value("half-typed fork prom")
+    assert first_row.locator("details.fork").evaluate("el => el.open")
+
     # and the fork they were typing still works
     fork_input.press("End")
     fork_input.type("pt")

@@ -164,7 +164,7 @@ def test_issue_13_3_one_row_is_re_rendered_with_the_attach_pointer_hung_off_it(t
                                  text="spawned 'helper'",
                                  metadata={"attach": {"session_id": sid, "head_id": ids[1], "branch": main.pk,
                                                       "execution_id": "e1"}})
-    after = page.get(f"/s/{sid}/m/{ids[1]}/row").content.decode()
+    after = page.get(f"/s/{sid}/m/{ids[1]}/row", {"branch": main.pk}).content.decode()
     assert row_ids(after) == [ids[1]] and f'data-attach="{pointer.pk}"' in after
     assert page.get(f"/s/{sid}/m/{pointer.pk}/row").status_code == 404
     assert browser_of(team.outsider).get(f"/s/{sid}/m/{ids[1]}/row").status_code == 404
