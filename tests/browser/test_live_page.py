@@ -238,3 +238,43 @@ def _main(sid) -> str:
     from collab.models import Branch
 
     return Branch.objects.get(session_id=sid, name="main").pk
+
+
+def _deltas(sid, job, branch, parts):
+    from django.db import connection
+
+    from collab.events import send_event_on_commit
+
+    try:
+        for i, part in enumerate(parts):
+            with transaction.atomic():
+                send_event_on_commit(sid, "message.delta", {"job": job, "branch": branch, "call": 1, "text": part})
+    finally:
+        connection.close()
+
+
+def test_issue_13_3_a_burst_of_streamed_text_updates_only_the_generating_bubble(
+        team, scripted_session, server, worker, page):
+    """Issue 13 item 3: ``message.delta`` events patch only the running indicator's generating
+    bubble, throttled — a burst of five costs one or two fetches of that one fragment, nothing else."""
+    api, sid = scripted_session(team.member, [{"sleep_ms": 8000}, {"text": "done"}])
+    log_in(page, server, team.viewer)
+    page.goto(f"{server.url}/s/{sid}/")
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+
+    job = api.post(f"/api/sessions/{sid}/turns", {"prompt": "stream"}).json()["execution_id"]
+    api.wait(job, statuses={"running"})
+    expect(page.locator("#running .working")).to_have_text("the agent is working…", timeout=20_000)
+    page.wait_for_timeout(1500)  # the job and activity fetches of the turn's start
+    requests = []
+    page.on("request", lambda r: requests.append(re.sub(r"^https?://[^/]+", "", r.url)))
+
+    parts = [f"part{i} " for i in range(5)]
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(_deltas, sid, job, _main(sid), parts).result()
+    expect(page.locator("#running article.generating .text")).to_have_text("part0 part1 part2 part3 part4")
+    expect(page.locator("#running .working")).to_have_text("generating…")
+    page.wait_for_timeout(1000)
+    running = [p for p in requests if p.startswith(f"/s/{sid}/running?")]
+    assert 1 <= len(running) <= 2, requests
+    assert running == requests, requests  # deltas are not listed in the activity panel: nothing else
