@@ -278,3 +278,32 @@ def test_issue_13_3_a_burst_of_streamed_text_updates_only_the_generating_bubble(
     running = [p for p in requests if p.startswith(f"/s/{sid}/running?")]
     assert 1 <= len(running) <= 2, requests
     assert running == requests, requests  # deltas are not listed in the activity panel: nothing else
+
+
+def test_issue_13_3_a_page_far_behind_after_a_reconnect_reloads_its_transcript_once(team, scripted_session, server, page):
+    """Issue 13 item 3: more rows arrived while the socket was down than one live fetch carries;
+    the page reloads its transcript (one fetch, typed text kept) and still shows every row once."""
+    from collab.selectors.pages import LIVE_ROWS
+
+    _, sid = scripted_session(team.member, [{"text": "x"}])
+    grow(sid, 3)
+    page.add_init_script(TRACK_SOCKETS)
+    log_in(page, server, team.member)
+    page.goto(f"{server.url}/s/{sid}/")
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    first_row = page.locator("#transcript article.msg").first
+    first_row.locator("details.fork summary").click()
+    first_row.locator("details.fork input[name=prompt]").fill("typed before the outage")
+
+    page.evaluate("window.__holdSockets = true; window.__sockets[0].socket.close()")
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "offline")
+    grow(sid, LIVE_ROWS + 5, "while away")
+    requests = []
+    page.on("request", lambda r: requests.append(re.sub(r"^https?://[^/]+", "", r.url)))
+    page.evaluate("window.__holdSockets = false")
+
+    expect(page.locator("#transcript article.msg")).to_have_count(LIVE_ROWS + 8, timeout=20_000)
+    page.wait_for_timeout(1500)
+    assert shown_rows(page) == lineage_of("main", sid)
+    assert [p for p in requests if p.startswith(f"/s/{sid}/transcript")] == [f"/s/{sid}/transcript?branch={_main(sid)}"]
+    expect(first_row.locator("details.fork input[name=prompt]")).to_have_value("typed before the outage")
