@@ -19,6 +19,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 
 from collab import access
 from collab.errors import DomainError, Invalid, NotFound
+from collab.models import TERMINAL_STATUSES
 from collab.selectors.children import child_rail
 from collab.tools.surface import withheld_tools
 from collab.services.members import (
@@ -190,13 +191,15 @@ def message_row(request, sid, mid):
 @login_required
 @require_GET
 def job_row(request, sid, job_id):
-    """One job's row; out of band the usage line, the job's branch row, and — when ``?branch=`` is
-    the job's branch — the running indicator."""
+    """One job's row; out of band the job's branch row, the usage line once the job has ended (its
+    tokens are final then: one aggregate per finished job, not per event), and — when ``?branch=``
+    is the job's branch — the running indicator."""
     session = access.access_session(request.user, sid)
     job = pages.session_job(session, job_id)
     shown = request.GET.get("branch")
     return render(request, "collab/session.html#job_live", {
-        **_live_context(request, session), "j": job, "usage": usage_totals(session.jobs.all()),
+        **_live_context(request, session), "j": job,
+        "usage": usage_totals(session.jobs.all()) if job.status in TERMINAL_STATUSES else None,
         "job_branch": pages.branch_row(session, job.branch_id),
         "t": pages.running_state(job.branch) if shown == job.branch_id else None,
     })

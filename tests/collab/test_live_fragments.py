@@ -129,7 +129,7 @@ def test_issue_13_3_a_job_row_carries_usage_its_branch_row_and_the_running_indic
     html = page.get(f"/s/{sid}/jobs/{job}", {"branch": main.pk}).content.decode()
     assert re.search(rf'<li class="job status-running" id="job-{job}"', html)
     assert f"/s/{sid}/jobs/{job}/cancel" in html
-    assert re.search(r'id="usage" hx-swap-oob="true"', html)
+    assert 'id="usage"' not in html  # its tokens are not final yet
     assert re.search(rf'id="branch-{main.pk}" data-branch="{main.pk}" hx-swap-oob="true"', html)
     assert "the agent is working" in html and 'id="running" class="running" hx-swap-oob="true"' in html
 
@@ -144,6 +144,13 @@ def test_issue_13_3_a_job_row_carries_usage_its_branch_row_and_the_running_indic
     assert page.get(f"/s/{sid}/branches/nope").status_code == 404
     assert page.get(f"/s/{sid}/agents/nope").status_code == 404
     assert browser_of(team.outsider).get(f"/s/{sid}/jobs/{job}").status_code == 404
+
+    # once a job has ended its row carries the session's usage line too
+    api2, sid = scripted_session(team.member, [{"text": "x"}], agent_id="second")
+    ended = api2.post(f"/api/sessions/{sid}/turns", {"prompt": "later"}).json()["execution_id"]
+    assert page.post(f"/s/{sid}/jobs/{ended}/cancel", {"version": "1"}, HTTP_HX_REQUEST="true").status_code == 200
+    finished = page.get(f"/s/{sid}/jobs/{ended}").content.decode()
+    assert re.search(r'id="usage" hx-swap-oob="true">tokens 0 in / 0 out', finished), finished
     assert Job.objects.get(pk=job).status == "running"
 
 
