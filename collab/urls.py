@@ -25,6 +25,12 @@ urlpatterns = [
         for part in sorted(views.SESSION_PARTIALS)
     ],
     path("s/<str:sid>/dag", views.session_dag, name="session_dag"),
+    path("s/<str:sid>/rows", views.session_rows, name="session_rows"),
+    path("s/<str:sid>/running", views.session_running, name="session_running"),
+    path("s/<str:sid>/m/<str:mid>/row", views.message_row, name="message_row"),
+    path("s/<str:sid>/jobs/<str:job_id>", views.job_row, name="job_row"),
+    path("s/<str:sid>/branches/<str:branch_id>", views.branch_row, name="branch_row"),
+    path("s/<str:sid>/agents/<str:child_sid>", views.agent_row, name="agent_row"),
     path("s/<str:sid>/turns", views.post_turn, name="post_turn"),
     path("s/<str:sid>/visibility", views.session_visibility, name="session_visibility"),
     path("s/<str:sid>/m/<str:mid>/fork", views.fork, name="fork"),

@@ -20,6 +20,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 from collab import access
 from collab.errors import DomainError, Forbidden, Invalid, NotFound
 from collab.models import ACTIVE_STATUSES, AgentRole, AgentSpec, FollowupMode, Job, Toolset
+from collab.models import TERMINAL_STATUSES
 from collab.selectors.children import child_rail
 from collab.tools.surface import withheld_tools
 from collab.services.members import (
@@ -191,8 +192,7 @@ _PART_CONTEXT = {
 
 def _session_context(request, session, parts=tuple(_PART_CONTEXT)):
     # a sub-agent's session is a read-only transcript: no composer, no fork, no cancel (OW acc. 21)
-    context = {"session": session, "readonly": session.is_child,
-               "can_post": not session.is_child and access.can_in_session(request.user, session, "turn.start")}
+    context = {"session": session, "readonly": session.is_child, "can_post": _can_post(request, session)}
     for part in parts:  # the transcript first: the branch it shows is the one the branch list marks
         context.update(_PART_CONTEXT[part](request, session))
     return context
@@ -262,6 +262,114 @@ def _human(exc: DomainError) -> str:
     return exc.detail
 
 
+# --- live fragments (issue 13 item 3) ---------------------------------------------------------
+# The page's script asks for exactly what one event changed; each answer costs the same however
+# long the session is. Out-of-band pieces (hx-swap-oob) ride along with the row they belong to.
+
+
+@login_required
+@require_GET
+def session_rows(request, sid):
+    """The shown branch's rows after message ``after`` (``?branch=B&after=M``), then its running
+    indicator out of band. 409 when the page is too far behind: it reloads its transcript."""
+    session = access.access_session(request.user, sid)
+    try:
+        t = pages.rows_after(session, _required(request, "branch"), request.GET.get("after") or None, viewer=request.user)
+    except pages.TooFarBehind:
+        return HttpResponse("reload the transcript", status=409, content_type="text/plain")
+    t.update(_running_context(request, t["branch"]))
+    return render(request, "collab/session.html#rows", {**_live_context(request, session), "t": t,
+                                                        "running_job": t["running_job"],
+                                                        "can_cancel_running": t["can_cancel_running"]})
+
+
+@login_required
+@require_GET
+def session_running(request, sid):
+    """The running indicator of branch ``?branch=B`` (a streaming model's text so far)."""
+    session = access.access_session(request.user, sid)
+    branch = pages.shown_branch(session, _required(request, "branch"))
+    if branch is None:
+        raise NotFound()
+    t = _running_context(request, branch)
+    return render(request, "collab/session.html#running", {"t": t, "running_job": t["running_job"],
+                                                           "can_cancel_running": t["can_cancel_running"]})
+
+
+@login_required
+@require_GET
+def message_row(request, sid, mid):
+    """One transcript row, re-rendered (an attach pointer was hung off it), as the page showing
+    branch ``?branch=`` renders it."""
+    session = access.access_session(request.user, sid)
+    shown = request.GET.get("branch")
+    t = {"selected": None, "branch": pages.shown_branch(session, shown) if shown else None}
+    m = pages.message_row(session, mid, viewer=request.user, branch=t["branch"])
+    return render(request, "collab/_message.html", {**_live_context(request, session), "m": m, "t": t})
+
+
+@login_required
+@require_GET
+def job_row(request, sid, job_id):
+    """One job's row; out of band the job's branch row, the usage line once the job has ended (its
+    tokens are final then: one aggregate per finished job, not per event), and — when ``?branch=``
+    is the job's branch — the running indicator."""
+    session = access.access_session(request.user, sid)
+    job = pages.session_job(session, job_id)
+    job.can_cancel = job.status in ("queued", "running") and _may(check_can_cancel, request.user, job)
+    shown = request.GET.get("branch")
+    t = _running_context(request, job.branch) if shown == job.branch_id else None
+    return render(request, "collab/session.html#job_live", {
+        **_live_context(request, session), "j": job,
+        "usage": usage_totals(session.jobs.all()) if job.status in TERMINAL_STATUSES else None,
+        "job_branch": pages.branch_row(session, job.branch_id), "t": t, "shown_branch": shown,
+        "running_job": t["running_job"] if t else None, "can_cancel_running": bool(t and t["can_cancel_running"]),
+    })
+
+
+@login_required
+@require_GET
+def branch_row(request, sid, branch_id):
+    session = access.access_session(request.user, sid)
+    return render(request, "collab/session.html#branch_row", {"session": session, "b": pages.branch_row(session, branch_id),
+                                                              "shown_branch": request.GET.get("shown")})
+
+
+@login_required
+@require_GET
+def agent_row(request, sid, child_sid):
+    """The agent rail's row of the OpenWork child in session ``child_sid``."""
+    session = access.access_session(request.user, sid)
+    rows = child_rail(session, child_sid)
+    if not rows:
+        raise NotFound()
+    return render(request, "collab/session.html#agent_row", {"a": rows[0]})
+
+
+def _running_context(request, branch) -> dict:
+    """The branch's running indicator, with the cancel button only for those the rule allows."""
+    t = pages.running_state(branch)
+    running = t["running_job"]
+    t["can_cancel_running"] = (running is not None and running.status == "running"
+                               and _may(check_can_cancel, request.user, running))
+    return t
+
+
+def _live_context(request, session) -> dict:
+    return {"session": session, "can_post": _can_post(request, session)}
+
+
+def _can_post(request, session) -> bool:
+    return not session.is_child and access.can_in_session(request.user, session, "turn.start")
+
+
+def _required(request, name: str) -> str:
+    value = request.GET.get(name, "")
+    if not value:
+        raise Invalid(f"{name} is required", code=f"missing_{name}")
+    return value
+
+
 @login_required
 @require_POST
 def post_turn(request, sid):
@@ -302,7 +410,9 @@ def cancel_job(request, sid, job_id):
     )
     session = access.access_session(request.user, sid)
     if request.htmx:
-        return render(request, "collab/session.html#jobs", _session_context(request, session, ["jobs"]))
+        job.refresh_from_db()
+        job.can_cancel = job.status in ("queued", "running") and _may(check_can_cancel, request.user, job)
+        return render(request, "collab/session.html#job_row", {**_live_context(request, session), "j": job})
     return _back_to_session(request, sid)
 
 

@@ -49,10 +49,14 @@ def list_children(branch: Branch) -> list[dict]:
     ]
 
 
-def child_rail(session: Session) -> list[dict]:
-    """The session page's agent rail: direct child sessions with status, duration and tokens (one query)."""
+def child_rail(session: Session, child_session_id: str | None = None) -> list[dict]:
+    """The session page's agent rail: direct child sessions with status, duration and tokens (one query);
+    only the one in ``child_session_id`` when given (a live patch of one row, issue 13 item 3)."""
+    rows = Branch.objects.filter(session__parent_session=session, task_name__isnull=False)
+    if child_session_id is not None:
+        rows = rows.filter(session_id=child_session_id)
     children = (
-        with_last_turn(Branch.objects.filter(session__parent_session=session, task_name__isnull=False))
+        with_last_turn(rows)
         .annotate(
             tokens=Sum("jobs__tokens_in") + Sum("jobs__tokens_out"),
             first_start=Min("jobs__started_at"),

@@ -3,9 +3,10 @@
 from django.db.models import Q
 
 from collab.access import visible_sessions
-from collab.models import ACTIVE_STATUSES, Branch, Job, Message, Session
+from collab.errors import NotFound
+from collab.models import ACTIVE_STATUSES, Branch, Job, Message, MessageKind, Session
 from collab.selectors.transcript import PAGE_WINDOW as TRANSCRIPT_WINDOW  # noqa: F401
-from collab.selectors.transcript import generating_text, page_transcript  # noqa: F401
+from collab.selectors.transcript import generating_text, lineage, page_transcript, present_rows
 
 
 def shown_branch(session: Session, branch_id: str | None = None, head_id: str | None = None) -> Branch | None:
@@ -24,6 +25,77 @@ def shown_branch(session: Session, branch_id: str | None = None, head_id: str | 
 def transcript(session: Session, branch_id: str | None = None, head_id: str | None = None, *, viewer) -> dict:
     """The shown branch's transcript as the session page renders it (see ``page_transcript``)."""
     return page_transcript(session, viewer, branch_id=branch_id, head_id=head_id)
+
+
+def running_state(branch: Branch | None) -> dict:
+    """The branch's running turn as the page shows it: ``running`` (its status or None) and
+    ``generating`` (what a streaming model has said so far)."""
+    running = Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).first() if branch else None
+    return {"running": running.status if running else None, "running_job": running,
+            "generating": generating_text(running) if running else ""}
+
+
+LIVE_ROWS = 100  # at most this many rows per live fetch; a client further behind reloads the transcript
+
+
+class TooFarBehind(Exception):
+    """The rows a client asks for are not a short tail of the branch: it reloads the transcript."""
+
+
+def rows_after(session: Session, branch_id: str, after_id: str | None, *, viewer) -> dict:
+    """Issue 13 item 3: the rows of ``branch_id``'s lineage after message ``after_id`` (from its start
+    when None), oldest first, for a page that shows that branch up to ``after_id``.
+
+    The work is bounded by the number of new rows (at most ``LIVE_ROWS``), not by the branch's
+    length: the walk back from the tip stops at ``after_id``'s depth. Raises ``NotFound`` for a
+    branch or message not in the session, ``TooFarBehind`` when ``after_id`` is more than
+    ``LIVE_ROWS`` rows behind the tip or not on the branch's lineage."""
+    branch = session.branches.filter(pk=branch_id).select_related("tip").first()
+    if branch is None:
+        raise NotFound()
+    after = None
+    if after_id:
+        after = Message.objects.filter(pk=after_id, session=session).only("pk", "depth").first()
+        if after is None:
+            raise NotFound()
+    tip = branch.tip
+    start = after.depth + 1 if after else 0
+    count = (tip.depth - start + 1) if tip else 0
+    if count > LIVE_ROWS or count < 0:
+        raise TooFarBehind()
+    if count == 0 and after is not None and after.pk != (tip.pk if tip else branch.forked_from_id):
+        raise TooFarBehind()  # the page shows another lineage
+    messages = lineage(tip, count) if count > 0 else []
+    if messages and messages[0].predecessor_id != (after.pk if after else None):
+        raise TooFarBehind()  # ``after_id`` is not on this branch's lineage
+    present_rows(branch, messages, viewer)
+    return {"branch": branch, "messages": messages, "selected": None}
+
+
+def message_row(session: Session, message_id: str, *, viewer, branch: Branch | None = None) -> Message:
+    """One transcript row (a message of the session, with its attach pointers), e.g. after an
+    attach pointer was hung off it, made readable as the page showing ``branch`` renders it."""
+    message = Message.objects.filter(pk=message_id, session=session).exclude(kind=MessageKind.ATTACH).first()
+    if message is None:
+        raise NotFound()
+    present_rows(branch, [message], viewer)
+    return message
+
+
+def session_job(session: Session, job_id: str) -> Job:
+    job = session.jobs.select_related("branch").filter(pk=job_id).first()
+    if job is None:
+        raise NotFound()
+    return job
+
+
+def branch_row(session: Session, branch_id: str) -> Branch:
+    """One row of the branch list, with ``busy`` (a turn running on it)."""
+    branch = session.branches.filter(pk=branch_id).first()
+    if branch is None:
+        raise NotFound()
+    branch.busy = Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists()
+    return branch
 
 
 def recent_jobs(session: Session, limit: int = 20) -> list[Job]:
