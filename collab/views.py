@@ -292,7 +292,7 @@ def session_running(request, sid):
     if branch is None:
         raise NotFound()
     t = _running_context(request, branch)
-    return render(request, "collab/session.html#running", {"t": t, "running_job": t["running_job"],
+    return render(request, "collab/session.html#running", {**_live_context(request, session), "t": t, "running_job": t["running_job"],
                                                            "can_cancel_running": t["can_cancel_running"]})
 
 
@@ -348,7 +348,7 @@ def agent_row(request, sid, child_sid):
 
 def _running_context(request, branch) -> dict:
     """The branch's running indicator, with the cancel button only for those the rule allows."""
-    t = pages.running_state(branch)
+    t = {**pages.running_state(branch), "branch": branch}
     running = t["running_job"]
     t["can_cancel_running"] = (running is not None and running.status == "running"
                                and _may(check_can_cancel, request.user, running))
