@@ -274,7 +274,7 @@ def session_rows(request, sid):
     indicator out of band. 409 when the page is too far behind: it reloads its transcript."""
     session = access.access_session(request.user, sid)
     try:
-        t = pages.rows_after(session, _required(request, "branch"), request.GET.get("after") or None, viewer=request.user)
+        t = pages.rows_after(session, _branch_param(request, session), request.GET.get("after") or None, viewer=request.user)
     except pages.TooFarBehind:
         return HttpResponse("reload the transcript", status=409, content_type="text/plain")
     t.update(_running_context(request, t["branch"]))
@@ -288,7 +288,7 @@ def session_rows(request, sid):
 def session_running(request, sid):
     """The running indicator of branch ``?branch=B`` (a streaming model's text so far)."""
     session = access.access_session(request.user, sid)
-    branch = pages.shown_branch(session, _required(request, "branch"))
+    branch = pages.shown_branch(session, _branch_param(request, session))
     if branch is None:
         raise NotFound()
     t = _running_context(request, branch)
@@ -363,11 +363,14 @@ def _can_post(request, session) -> bool:
     return not session.is_child and access.can_in_session(request.user, session, "turn.start")
 
 
-def _required(request, name: str) -> str:
-    value = request.GET.get(name, "")
-    if not value:
-        raise Invalid(f"{name} is required", code=f"missing_{name}")
-    return value
+def _branch_param(request, session) -> str:
+    """``?branch=``, else the branch this viewer reads in the session (their own selection)."""
+    if request.GET.get("branch"):
+        return request.GET["branch"]
+    shown = pages.shown_branch(session, remembered_branch(request, session.pk))
+    if shown is None:
+        raise NotFound()
+    return shown.pk
 
 
 @login_required

@@ -116,6 +116,8 @@ class Alpha:
     workspace_file: str  # a file in alpha's workspace
     invitation_id: int  # a pending invitation to alpha, addressed to ``team.invitee``
     branch_id: str  # the uniquely named branch (``name``), by id
+    ow_sid: str  # alpha's OpenWork session
+    child_sid: str  # its sub-agent's session (``task_name``)
 
 
 def openwork_branch(api, sid) -> str:
@@ -175,6 +177,7 @@ def alpha(team, api_as, scripted_session, tmp_path, make_user) -> Alpha:
         task_name="alpha_secret_child", workspace_file=str(secret_file),
         invitation_id=Membership.objects.get(user=team.invitee).pk,
         branch_id=Branch.objects.get(session_id=sid, name="alpha-secret-plans").pk,
+        ow_sid=ow_sid, child_sid=Session.objects.get(parent_session_id=ow_sid).pk,
     )
 
 
@@ -221,6 +224,10 @@ ROW_PARAMS = {
     "invitation_id": lambda a: [(str(a.invitation_id), str(a.invitation_id + 100_000))],
     "branch_id": lambda a: [(a.branch_id, new_id())],
     "agent_id": lambda a: [("bot", "no-such-spec")],  # the spec alpha's session runs
+}
+# Pages whose rows must belong together: their parameters' values, overriding ROW_PARAMS.
+PAGE_ROW_PARAMS = {
+    "agent_row": {"sid": lambda a: [(a.ow_sid, new_id())], "child_sid": lambda a: [(a.child_sid, new_id())]},
 }
 # Parameters that do not name a row: one fixed value.
 FIXED_PARAMS = {"tool": "list_agents"}
@@ -297,13 +304,14 @@ class Probe:
         return url + (f"?{urlencode(query)}" if query else "")
 
 
-def value_sets(where: str, names: list[str], alpha_rows: Alpha):
+def value_sets(where: str, names: list[str], alpha_rows: Alpha, overrides: dict | None = None):
     """(hidden values, [missing variants], mask) for the parameters; fails naming any the
     matrix has no value for."""
     pairs = {}
+    row_params = {**ROW_PARAMS, **(overrides or {})}
     for name in names:
-        if name in ROW_PARAMS:
-            pairs[name] = ROW_PARAMS[name](alpha_rows)
+        if name in row_params:
+            pairs[name] = row_params[name](alpha_rows)
         elif name not in FIXED_PARAMS:
             pytest.fail(
                 f"{where}: the authorization matrix has no value for parameter {name!r}. Add it to ROW_PARAMS "
@@ -433,6 +441,13 @@ PAGES = {
     "specs": ("GET", None),
     "spec": ("GET", None),
     "archive_branch": ("POST", lambda a: {"reason": "probe"}),
+    "session_rows": ("GET", None),
+    "session_dag": ("GET", None),
+    "session_running": ("GET", None),
+    "message_row": ("GET", None),
+    "job_row": ("GET", None),
+    "branch_row": ("GET", None),
+    "agent_row": ("GET", None),
 }
 PAGES_AUTHORIZED = {"revoke_token": "member", "accept_invitation": "invitee", "decline_invitation": "invitee"}
 CALLER_SCOPED_PAGES = {"projects", "tokens"}
@@ -477,7 +492,7 @@ def test_p_sec_op_c8_every_page_answers_an_outsider_exactly_like_a_missing_row(t
         url = reverse(f"collab:{name}", kwargs=values)
         return client.get(url) if method == "GET" else client.post(url, data)
 
-    for hidden, missing_variants, mask in value_sets(f"page {name}", params, alpha):
+    for hidden, missing_variants, mask in value_sets(f"page {name}", params, alpha, PAGE_ROW_PARAMS.get(name)):
         for method in ("GET", "POST"):
             before = row_counts()
             seen = fetch(outsider, method, hidden)
@@ -491,7 +506,7 @@ def test_p_sec_op_c8_every_page_answers_an_outsider_exactly_like_a_missing_row(t
                 assert bit not in masked(seen, mask)[2]
 
     authorized = logged_in(getattr(team, PAGES_AUTHORIZED.get(name, "owner")))
-    hidden = next(value_sets(name, params, alpha))[0]
+    hidden = next(value_sets(name, params, alpha, PAGE_ROW_PARAMS.get(name)))[0]
     ok = fetch(authorized, accepted, hidden)
     assert ok.status_code < 400, (f"positive control {accepted} {name}", ok.status_code, ok.content[:500])
 
@@ -1066,7 +1081,7 @@ def test_p_sec_every_page_post_needs_the_csrf_token(team, alpha, name, params):
     """P-SEC: a page POST without the CSRF token is 403 for every page of collab.urls (the
     owner, logged in, with alpha's real rows), and writes nothing."""
     client = browser_login(team.owner)
-    hidden = next(value_sets(f"page {name}", params, alpha))[0] if params else {}
+    hidden = next(value_sets(f"page {name}", params, alpha, PAGE_ROW_PARAMS.get(name)))[0] if params else {}
     data = PAGES[name][1](alpha) if PAGES.get(name, (None, None))[1] else {"name": "x"}
     before = row_counts()
     r = client.post(reverse(f"collab:{name}", kwargs=hidden), data)

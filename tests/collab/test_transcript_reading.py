@@ -58,7 +58,7 @@ def transcript_part(body: str) -> str:
 
 def marked(body: str) -> list[str]:
     """The branch ids the branch list marks as the one shown."""
-    return re.findall(r'<li class="branch[^"]* current" data-branch="([^"]+)"><a [^>]*aria-current="page"', body)
+    return re.findall(r'<li class="branch[^"]* current"[^>]* data-branch="([^"]+)"[^>]*><a [^>]*aria-current="page"', body)
 
 
 def turn(api, sid, prompt, branch=None, run=True) -> str:
