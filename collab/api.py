@@ -46,6 +46,7 @@ from collab.schemas import (
     TurnOut,
 )
 from collab.selectors.events import PAGE, events_after
+from collab.selectors.redact import redact_executions
 from collab.selectors.agents import branch_rows, is_busy
 from collab.selectors.shapes import branch_shape, branch_usage, execution_shape, session_shape, usage_totals
 from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MAX_CHARS, render_transcript
@@ -158,7 +159,7 @@ def post_turn(request: HttpRequest, sid: str, payload: TurnIn):
 
 @router.get("executions/{execution_id}", response={200: ExecutionOut, **ERRORS}, tags=["executions"])
 def get_execution(request: HttpRequest, execution_id: str):
-    return execution_shape(access.access_job(request.auth, execution_id))
+    return redact_executions(request.auth, [execution_shape(access.access_job(request.auth, execution_id))])[0]
 
 
 @router.get("executions", response={200: list[ExecutionOut], **ERRORS}, tags=["executions"])
@@ -167,7 +168,7 @@ def list_executions(request: HttpRequest, session: str, status: str | None = Non
     jobs = target.jobs.order_by("-created_at")
     if status:
         jobs = jobs.filter(status=status)
-    return [execution_shape(j) for j in jobs[: max(1, min(limit, 500))]]
+    return redact_executions(request.auth, [execution_shape(j) for j in jobs[: max(1, min(limit, 500))]])
 
 
 @router.post("executions/{execution_id}/commands", response={202: CommandOut, **ERRORS}, tags=["executions"])
@@ -185,7 +186,7 @@ def get_events(request: HttpRequest, sid: str, after: int = 0, limit: int = PAGE
     session = access.access_session(request.auth, sid)
     limit = max(1, min(limit, PAGE))
     after = max(0, min(after, session.last_event_seq))  # past the log's end there is nothing to read
-    return {"events": [e.as_wire() for e in events_after(session.pk, after, limit)]}
+    return {"events": events_after(session.pk, after, limit, viewer=request.auth)}
 
 
 @router.get("sessions/{sid}/branches", response={200: list[BranchOut], **ERRORS}, tags=["branches"])
@@ -208,7 +209,7 @@ def _branch(request, address: str, capability: str = "project.read"):
 def get_transcript(request: HttpRequest, address: str, start_turn: int = 0, end_turn: int | None = None,
                    include_function_calls: bool = True, max_chars: int = DEFAULT_MAX_CHARS):
     branch = _branch(request, address)
-    return render_transcript(branch, start_turn=start_turn, end_turn=end_turn,
+    return render_transcript(branch, viewer=request.auth, start_turn=start_turn, end_turn=end_turn,
                              include_function_calls=include_function_calls,
                              max_chars=max(MIN_MAX_CHARS, min(max_chars, MAX_MAX_CHARS)))
 

@@ -112,7 +112,7 @@ _PART_CONTEXT = {
     "transcript": lambda request, session: {
         "t": pages.transcript(session, request.GET.get("branch"), request.GET.get("head"), viewer=request.user)},
     "jobs": lambda request, session: {"jobs": pages.recent_jobs(session), "usage": usage_totals(session.jobs.all())},
-    "activity": lambda request, session: {"events": pages.recent_events(session, request.user), "holds": pages.pending_holds(session)},
+    "activity": lambda request, session: {"events": pages.recent_events(session, request.user), "holds": pages.pending_holds(session, request.user)},
     "branches": lambda request, session: {"branches": pages.branches(session)},
     "agents": lambda request, session: {"agents": child_rail(session)},
 }

@@ -79,10 +79,14 @@ def _render_message(m: Message, include_function_calls: bool) -> str | None:
     return f"[{label}] {m.text}"
 
 
-def render_transcript(branch, *, start_turn: int = 0, end_turn: int | None = None,
+def render_transcript(branch, *, viewer, start_turn: int = 0, end_turn: int | None = None,
                       include_function_calls: bool = True, max_chars: int = DEFAULT_MAX_CHARS) -> dict:
     """``read_conversation``'s rendering (OP tool page §06 scene 3). Turns are numbered from 0;
-    negative bounds count from the end; later turns beyond ``max_chars`` are dropped."""
+    negative bounds count from the end; later turns beyond ``max_chars`` are dropped. A session
+    ``viewer`` may not see, named in a message (a prompt's "[task from SID:MSG]" header, a
+    result's source, a tool call), reads "another session" (issue 17)."""
+    from collab.selectors.redact import redact_messages
+
     tip = branch.tip
     total = tip.turn if tip else 0
     indices = range(total)[slice(start_turn, end_turn)]
@@ -92,6 +96,7 @@ def render_transcript(branch, *, start_turn: int = 0, end_turn: int | None = Non
         return {**base, "text": f"(no turns in range; the branch has {total} turns)", "turns": [], "omitted_turns": 0}
     first, last = indices[0], indices[-1]
     messages = [m for m in lineage_from_turn(tip, first + 1) if m.turn <= last + 1]
+    redact_messages(viewer, branch.session_id, messages)
     by_turn: dict[int, list[Message]] = {}
     for m in messages:
         by_turn.setdefault(m.turn - 1, []).append(m)

@@ -188,7 +188,7 @@ the last ten turns). Later turns beyond max_chars are dropped. Archived agents a
 def read_conversation(ctx, p: ReadConversationParams) -> ToolResult:
     branch = read_target(ctx.caller, p.session_id)
     rendered = render_transcript(
-        branch, start_turn=p.start_turn, end_turn=p.end_turn,
+        branch, viewer=ctx.caller.user, start_turn=p.start_turn, end_turn=p.end_turn,
         include_function_calls=p.include_function_calls, max_chars=p.max_chars,
     )
     text = rendered.pop("text")
