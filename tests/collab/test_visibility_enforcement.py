@@ -84,14 +84,17 @@ def test_p_sec_9_cancel_follows_the_effective_role_in_the_session(team, api_as, 
 
 
 @pytest.fixture
-def private_and_open(team, scripted_session):
-    """The member's private session and a project-wide one, each with a turn's events."""
+def private_and_open(team, api_as, make_user, scripted_session):
+    """The member's private session and a project-wide one, each with a turn's events, and a
+    project-level event (an invitation)."""
+    make_user("invitee")
+    assert api_as(team.owner).post("/api/projects/alpha/members", {"username": "invitee"}).status_code == 201
     creator, open_sid = scripted_session(team.member, [{"text": "x"}])
     private_sid = creator.post("/api/projects/alpha/sessions", {"title": "Private audit", "agent_id": "bot"}).json()["id"]
     for sid in (open_sid, private_sid):
         assert creator.post(f"/api/sessions/{sid}/turns", {"prompt": "p"}).status_code == 202
     assert creator.patch(f"/api/sessions/{private_sid}", {"visibility": "private"}).status_code == 200
-    assert Event.objects.filter(project=team.alpha, session=None).exists()  # the spec's agent_spec.created
+    assert Event.objects.filter(project=team.alpha, session=None).exists()  # member.invited
     return open_sid, private_sid
 
 
