@@ -46,7 +46,7 @@ from collab.schemas import (
     TurnOut,
 )
 from collab.selectors.events import PAGE, events_after
-from collab.selectors.redact import redact_executions
+from collab.selectors.redact import hidden_among, redact_executions
 from collab.selectors.agents import branch_rows, is_busy
 from collab.selectors.shapes import branch_shape, branch_usage, execution_shape, session_shape, usage_totals
 from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MAX_CHARS, render_transcript
@@ -359,10 +359,20 @@ def patch_project(request: HttpRequest, slug: str, payload: ProjectPatch):
     return _project_out(project, "owner")
 
 
-def _hold_out(h) -> dict:
-    return {"id": h.pk, "kind": h.kind, "text": h.text, "status": h.status, "to": h.target_branch.address,
+def _hold_out(h, hidden: set = frozenset()) -> dict:
+    """``hidden``: sessions the reader may not see — a hold into one says neither where nor
+    which execution (``to`` and ``execution_id`` are null, issue 17)."""
+    into_hidden = h.target_branch.session_id in hidden
+    return {"id": h.pk, "kind": h.kind, "text": h.text, "status": h.status,
+            "to": None if into_hidden else h.target_branch.address,
             "sender": f"{h.sender_session_id}:{h.sender_branch.tip_id}", "created_at": h.created_at,
-            "decided_by": h.decided_by.username if h.decided_by_id else None, "execution_id": h.result_job_id}
+            "decided_by": h.decided_by.username if h.decided_by_id else None,
+            "execution_id": None if into_hidden else h.result_job_id}
+
+
+def _holds_out(user, holds) -> list[dict]:
+    hidden = hidden_among(user, {h.target_branch.session_id for h in holds})
+    return [_hold_out(h, hidden) for h in holds]
 
 
 @router.get("sessions/{sid}/holds", response={200: list[HoldOut], **ERRORS}, tags=["watch"])
@@ -371,16 +381,16 @@ def list_holds(request: HttpRequest, sid: str, status: str = "pending", limit: i
     holds = session.held_deliveries.select_related("target_branch", "sender_branch", "decided_by")
     if status:
         holds = holds.filter(status=status)
-    return [_hold_out(h) for h in holds[: max(1, min(limit, 1000))]]
+    return _holds_out(request.auth, list(holds[: max(1, min(limit, 1000))]))
 
 
 @router.post("holds/{hold_id}/approve", response={200: HoldOut, **ERRORS}, tags=["watch"])
 @token_scope(TokenScope.HOLDS)
 def approve_hold(request: HttpRequest, hold_id: int):
-    return _hold_out(do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=True))
+    return _holds_out(request.auth, [do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=True)])[0]
 
 
 @router.post("holds/{hold_id}/reject", response={200: HoldOut, **ERRORS}, tags=["watch"])
 @token_scope(TokenScope.HOLDS)
 def reject_hold(request: HttpRequest, hold_id: int):
-    return _hold_out(do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=False))
+    return _holds_out(request.auth, [do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=False)])[0]

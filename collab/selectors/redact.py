@@ -64,22 +64,30 @@ def _ids_in(values) -> set[str]:
     return {token for value in values for text in _strings(value) for token in _ID.findall(text)}
 
 
-def hidden_among(viewer, session_ids, *, own: str | None = None) -> set[str]:
-    """Those of ``session_ids`` that are sessions ``viewer`` may not see (one query; none when
-    there is nothing to ask about). Ids that are no session are not hidden: nothing to leak."""
+def hidden_among(viewer, session_ids, *, own: str | None = None) -> dict[str, str]:
+    """Those of ``session_ids`` that are sessions ``viewer`` may not see, with their titles (one
+    query; none when there is nothing to ask about). Ids that are no session are not hidden:
+    nothing to leak."""
     asked = {s for s in session_ids if s and s != own}
     if not asked:
-        return set()
-    return set(Session.objects.filter(pk__in=asked).exclude(pk__in=visible_session_ids(viewer))
-               .values_list("pk", flat=True))
+        return {}
+    return dict(Session.objects.filter(pk__in=asked).exclude(pk__in=visible_session_ids(viewer))
+                .values_list("pk", "title"))
 
 
-def scrub(value, hidden: set[str]):
+MIN_TITLE_CHARS = 4  # a shorter title is not rewritten in text (it would garble ordinary words)
+
+
+def scrub(value, hidden: dict[str, str]):
     """``value`` (text, or JSON-like data) with each hidden session's id — alone or as the
-    ``SID:X`` address of one of its rows — replaced by ``another session``."""
+    ``SID:X`` address of one of its rows — replaced by ``another session``; in a text that
+    names such a session by id, its title too (a listing: ``session SID · title``)."""
     if not hidden:
         return value
     if isinstance(value, str):
+        for sid, title in hidden.items():
+            if sid in value and title and len(title.strip()) >= MIN_TITLE_CHARS:
+                value = value.replace(title, REDACTED)
         pattern = re.compile(r"\b(?:" + "|".join(sorted(hidden)) + r")(?::[0-9a-f]{12})?\b")
         return pattern.sub(REDACTED, value)
     if isinstance(value, dict):
@@ -151,7 +159,7 @@ def redact_wires(viewer, session_id: str, wires: list[dict], memo: Memo | None =
             if isinstance(w.get("payload"), dict) else w for w in wires]
 
 
-def _redact_payload(payload: dict, hidden: set[str], memo: Memo, attach_session: str | None = None) -> dict:
+def _redact_payload(payload: dict, hidden: dict[str, str], memo: Memo, attach_session: str | None = None) -> dict:
     out = dict(payload)
     blanked = False
     if attach_session in hidden:  # an attach node's text names the branch spawned there
@@ -181,7 +189,7 @@ def redact_events(viewer, session_id: str, events) -> list[dict]:
     return redact_wires(viewer, session_id, [e.as_wire() for e in events])
 
 
-def redact_messages(viewer, session_id: str, messages) -> set[str]:
+def redact_messages(viewer, session_id: str, messages) -> dict[str, str]:
     """Scrub hidden sessions' ids out of the messages' text and tool calls, in place (the rows
     are for display; never saved). Returns the hidden sessions found (one query at most)."""
     hidden = hidden_among(viewer, _ids_in([m.text for m in messages] + [m.tool_calls for m in messages]

@@ -172,9 +172,10 @@ def test_p_sec_9_the_session_page_and_transcripts_name_no_session_the_viewer_can
 
 
 def test_p_sec_9_a_held_delivery_to_a_hidden_session_is_shown_without_its_name(team, api_as, crossing):
-    """Issue 17 item 2: under the ``confirm_deliveries`` watch policy, B's agent sends P a
-    message; the hold listed on B's page names the target for the creator and says "another
-    session" to the colleague (the ``delivery.held`` event is blanked the same way)."""
+    """Issue 17 item 2: under the ``confirm_deliveries`` watch policy, B's agent sends a branch of
+    P a message; the hold listed on B's page names the target for the creator and says "another
+    session" to the colleague; ``GET /api/sessions/B/holds`` gives the colleague ``"to": null``
+    and the creator the address; the ``delivery.held`` event is blanked the same way."""
     c = crossing
     b = head(c.creator, c.private_sid)
     spawned = run_gateway(c.token, b, "agent", {"prompt": "wait here", "description": "secret-target",
@@ -192,6 +193,9 @@ def test_p_sec_9_a_held_delivery_to_a_hidden_session_is_shown_without_its_name(t
     assert "to another session" in body and "held for the private side" in body
     assert leaked(body, secrets_of(c) | {target_name}) == []
     assert f"to {target_name}" in logged_in(team.member).get(url).content.decode()
+    listed = api_as(c.colleague).get(f"/api/sessions/{c.open_sid}/holds").json()
+    assert [h["to"] for h in listed] == [None] and leaked(json.dumps(listed), secrets_of(c)) == []
+    assert [h["to"] for h in c.creator.get(f"/api/sessions/{c.open_sid}/holds").json()] == [target.address]
     held = [e for e in api_as(c.colleague).get(f"/api/sessions/{c.open_sid}/events").json()["events"]
             if e["type"] == "delivery.held"]
     assert held and held[0]["payload"]["to"] is None and held[0]["payload"]["target_branch"] is None
@@ -223,3 +227,30 @@ def test_p_sec_9_the_socket_names_no_session_the_viewer_cannot_see(transactional
     assert leaked(json.dumps(mine), secrets)
     assert leaked(json.dumps(theirs), secrets) == []
     assert any(f["type"] == "agent.spawned" and f["payload"].get("redacted") for f in theirs)
+
+
+@pytest.mark.slow
+def test_p_sec_9_a_listing_written_into_a_visible_session_names_no_hidden_session(team, api_as, make_user,
+                                                                                  scripted_session, worker):
+    """Issue 17 item 2, with a real worker: the creator's agent in project-wide B lists every
+    agent (``list_agents(scope="all")``), which names the creator's private session P by id and
+    title in B's transcript. The colleague's session page of B and the transcript route show the
+    listing with "another session" in place of P's id and title; the creator's show P."""
+    colleague = join(team.alpha, make_user("colleague"))
+    creator, open_sid = scripted_session(team.member, [
+        {"tool_calls": [{"name": "list_agents", "arguments": {"scope": "all"}}]}, {"text": "listed"}], agent_id="lister")
+    private_sid = creator.post("/api/projects/alpha/sessions", {"title": SECRET_TITLE, "agent_id": "lister"}).json()["id"]
+    assert creator.patch(f"/api/sessions/{private_sid}", {"visibility": "private"}).status_code == 200
+    first = creator.post(f"/api/sessions/{private_sid}/turns", {"prompt": "private work"}).json()
+    assert creator.wait(first["execution_id"], timeout=60)["status"] == "succeeded"
+    turn = creator.post(f"/api/sessions/{open_sid}/turns", {"prompt": "who is there?"}).json()
+    assert creator.wait(turn["execution_id"], timeout=60)["status"] == "succeeded"
+    listing = Message.objects.get(job_id=turn["execution_id"], role="tool")
+    assert private_sid in listing.text and SECRET_TITLE in listing.text  # the stored row is the agent's
+    page_url = reverse("collab:session", args=[open_sid])
+    transcript = f"/api/branches/{head(creator, open_sid)}/transcript"
+    for client_get, api in ((logged_in(colleague).get, api_as(colleague)), (logged_in(team.member).get, creator)):
+        body = client_get(page_url).content.decode() + api.get(transcript).content.decode()
+        named = private_sid in body or SECRET_TITLE in body
+        assert named is (api is creator), ("creator" if api is creator else "colleague", named)
+        assert "listed" in body and open_sid in body
