@@ -41,6 +41,13 @@ class Memo:
     job_session: dict = field(default_factory=dict)
     attach_session: dict = field(default_factory=dict)  # an attach node → the session it points into
 
+    LIMIT = 10_000  # a long-lived socket's memo is dropped past this many rows (then read again)
+
+    def trim(self) -> None:
+        for known in (self.branch_session, self.job_session, self.attach_session):
+            if len(known) > self.LIMIT:
+                known.clear()
+
 
 def _session_of_address(value) -> str | None:
     if not isinstance(value, str) or value == "clean":
@@ -140,6 +147,7 @@ def redact_wires(viewer, session_id: str, wires: list[dict], memo: Memo | None =
     """Event wires (``Event.as_wire()``) of session ``session_id`` as ``viewer`` may see them:
     same events, same ``seq``s (a socket's stream stays gapless), hidden references blanked."""
     memo = memo if memo is not None else Memo()
+    memo.trim()
     payloads = [w["payload"] for w in wires if isinstance(w.get("payload"), dict)]
     if not payloads:
         return wires

@@ -23,7 +23,12 @@ from django.urls import reverse
 
 from accounts.models import Membership
 from collab.models import Branch, Event, HeldDelivery, Job, Message
-from tests.collab.test_authorization import auth_header, bearer_token, logged_in, run_gateway
+from tests.collab.test_authorization import (
+    auth_header,
+    bearer_token,
+    logged_in,
+    run_gateway,
+)
 from tests.collab.test_live_events import ORIGIN, communicator, frames_through
 
 SECRET_NAME = "plans-in-private"  # the branch B's agent spawns in P
