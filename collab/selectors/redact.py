@@ -27,6 +27,7 @@ ADDRESS_KEYS = ("start_from", "forked_from", "from", "to", "target", "caller", "
 BRANCH_KEYS = ("branch", "target_branch")
 JOB_KEYS = ("job", "into", "caller_job", "parent_job")
 JOB_LIST_KEYS = ("jobs",)
+LISTED_KEY = "session_ids"  # a listing's sessions: hidden ones are left out and not counted, silently
 # what describes the referenced row: blanked with it
 ABOUT_KEYS = ("name", "task_name", "title", "text_preview", "reason", "attach")
 TEXT_KEYS = ("text",)
@@ -160,6 +161,8 @@ def redact_wires(viewer, session_id: str, wires: list[dict], memo: Memo | None =
         asked |= {s for s in _references(p, memo).values() if s}
         asked |= {memo.job_session.get(j) for k in JOB_LIST_KEYS if isinstance(p.get(k), list) for j in p[k]}
         asked |= _ids_in(p.get(k) for k in TEXT_KEYS)
+        if isinstance(p.get(LISTED_KEY), list):
+            asked |= {s for s in p[LISTED_KEY] if isinstance(s, str)}
     hidden = hidden_among(viewer, asked, own=session_id)
     if not hidden:
         return wires
@@ -184,6 +187,10 @@ def _redact_payload(payload: dict, hidden: dict[str, str], memo: Memo, attach_se
     for key in TEXT_KEYS:
         if isinstance(out.get(key), str):
             out[key] = scrub(out[key], hidden)
+    if isinstance(payload.get(LISTED_KEY), list):  # a listing as the reader would have got it
+        out[LISTED_KEY] = [s for s in payload[LISTED_KEY] if s not in hidden]
+        if isinstance(payload.get("sessions"), int):
+            out["sessions"] = len(out[LISTED_KEY])
     if blanked:
         for key in ABOUT_KEYS:
             if key in out:

@@ -118,8 +118,10 @@ def list_agents(ctx, p: ListAgentsParams) -> ToolResult:
     from django.db import transaction
 
     with transaction.atomic():
-        send_event_on_commit(ctx.session.pk, "agents.listed", {"scope": p.scope, "by": ctx.address,
-                                                              "sessions": len(details["sessions"])}, actor=ctx.user)
+        # the ids let a reader's count leave out sessions they may not see (collab/selectors/redact.py)
+        send_event_on_commit(ctx.session.pk, "agents.listed", {
+            "scope": p.scope, "by": ctx.address, "sessions": len(details["sessions"]),
+            "session_ids": [d["session_id"] for d in details["sessions"]]}, actor=ctx.user)
     return ToolResult(text=text, details=details)
 
 

@@ -240,7 +240,9 @@ def test_p_sec_9_a_listing_written_into_a_visible_session_names_no_hidden_sessio
     """Issue 17 item 2, with a real worker: the creator's agent in project-wide B lists every
     agent (``list_agents(scope="all")``), which names the creator's private session P by id and
     title in B's transcript. The colleague's session page of B and the transcript route show the
-    listing with "another session" in place of P's id and title; the creator's show P."""
+    listing with "another session" in place of P's id and title; the creator's show P. The
+    ``agents.listed`` event's ``session_ids`` and ``sessions`` count leave P out for the
+    colleague (without a ``redacted`` mark: a count must not tell that something is hidden)."""
     colleague = join(team.alpha, make_user("colleague"))
     creator, open_sid = scripted_session(team.member, [
         {"tool_calls": [{"name": "list_agents", "arguments": {"scope": "all"}}]}, {"text": "listed"}], agent_id="lister")
@@ -259,3 +261,10 @@ def test_p_sec_9_a_listing_written_into_a_visible_session_names_no_hidden_sessio
         named = private_sid in body or SECRET_TITLE in body
         assert named is (api is creator), ("creator" if api is creator else "colleague", named)
         assert "listed" in body and open_sid in body
+    # the agents.listed event: the colleague's count leaves P out, silently; the creator's has it
+    listed = {who: [e["payload"] for e in api.get(f"/api/sessions/{open_sid}/events").json()["events"]
+                    if e["type"] == "agents.listed"][0] for who, api in (("colleague", api_as(colleague)), ("creator", creator))}
+    assert private_sid in listed["creator"]["session_ids"]
+    assert listed["colleague"]["session_ids"] == [s for s in listed["creator"]["session_ids"] if s != private_sid]
+    assert listed["colleague"]["sessions"] == listed["creator"]["sessions"] - 1
+    assert "redacted" not in listed["colleague"]
