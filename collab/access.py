@@ -169,6 +169,22 @@ def access_branch_by_id(user, branch_id: str, capability: str = "project.read") 
     return branch
 
 
+def require_can_cancel(user, job: Job) -> str:
+    """Who may cancel an execution (SPEC §8, issue 17): by the effective role in its session —
+    a maintainer any execution (``runtime.control``), a member the ones they started
+    (``execution.cancel_own``). One who may not see the session gets the ``NotFound`` of a
+    missing id; a share narrower than the project role (a viewer's) gets ``Forbidden``."""
+    role = session_role(user, job.session)
+    if role is None:
+        raise NotFound()
+    if role_allows(role, "runtime.control"):
+        return role
+    if role_allows(role, "execution.cancel_own") and job.started_by_id == getattr(user, "pk", None):
+        return role
+    raise Forbidden(f"your role in this session ({role}) may only cancel executions you started"
+                    if role_allows(role, "execution.cancel_own") else f"your role in this session ({role}) may not cancel executions")
+
+
 def can(user, project_id: int, capability: str) -> bool:
     return has_capability(user, project_id, capability)
 

@@ -46,6 +46,7 @@ from collab.schemas import (
     TurnOut,
 )
 from collab.selectors.events import PAGE, events_after
+from collab.selectors.redact import hidden_among, redact_executions
 from collab.selectors.agents import branch_rows, is_busy
 from collab.selectors.shapes import branch_shape, branch_usage, execution_shape, session_shape, usage_totals
 from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MAX_CHARS, render_transcript
@@ -159,7 +160,7 @@ def post_turn(request: HttpRequest, sid: str, payload: TurnIn):
 
 @router.get("executions/{execution_id}", response={200: ExecutionOut, **ERRORS}, tags=["executions"])
 def get_execution(request: HttpRequest, execution_id: str):
-    return execution_shape(access.access_job(request.auth, execution_id))
+    return redact_executions(request.auth, [execution_shape(access.access_job(request.auth, execution_id))])[0]
 
 
 @router.get("executions", response={200: list[ExecutionOut], **ERRORS}, tags=["executions"])
@@ -168,7 +169,7 @@ def list_executions(request: HttpRequest, session: str, status: str | None = Non
     jobs = target.jobs.order_by("-created_at")
     if status:
         jobs = jobs.filter(status=status)
-    return [execution_shape(j) for j in jobs[: max(1, min(limit, 500))]]
+    return redact_executions(request.auth, [execution_shape(j) for j in jobs[: max(1, min(limit, 500))]])
 
 
 @router.post("executions/{execution_id}/commands", response={202: CommandOut, **ERRORS}, tags=["executions"])
@@ -186,7 +187,7 @@ def get_events(request: HttpRequest, sid: str, after: int = 0, limit: int = PAGE
     session = access.access_session(request.auth, sid)
     limit = max(1, min(limit, PAGE))
     after = max(0, min(after, session.last_event_seq))  # past the log's end there is nothing to read
-    return {"events": [e.as_wire() for e in events_after(session.pk, after, limit)]}
+    return {"events": events_after(session.pk, after, limit, viewer=request.auth)}
 
 
 @router.get("sessions/{sid}/branches", response={200: list[BranchOut], **ERRORS}, tags=["branches"])
@@ -209,7 +210,7 @@ def _branch(request, address: str, capability: str = "project.read"):
 def get_transcript(request: HttpRequest, address: str, start_turn: int = 0, end_turn: int | None = None,
                    include_function_calls: bool = True, max_chars: int = DEFAULT_MAX_CHARS):
     branch = _branch(request, address)
-    return render_transcript(branch, start_turn=start_turn, end_turn=end_turn,
+    return render_transcript(branch, viewer=request.auth, start_turn=start_turn, end_turn=end_turn,
                              include_function_calls=include_function_calls,
                              max_chars=max(MIN_MAX_CHARS, min(max_chars, MAX_MAX_CHARS)))
 
@@ -359,10 +360,20 @@ def patch_project(request: HttpRequest, slug: str, payload: ProjectPatch):
     return _project_out(project, "owner")
 
 
-def _hold_out(h) -> dict:
-    return {"id": h.pk, "kind": h.kind, "text": h.text, "status": h.status, "to": h.target_branch.address,
+def _hold_out(h, hidden: set = frozenset()) -> dict:
+    """``hidden``: sessions the reader may not see — a hold into one says neither where nor
+    which execution (``to`` and ``execution_id`` are null, issue 17)."""
+    into_hidden = h.target_branch.session_id in hidden
+    return {"id": h.pk, "kind": h.kind, "text": h.text, "status": h.status,
+            "to": None if into_hidden else h.target_branch.address,
             "sender": f"{h.sender_session_id}:{h.sender_branch.tip_id}", "created_at": h.created_at,
-            "decided_by": h.decided_by.username if h.decided_by_id else None, "execution_id": h.result_job_id}
+            "decided_by": h.decided_by.username if h.decided_by_id else None,
+            "execution_id": None if into_hidden else h.result_job_id}
+
+
+def _holds_out(user, holds) -> list[dict]:
+    hidden = hidden_among(user, {h.target_branch.session_id for h in holds})
+    return [_hold_out(h, hidden) for h in holds]
 
 
 @router.get("sessions/{sid}/holds", response={200: list[HoldOut], **ERRORS}, tags=["watch"])
@@ -371,16 +382,16 @@ def list_holds(request: HttpRequest, sid: str, status: str = "pending", limit: i
     holds = session.held_deliveries.select_related("target_branch", "sender_branch", "decided_by")
     if status:
         holds = holds.filter(status=status)
-    return [_hold_out(h) for h in holds[: max(1, min(limit, 1000))]]
+    return _holds_out(request.auth, list(holds[: max(1, min(limit, 1000))]))
 
 
 @router.post("holds/{hold_id}/approve", response={200: HoldOut, **ERRORS}, tags=["watch"])
 @token_scope(TokenScope.HOLDS)
 def approve_hold(request: HttpRequest, hold_id: int):
-    return _hold_out(do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=True))
+    return _holds_out(request.auth, [do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=True)])[0]
 
 
 @router.post("holds/{hold_id}/reject", response={200: HoldOut, **ERRORS}, tags=["watch"])
 @token_scope(TokenScope.HOLDS)
 def reject_hold(request: HttpRequest, hold_id: int):
-    return _hold_out(do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=False))
+    return _holds_out(request.auth, [do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=False)])[0]

@@ -16,6 +16,7 @@ from collab.events import session_group
 from collab.live import relay
 from collab.services.members import user_group
 from collab.selectors.events import PAGE, events_after
+from collab.selectors.redact import Memo, redact_wires
 
 
 def _after(scope) -> int:
@@ -40,6 +41,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         # Never past the log's end: a client's ?after= beyond it would make this socket (and the
         # process's relay, which shares its watermark) skip every event up to that number.
         self.last_seq = min(_after(self.scope), session.last_event_seq)
+        self.memo = Memo()  # which session each branch / job named in an event is in (never changes)
         self.group = session_group(self.sid)
         self.user_group = user_group(self.scope["user"].pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
@@ -64,10 +66,11 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
 
     async def catch_up(self):
         while True:
-            events = await database_sync_to_async(events_after)(self.sid, self.last_seq, PAGE)
-            for event in events:
-                await self.send_json(event.as_wire())
-                self.last_seq = event.seq
+            events = await database_sync_to_async(events_after)(self.sid, self.last_seq, PAGE,
+                                                                viewer=self.scope.get("user"), memo=self.memo)
+            for wire in events:
+                await self.send_json(wire)
+                self.last_seq = wire["seq"]
             if len(events) < PAGE:
                 return
 
@@ -76,6 +79,8 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         if wire["seq"] <= self.last_seq:
             return
         if wire["seq"] == self.last_seq + 1:
+            # as this viewer may see it: a field naming a session they may not see is blanked (issue 17)
+            [wire] = await database_sync_to_async(redact_wires)(self.scope.get("user"), self.sid, [wire], self.memo)
             await self.send_json(wire)
             self.last_seq = wire["seq"]
         else:

@@ -184,7 +184,7 @@ _PART_CONTEXT = {
     "jobs": _jobs_context,
     "activity": lambda request, session: {
         "activity": activity_page(session, request.user, **paging(request.GET)),
-        "holds": pages.pending_holds(session), "can_decide_holds": can_decide_holds(request.user, session)},
+        "holds": pages.pending_holds(session, request.user), "can_decide_holds": can_decide_holds(request.user, session)},
     "branches": _branches_context,
     "agents": lambda request, session: {"agents": child_rail(session)},
 }

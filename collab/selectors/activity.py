@@ -15,7 +15,7 @@ consistent snapshot (no gap, no duplicate). Past ``MAX_PAGES`` the link jumps in
 import json
 from dataclasses import dataclass
 
-from collab.access import visible_sessions
+from collab.selectors.redact import redact_events
 from collab.errors import Invalid
 from collab.models import Branch, Event, Job, Session
 
@@ -74,9 +74,10 @@ def paging(query) -> dict:
 
 
 def activity_page(session: Session, viewer, before: int | None = None, pages: int = 1) -> ActivityPage:
-    """``pages`` pages of the session's events older than ``before`` (newest first), in sentences, without those
-    about another session ``viewer`` may not see (an agent spawned into it: its id and branch
-    name stay out of the feed). At most four queries."""
+    """``pages`` pages of the session's events older than ``before`` (newest first), in sentences; a
+    field naming another session ``viewer`` may not see is blanked (``collab.selectors.redact``:
+    an agent spawned into it keeps its id and branch name out of the feed). A constant number of
+    queries, however long the log."""
     events = session.events.exclude(type__in=NOT_LISTED).select_related("actor").order_by("-seq")
     if before is not None:
         events = events.filter(seq__lt=before)
@@ -85,13 +86,10 @@ def activity_page(session: Session, viewer, before: int | None = None, pages: in
     older = events[limit - 1].seq if len(events) > limit else None
     events = events[:limit]
 
-    payloads = [e.payload if isinstance(e.payload, dict) else {} for e in events]
-    others = {p.get("session") for p in payloads} - {None, session.pk}
-    if others:
-        seen = set(visible_sessions(viewer).filter(pk__in=others).values_list("pk", flat=True)) | {None, session.pk}
-        kept = [(e, p) for e, p in zip(events, payloads) if p.get("session") in seen]
-    else:
-        kept = list(zip(events, payloads))
+    # Issue 17: a field naming a session ``viewer`` may not see is blanked (with the name and
+    # preview that describe it) before the sentence or the developer panel is written.
+    wires = redact_events(viewer, session.pk, events)
+    kept = [(e, w["payload"] if isinstance(w.get("payload"), dict) else {}) for e, w in zip(events, wires)]
 
     branch_ids = {p.get(k) for _, p in kept for k in ("branch", "target_branch")} - {None}
     job_ids = {p.get("job") for _, p in kept} - {None}
@@ -104,7 +102,7 @@ def activity_page(session: Session, viewer, before: int | None = None, pages: in
     rows = [
         ActivityRow(
             seq=e.seq, type=e.type, sentence=words.sentence(e, p), created_at=e.created_at,
-            payload_json=json.dumps(e.payload, indent=2, ensure_ascii=False, sort_keys=True, default=str),
+            payload_json=json.dumps(p, indent=2, ensure_ascii=False, sort_keys=True, default=str),
         )
         for e, p in kept
     ]

@@ -1,8 +1,12 @@
 from collab.models import Event
+from collab.selectors.redact import Memo, redact_wires
 
 PAGE = 500
 
 
-def events_after(session_id: str, after: int = 0, limit: int = PAGE) -> list[Event]:
-    """A session's events with ``seq > after``, ascending. Callers authorize the session first."""
-    return list(Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:limit])
+def events_after(session_id: str, after: int = 0, limit: int = PAGE, *, viewer, memo: Memo | None = None) -> list[dict]:
+    """A session's events with ``seq > after``, ascending, as wires ``viewer`` may see: fields
+    naming a session they may not see are blanked (issue 17; at most four more queries per
+    page). Callers authorize the session first."""
+    events = Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:limit]
+    return redact_wires(viewer, session_id, [e.as_wire() for e in events], memo)

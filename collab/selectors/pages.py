@@ -7,6 +7,7 @@ from collab.errors import NotFound
 from collab.models import ACTIVE_STATUSES, Branch, Job, Message, MessageKind, Session
 from collab.selectors.transcript import PAGE_WINDOW as TRANSCRIPT_WINDOW  # noqa: F401
 from collab.selectors.transcript import generating_text, lineage, page_transcript, present_rows
+from collab.selectors.redact import hidden_among, redact_events, redact_messages  # noqa: F401
 
 
 def shown_branch(session: Session, branch_id: str | None = None, head_id: str | None = None) -> Branch | None:
@@ -131,16 +132,18 @@ def visible_session_count(project, viewer) -> int:
     return visible_sessions(viewer).filter(project=project, parent_session__isnull=True).count()
 
 
-def recent_events(session: Session, viewer, limit: int = 25):
-    """The session's latest events, without those about another session ``viewer`` may not see
-    (an agent spawned into it: its id and branch name stay out of the activity panel)."""
-    events = list(session.events.order_by("-seq")[:limit])
-    others = {e.payload.get("session") for e in events if isinstance(e.payload, dict)} - {None, session.pk}
-    if not others:
-        return events
-    seen = set(visible_sessions(viewer).filter(pk__in=others).values_list("pk", flat=True))
-    return [e for e in events if not isinstance(e.payload, dict) or e.payload.get("session") in seen | {None, session.pk}]
+def recent_events(session: Session, viewer, limit: int = 25) -> list[dict]:
+    """The session's latest events as ``viewer`` may see them: a field naming another session
+    they may not see (an agent spawned into it, a delivery to or from it) is blanked, with the
+    name and preview that describe it (issue 17; ``collab.selectors.redact``)."""
+    return redact_events(viewer, session.pk, session.events.order_by("-seq")[:limit])
 
 
-def pending_holds(session: Session):
-    return list(session.held_deliveries.filter(status="pending").select_related("target_branch"))
+def pending_holds(session: Session, viewer):
+    """Deliveries from this session waiting for a person; one to a session ``viewer`` may not
+    see says only "another session" (``target_hidden``), no name (issue 17)."""
+    holds = list(session.held_deliveries.filter(status="pending").select_related("target_branch"))
+    hidden = hidden_among(viewer, {h.target_branch.session_id for h in holds}, own=session.pk)
+    for h in holds:
+        h.target_hidden = h.target_branch.session_id in hidden
+    return holds

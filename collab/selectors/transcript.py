@@ -20,6 +20,7 @@ from collab.models import (
     MessageKind,
     Session,
 )
+from collab.selectors.redact import redact_messages, scrub
 from collab.services.followup import split_delivery
 
 _CHAIN_SQL = """
@@ -95,10 +96,14 @@ def _render_message(m: Message, include_function_calls: bool) -> str | None:
     return f"[{label}] {m.text}"
 
 
-def render_transcript(branch, *, start_turn: int = 0, end_turn: int | None = None,
+def render_transcript(branch, *, viewer, start_turn: int = 0, end_turn: int | None = None,
                       include_function_calls: bool = True, max_chars: int = DEFAULT_MAX_CHARS) -> dict:
     """``read_conversation``'s rendering (OP tool page §06 scene 3). Turns are numbered from 0;
-    negative bounds count from the end; later turns beyond ``max_chars`` are dropped."""
+    negative bounds count from the end; later turns beyond ``max_chars`` are dropped. A session
+    ``viewer`` may not see, named in a message (a prompt's "[task from SID:MSG]" header, a
+    result's source, a tool call), reads "another session" (issue 17)."""
+    from collab.selectors.redact import redact_messages
+
     tip = branch.tip
     total = tip.turn if tip else 0
     indices = range(total)[slice(start_turn, end_turn)]
@@ -108,6 +113,7 @@ def render_transcript(branch, *, start_turn: int = 0, end_turn: int | None = Non
         return {**base, "text": f"(no turns in range; the branch has {total} turns)", "turns": [], "omitted_turns": 0}
     first, last = indices[0], indices[-1]
     messages = [m for m in lineage_from_turn(tip, first + 1) if m.turn <= last + 1]
+    redact_messages(viewer, branch.session_id, messages)
     by_turn: dict[int, list[Message]] = {}
     for m in messages:
         by_turn.setdefault(m.turn - 1, []).append(m)
@@ -420,10 +426,16 @@ def present_rows(branch: Branch | None, messages: list[Message], viewer) -> Job 
             m.card = _delivery_card(m, jobs, seen)
         if m.card is not None:
             m.card.open = len(m.card.body) <= OPEN_BODY_CHARS
-        m.calls = [{"name": c.get("name", "?"), "arguments": pretty_arguments(c.get("arguments", {}))}
-                   for c in (m.tool_calls or []) if isinstance(c, dict)]
         if m.role == "tool":
             m.tool = meta.get("tool") or "tool"
+    # Issue 17: a hidden session's id in text, tool calls or card bodies reads "another session"
+    # (the cards were cut from the unscrubbed text, whose recorded body spans it matches).
+    hidden = redact_messages(viewer, branch.session_id if branch is not None else None, messages) if messages else {}
+    for m in messages:
+        if hidden and m.card is not None:
+            m.card.body, m.card.note = scrub(m.card.body, hidden), scrub(m.card.note, hidden)
+        m.calls = [{"name": c.get("name", "?"), "arguments": pretty_arguments(c.get("arguments", {}))}
+                   for c in (m.tool_calls or []) if isinstance(c, dict)]
     return running
 
 

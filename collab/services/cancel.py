@@ -20,8 +20,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from accounts.policy import role_allows, role_of
-from collab.errors import Conflict, Forbidden, Invalid, NotFound
+from collab.access import require_can_cancel
+from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
 from collab.models import ExecutionCommand, Job, JobStatus, TERMINAL_STATUSES
 from collab.services.admission import send_job_event
@@ -39,15 +39,9 @@ def command_key(job: Job, command_id: str) -> str:
 
 
 def check_can_cancel(user, job: Job) -> None:
-    """Maintainers cancel any execution; members the ones they started (SPEC §8)."""
-    role = role_of(user, job.project_id)
-    if role is None:
-        raise NotFound()
-    if role_allows(role, "runtime.control"):
-        return
-    if role_allows(role, "execution.cancel_own") and job.started_by_id == getattr(user, "pk", None):
-        return
-    raise Forbidden(f"your role ({role}) may only cancel executions you started")
+    """Maintainers cancel any execution; members the ones they started — by their effective
+    role in the job's session (``collab.access.require_can_cancel``, issue 17)."""
+    require_can_cancel(user, job)
 
 
 @retry_on_deadlock

@@ -118,8 +118,10 @@ def list_agents(ctx, p: ListAgentsParams) -> ToolResult:
     from django.db import transaction
 
     with transaction.atomic():
-        send_event_on_commit(ctx.session.pk, "agents.listed", {"scope": p.scope, "by": ctx.address,
-                                                              "sessions": len(details["sessions"])}, actor=ctx.user)
+        # the ids let a reader's count leave out sessions they may not see (collab/selectors/redact.py)
+        send_event_on_commit(ctx.session.pk, "agents.listed", {
+            "scope": p.scope, "by": ctx.address, "sessions": len(details["sessions"]),
+            "session_ids": [d["session_id"] for d in details["sessions"]]}, actor=ctx.user)
     return ToolResult(text=text, details=details)
 
 
@@ -188,7 +190,7 @@ the last ten turns). Later turns beyond max_chars are dropped. Archived agents a
 def read_conversation(ctx, p: ReadConversationParams) -> ToolResult:
     branch = read_target(ctx.caller, p.session_id)
     rendered = render_transcript(
-        branch, start_turn=p.start_turn, end_turn=p.end_turn,
+        branch, viewer=ctx.caller.user, start_turn=p.start_turn, end_turn=p.end_turn,
         include_function_calls=p.include_function_calls, max_chars=p.max_chars,
     )
     text = rendered.pop("text")

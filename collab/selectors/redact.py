@@ -1,0 +1,230 @@
+"""References to sessions a viewer may not see, blanked per viewer (issue 17, OP §5.9).
+
+A session the viewer sees may still *name* one they may not: an agent spawned from it into a
+private session (``agent.spawned``), a delivery to or from one (``delivery.*``, ``inbox.*``), a
+prompt whose header says ``[task from SID:MSG]``, a result notice ``[result from SID:MSG]``.
+What the viewer is shown (the events API, the socket, the page's activity and transcript, the
+transcript route and ``read_conversation``) goes through here first: every field that points
+into a hidden session is set to ``None`` (with ``"redacted": true`` on the payload), the names,
+previews and reasons that describe it are blanked too, and the session's id (alone or as an
+address) inside free text reads ``another session``.
+
+Cost: at most four queries per batch, however many events or messages — the sessions of the
+branch ids, of the job ids and of the attach nodes named (``Memo`` keeps those for a socket:
+they never change), and one for which referenced sessions the viewer may not see. The model's own context is never
+redacted here: an agent acts for the person who started its root turn, who may see it.
+"""
+
+import re
+from dataclasses import dataclass, field
+
+from collab.access import visible_session_ids
+from collab.models import Branch, Job, Message, MessageKind, Session
+
+REDACTED = "another session"
+SESSION_KEYS = ("session", "caller_session", "sender_session")
+ADDRESS_KEYS = ("start_from", "forked_from", "from", "to", "target", "caller", "address")
+BRANCH_KEYS = ("branch", "target_branch")
+JOB_KEYS = ("job", "into", "caller_job", "parent_job")
+JOB_LIST_KEYS = ("jobs",)
+LISTED_KEY = "session_ids"  # a listing's sessions: hidden ones are left out and not counted, silently
+# what describes the referenced row: blanked with it
+ABOUT_KEYS = ("name", "task_name", "title", "text_preview", "reason", "attach")
+TEXT_KEYS = ("text",)
+_ID = re.compile(r"\b[0-9a-f]{12}\b")
+
+
+@dataclass
+class Memo:
+    """Branch → session and job → session (facts that never change), kept across batches."""
+
+    branch_session: dict = field(default_factory=dict)
+    job_session: dict = field(default_factory=dict)
+    attach_session: dict = field(default_factory=dict)  # an attach node → the session it points into
+
+    LIMIT = 10_000  # a long-lived socket's memo is dropped past this many rows (then read again)
+
+    def trim(self) -> None:
+        for known in (self.branch_session, self.job_session, self.attach_session):
+            if len(known) > self.LIMIT:
+                known.clear()
+
+
+def _session_of_address(value) -> str | None:
+    if not isinstance(value, str) or value == "clean":
+        return None
+    sid = value.split(":", 1)[0]
+    return sid if _ID.fullmatch(sid) else None
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
+
+def _ids_in(values) -> set[str]:
+    return {token for value in values for text in _strings(value) for token in _ID.findall(text)}
+
+
+def hidden_among(viewer, session_ids, *, own: str | None = None) -> dict[str, str]:
+    """Those of ``session_ids`` that are sessions ``viewer`` may not see, with their titles (one
+    query; none when there is nothing to ask about). Ids that are no session are not hidden:
+    nothing to leak."""
+    asked = {s for s in session_ids if s and s != own}
+    if not asked:
+        return {}
+    return dict(Session.objects.filter(pk__in=asked).exclude(pk__in=visible_session_ids(viewer))
+                .values_list("pk", "title"))
+
+
+MIN_TITLE_CHARS = 4  # a shorter title is not rewritten in text (it would garble ordinary words)
+
+
+def scrub(value, hidden: dict[str, str]):
+    """``value`` (text, or JSON-like data) with each hidden session's id — alone or as the
+    ``SID:X`` address of one of its rows — replaced by ``another session``; in a text that
+    names such a session by id, its title too (a listing: ``session SID · title``)."""
+    if not hidden:
+        return value
+    if isinstance(value, str):
+        for sid, title in hidden.items():
+            if sid in value and title and len(title.strip()) >= MIN_TITLE_CHARS:
+                value = value.replace(title, REDACTED)
+        pattern = re.compile(r"\b(?:" + "|".join(sorted(hidden)) + r")(?::[0-9a-f]{12})?\b")
+        return pattern.sub(REDACTED, value)
+    if isinstance(value, dict):
+        return {k: scrub(v, hidden) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v, hidden) for v in value]
+    return value
+
+
+def _fill(memo_map: dict, model, ids: set) -> None:
+    missing = {i for i in ids if isinstance(i, str) and i not in memo_map}
+    if missing:
+        memo_map.update(dict(model.objects.filter(pk__in=missing).values_list("pk", "session_id")))
+
+
+def _attach_id(wire: dict) -> str | None:
+    """The message id of a ``message.created`` event of an attach node ("spawned 'name'")."""
+    payload = wire.get("payload") or {}
+    if wire.get("type") == "message.created" and payload.get("kind") == MessageKind.ATTACH:
+        return payload.get("id")
+    return None
+
+
+def _fill_attaches(memo: Memo, ids: set) -> None:
+    missing = {i for i in ids if i and i not in memo.attach_session}
+    if missing:
+        for pk, metadata in Message.objects.filter(pk__in=missing).values_list("pk", "metadata"):
+            memo.attach_session[pk] = ((metadata or {}).get("attach") or {}).get("session_id")
+
+
+def _references(payload: dict, memo: Memo) -> dict[str, str | None]:
+    """{key: the session it points into} for the payload's reference fields."""
+    refs = {}
+    for key in SESSION_KEYS:
+        if isinstance(payload.get(key), str):
+            refs[key] = payload[key]
+    for key in ADDRESS_KEYS:
+        if (sid := _session_of_address(payload.get(key))) is not None:
+            refs[key] = sid
+    for key in BRANCH_KEYS:
+        if isinstance(payload.get(key), str):
+            refs[key] = memo.branch_session.get(payload[key])
+    for key in JOB_KEYS:
+        if isinstance(payload.get(key), str):
+            refs[key] = memo.job_session.get(payload[key])
+    return refs
+
+
+def redact_wires(viewer, session_id: str, wires: list[dict], memo: Memo | None = None) -> list[dict]:
+    """Event wires (``Event.as_wire()``) of session ``session_id`` as ``viewer`` may see them:
+    same events, same ``seq``s (a socket's stream stays gapless), hidden references blanked."""
+    memo = memo if memo is not None else Memo()
+    memo.trim()
+    payloads = [w["payload"] for w in wires if isinstance(w.get("payload"), dict)]
+    if not payloads:
+        return wires
+    _fill(memo.branch_session, Branch, {p.get(k) for p in payloads for k in BRANCH_KEYS})
+    _fill(memo.job_session, Job, {p.get(k) for p in payloads for k in JOB_KEYS}
+          | {j for p in payloads for k in JOB_LIST_KEYS if isinstance(p.get(k), list) for j in p[k]})
+    _fill_attaches(memo, {_attach_id(w) for w in wires})
+    asked = {memo.attach_session.get(_attach_id(w)) for w in wires}
+    for p in payloads:
+        asked |= {s for s in _references(p, memo).values() if s}
+        asked |= {memo.job_session.get(j) for k in JOB_LIST_KEYS if isinstance(p.get(k), list) for j in p[k]}
+        asked |= _ids_in(p.get(k) for k in TEXT_KEYS)
+        if isinstance(p.get(LISTED_KEY), list):
+            asked |= {s for s in p[LISTED_KEY] if isinstance(s, str)}
+    hidden = hidden_among(viewer, asked, own=session_id)
+    if not hidden:
+        return wires
+    return [{**w, "payload": _redact_payload(w["payload"], hidden, memo, memo.attach_session.get(_attach_id(w)))}
+            if isinstance(w.get("payload"), dict) else w for w in wires]
+
+
+def _redact_payload(payload: dict, hidden: dict[str, str], memo: Memo, attach_session: str | None = None) -> dict:
+    out = dict(payload)
+    blanked = False
+    if attach_session in hidden:  # an attach node's text names the branch spawned there
+        out["text"], blanked = None, True
+    for key, sid in _references(payload, memo).items():
+        if sid in hidden:
+            out[key] = None
+            blanked = True
+    for key in JOB_LIST_KEYS:
+        if isinstance(payload.get(key), list):
+            kept = [j for j in payload[key] if memo.job_session.get(j) not in hidden]
+            if len(kept) != len(payload[key]):
+                out[key], blanked = kept, True
+    for key in TEXT_KEYS:
+        if isinstance(out.get(key), str):
+            out[key] = scrub(out[key], hidden)
+    if isinstance(payload.get(LISTED_KEY), list):  # a listing as the reader would have got it
+        out[LISTED_KEY] = [s for s in payload[LISTED_KEY] if s not in hidden]
+        if isinstance(payload.get("sessions"), int):
+            out["sessions"] = len(out[LISTED_KEY])
+    if blanked:
+        for key in ABOUT_KEYS:
+            if key in out:
+                out[key] = None
+        out["redacted"] = True
+    return out
+
+
+def redact_events(viewer, session_id: str, events) -> list[dict]:
+    """``Event`` rows of one session as the wires ``viewer`` may see (at most four queries)."""
+    return redact_wires(viewer, session_id, [e.as_wire() for e in events])
+
+
+def redact_messages(viewer, session_id: str, messages) -> dict[str, str]:
+    """Scrub hidden sessions' ids out of the messages' text and tool calls, in place (the rows
+    are for display; never saved). Returns the hidden sessions found (one query at most)."""
+    hidden = hidden_among(viewer, _ids_in([m.text for m in messages] + [m.tool_calls for m in messages]
+                                          + [m.metadata for m in messages]), own=session_id)
+    if hidden:
+        for m in messages:
+            m.text = scrub(m.text, hidden)
+            m.tool_calls = scrub(m.tool_calls, hidden)
+            m.metadata = scrub(m.metadata, hidden)
+    return hidden
+
+
+def redact_executions(viewer, shapes: list[dict]) -> list[dict]:
+    """Execution shapes with ``caller_session`` / ``parent_job`` blanked where they are in a
+    session ``viewer`` may not see (a task sent from a private session; two queries at most)."""
+    parent_ids = {s["parent_job"] for s in shapes if s.get("parent_job")}
+    parents = dict(Job.objects.filter(pk__in=parent_ids).values_list("pk", "session_id")) if parent_ids else {}
+    hidden = hidden_among(viewer, {s.get("caller_session") for s in shapes} | set(parents.values()))
+    if not hidden:
+        return shapes
+    return [{**s, "caller_session": None if s.get("caller_session") in hidden else s.get("caller_session"),
+             "parent_job": None if parents.get(s.get("parent_job")) in hidden else s.get("parent_job")}
+            for s in shapes]
