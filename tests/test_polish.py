@@ -142,7 +142,7 @@ def test_issue_13_item_8_a_page_of_activity_costs_the_same_queries_however_long_
     few = count()
     for i in range(3):
         _run_turn(api, sid, f"again {i}")
-    assert count() == few <= 4
+    assert count() == few <= 8  # events, redaction (at most four), branch names, jobs
 
 
 # --- item 8: error pages, favicon, docs, terminal, worker name ---------------------------

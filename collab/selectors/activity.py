@@ -102,11 +102,23 @@ def activity_page(session: Session, viewer, before: int | None = None, pages: in
     rows = [
         ActivityRow(
             seq=e.seq, type=e.type, sentence=words.sentence(e, p), created_at=e.created_at,
-            payload_json=json.dumps(p, indent=2, ensure_ascii=False, sort_keys=True, default=str),
+            payload_json=json.dumps(_developer_detail(e.type, p), indent=2, ensure_ascii=False, sort_keys=True, default=str),
         )
         for e, p in kept
     ]
     return ActivityPage(rows=rows, older=older, pages=pages, before=before)
+
+
+def _developer_detail(type: str, payload: dict) -> dict:
+    """What the developer panel shows of an event: its payload, except a message's text and tool
+    calls, which the transcript shows (as cards, redacted per viewer): the panel says their size."""
+    if type != "message.created":
+        return payload
+    detail = {k: v for k, v in payload.items() if k not in ("text", "tool_calls")}
+    detail["text_chars"] = len(payload.get("text") or "")
+    if payload.get("tool_calls"):
+        detail["tool_calls"] = [c.get("name") for c in payload["tool_calls"] if isinstance(c, dict)]
+    return detail
 
 
 def _seconds(job: Job | None) -> str:

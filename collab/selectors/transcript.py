@@ -414,8 +414,6 @@ def present_rows(branch: Branch | None, messages: list[Message], viewer) -> Job 
 
     for m in messages:
         meta = m.metadata or {}
-        if meta.get("spawned_from_session") not in seen | {None}:
-            m.metadata = {k: v for k, v in meta.items() if k not in ("spawned_from_session", "caller")}
         m.attaches = attaches.get(m.pk, [])
         m.stops = stops.get(m.pk, [])
         m.inherited = branch is not None and m.branch_id != branch.pk
@@ -426,6 +424,8 @@ def present_rows(branch: Branch | None, messages: list[Message], viewer) -> Job 
             m.card = _delivery_card(m, jobs, seen)
         if m.card is not None:
             m.card.open = len(m.card.body) <= OPEN_BODY_CHARS
+        if meta.get("spawned_from_session") not in seen | {None}:  # after the card, which hides the caller
+            m.metadata = {k: v for k, v in meta.items() if k not in ("spawned_from_session", "caller")}
         if m.role == "tool":
             m.tool = meta.get("tool") or "tool"
     # Issue 17: a hidden session's id in text, tool calls or card bodies reads "another session"

@@ -30,6 +30,7 @@ from tests.collab.test_authorization import (  # noqa: F401  (alpha, beta: fixtu
     NOT_FOUND_CODES,
     ORIGIN,
     PAGE_PATTERNS,
+    PAGE_ROW_PARAMS,
     PAGES,
     PASSWORD,
     ROUTES,
@@ -133,7 +134,7 @@ def test_p_sec_9_every_session_page_answers_a_non_listed_member_like_a_missing_r
         url = reverse(f"collab:{name}", kwargs=values)
         return client.get(url) if method == "GET" else client.post(url, data)
 
-    for values, missing_variants, mask in value_sets(f"page {name}", params, alpha):
+    for values, missing_variants, mask in value_sets(f"page {name}", params, alpha, PAGE_ROW_PARAMS.get(name)):
         before = row_counts()
         seen = fetch(colleague, accepted, values)
         assert seen.status_code == 404, (name, seen.status_code)
@@ -142,7 +143,7 @@ def test_p_sec_9_every_session_page_answers_a_non_listed_member_like_a_missing_r
         assert row_counts() == before
         for bit in SECRET_BITS:
             assert bit not in masked(seen, mask)[2]
-    values = next(value_sets(name, params, alpha))[0]
+    values = next(value_sets(name, params, alpha, PAGE_ROW_PARAMS.get(name)))[0]
     keepers = ("member", "friend", "maintainer") if accepted == "GET" else ("maintainer",)
     for who in keepers:
         user = hidden.friend if who == "friend" else getattr(team, who)

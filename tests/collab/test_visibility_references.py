@@ -149,11 +149,11 @@ def test_p_sec_9_the_session_page_and_transcripts_name_no_session_the_viewer_can
     theirs = logged_in(c.colleague).get(page_url)
     assert theirs.status_code == 200
     body = theirs.content.decode()
-    assert "[task from another session]" in body and "from the private side" in body
-    assert "spawn_remote ← another session" in body  # the badge stays, unnamed and unlinked
+    # the prompt is a card (issue 13 item 2): who started the agent stays, unnamed and unlinked
+    assert "an agent you cannot see" in body and "from the private side" in body
     assert leaked(body, secrets) == []
     mine = logged_in(team.member).get(page_url).content.decode()
-    assert c.private_sid in mine and "spawn-remote" in mine and SECRET_NAME in mine
+    assert c.private_sid in mine and "an agent you cannot see" not in mine and SECRET_NAME in mine
 
     transcript = f"/api/branches/{spawned_here.address}/transcript"
     seen = api_as(c.colleague).get(transcript)
