@@ -26,6 +26,21 @@ ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"succeeded", "failed", "cancelled", "interrupted"}
 
 
+# `pytest -n N` (pytest-xdist) runs N test processes side by side. Each has its own test
+# database (pytest-django adds gw0, gw1, … to its name) and its own worker and web processes;
+# what they would share through Redis — the job queue and the channel layer — gets the same
+# suffix here, before any test enqueues a task or opens the layer. The queue name is also
+# django-q2's signing salt, so this process and its workers must agree on it (process_env).
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if XDIST_WORKER:
+    from django_q.conf import Conf
+
+    settings.Q_CLUSTER["name"] = Conf.PREFIX = Conf.CLUSTER_NAME = f"{settings.Q_CLUSTER['name']}-{XDIST_WORKER}"
+    if settings.REDIS_URL:
+        layer = settings.CHANNEL_LAYERS["default"]["CONFIG"]
+        layer["prefix"] = f"{layer['prefix']}-{XDIST_WORKER}"
+
+
 # --- people and projects ------------------------------------------------------
 
 
@@ -276,12 +291,21 @@ def worker(transactional_db, worker_process):
 def queued_tasks() -> int:
     """Tasks in this run's broker list: with the ORM broker (SQLite) until the worker has
     finished them (rows are deleted on acknowledgement), with Redis until a worker takes them."""
+    from datetime import timedelta
+
+    from django.db.models import Q
+    from django.utils import timezone
     from django_q.brokers import get_broker
     from django_q.models import OrmQ
 
     broker = get_broker()
     if settings.Q_CLUSTER.get("orm"):
-        return OrmQ.objects.filter(key=broker.list_key).count()
+        # a row is claimable (lock in the past) or taken (lock = claim time + RETRY); a row
+        # enqueued while a test set the app's clock ahead has a lock minutes ahead: it is
+        # neither (no worker takes it before that time), so it is not waited for
+        now = timezone.now()
+        taken = now + timedelta(seconds=settings.Q_CLUSTER["retry"] / 2)
+        return OrmQ.objects.filter(key=broker.list_key).filter(Q(lock__lte=now) | Q(lock__gt=taken)).count()
     return broker.queue_size()
 
 
