@@ -163,6 +163,23 @@ def settle_session(api, *sids, quiet: float = 0.1, timeout: float = 60.0, interv
         time.sleep(interval)
 
 
+_handlers: dict = {}
+
+
+def shared_handler_client():
+    """A test ``Client`` (its own cookies) on a request handler shared by every such client.
+    Each new handler builds the middleware chain on its first request — WhiteNoise then indexes
+    every static file (about 35 ms) — and the suite makes thousands of clients. A handler holds
+    no per-client state (one WSGI handler serves every thread of a server the same way); a
+    test that changes MIDDLEWARE gets a handler of its own."""
+    from django.test import Client
+
+    client = Client()
+    key = tuple(settings.MIDDLEWARE)
+    client.handler = _handlers.setdefault(key, client.handler)
+    return client
+
+
 @pytest.fixture
 def api_as(client):
     """``api_as(user)``: the person's own client, a token with every scope (tests of roles);
@@ -171,9 +188,7 @@ def api_as(client):
 
     def make(user, scopes=None):
         _, raw = ApiToken.issue(user, name="test", scopes=scopes or TokenScope.values)
-        from django.test import Client
-
-        return ApiClient(Client(), raw)
+        return ApiClient(shared_handler_client(), raw)
 
     return make
 
