@@ -26,6 +26,21 @@ ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"succeeded", "failed", "cancelled", "interrupted"}
 
 
+# `pytest -n N` (pytest-xdist) runs N test processes side by side. Each has its own test
+# database (pytest-django adds gw0, gw1, … to its name) and its own worker and web processes;
+# what they would share through Redis — the job queue and the channel layer — gets the same
+# suffix here, before any test enqueues a task or opens the layer. The queue name is also
+# django-q2's signing salt, so this process and its workers must agree on it (process_env).
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if XDIST_WORKER:
+    from django_q.conf import Conf
+
+    settings.Q_CLUSTER["name"] = Conf.PREFIX = Conf.CLUSTER_NAME = f"{settings.Q_CLUSTER['name']}-{XDIST_WORKER}"
+    if settings.REDIS_URL:
+        layer = settings.CHANNEL_LAYERS["default"]["CONFIG"]
+        layer["prefix"] = f"{layer['prefix']}-{XDIST_WORKER}"
+
+
 # --- people and projects ------------------------------------------------------
 
 
@@ -115,20 +130,54 @@ def executions(api, sid) -> list[dict]:
     return r.json()
 
 
-def settle_session(api, sid, *, quiet: float = 1.0, timeout: float = 60.0, interval: float = 0.1) -> list[dict]:
-    """Wait until every job of the session is terminal and the set of jobs has not changed
-    for ``quiet`` seconds; return the jobs."""
+def undelivered_results(session_ids=None) -> list[str]:
+    """Finished jobs whose result the worker is still about to hand back: owed to an idle branch
+    (of these sessions, or of any session) in mode ``turn`` — a follow-up turn or notice comes
+    next — or in any mode to an archived branch (it is bounced). Results owed in mode
+    ``mailbox`` to a live branch wait for its next turn: nothing more happens on its own."""
+    from django.db.models import Q
+
+    from collab.models import FollowupState, Job
+
+    owed = Job.objects.filter(followup_state=FollowupState.OWED).filter(
+        ~Q(followup_mode="mailbox") | Q(caller_branch__archived=True))
+    if session_ids is not None:
+        owed = owed.filter(caller_branch__session_id__in=list(session_ids))
+    return list(owed.values_list("pk", flat=True))
+
+
+def settle_session(api, *sids, quiet: float = 0.1, timeout: float = 60.0, interval: float = 0.05) -> list[dict]:
+    """Wait until the sessions are at rest and return their jobs (``GET /api/executions``):
+    every job terminal and no result waiting to come back to one of their branches (which
+    would admit a follow-up), the same for ``quiet`` seconds (two reads at least)."""
     deadline = time.monotonic() + timeout
     last, since = None, time.monotonic()
     while True:
-        jobs = executions(api, sid)
+        jobs = [j for sid in sids for j in executions(api, sid)]
         key = {j["id"]: j["status"] for j in jobs}
-        if key != last or not all(s in TERMINAL for s in key.values()):
+        if key != last or not all(s in TERMINAL for s in key.values()) or undelivered_results(sids):
             last, since = key, time.monotonic()
         elif time.monotonic() - since >= quiet:
             return jobs
-        assert time.monotonic() < deadline, f"session {sid} did not settle: {key}"
+        assert time.monotonic() < deadline, f"sessions {sids} did not settle: {key}"
         time.sleep(interval)
+
+
+_handlers: dict = {}
+
+
+def shared_handler_client():
+    """A test ``Client`` (its own cookies) on a request handler shared by every such client.
+    Each new handler builds the middleware chain on its first request — WhiteNoise then indexes
+    every static file (about 35 ms) — and the suite makes thousands of clients. A handler holds
+    no per-client state (one WSGI handler serves every thread of a server the same way); a
+    test that changes MIDDLEWARE gets a handler of its own."""
+    from django.test import Client
+
+    client = Client()
+    key = tuple(settings.MIDDLEWARE)
+    client.handler = _handlers.setdefault(key, client.handler)
+    return client
 
 
 @pytest.fixture
@@ -139,9 +188,7 @@ def api_as(client):
 
     def make(user, scopes=None):
         _, raw = ApiToken.issue(user, name="test", scopes=scopes or TokenScope.values)
-        from django.test import Client
-
-        return ApiClient(Client(), raw)
+        return ApiClient(shared_handler_client(), raw)
 
     return make
 
@@ -256,30 +303,69 @@ def worker(transactional_db, worker_process):
     return worker_process
 
 
-def settle_worker(timeout: float = 20.0) -> None:
+def queued_tasks() -> int:
+    """Tasks in this run's broker list: with the ORM broker (SQLite) until the worker has
+    finished them (rows are deleted on acknowledgement), with Redis until a worker takes them."""
+    from datetime import timedelta
+
+    from django.db.models import Q
+    from django.utils import timezone
+    from django_q.brokers import get_broker
+    from django_q.models import OrmQ
+
+    broker = get_broker()
+    if settings.Q_CLUSTER.get("orm"):
+        # a row is claimable (lock in the past) or taken (lock = claim time + RETRY); a row
+        # enqueued while a test set the app's clock ahead has a lock minutes ahead: it is
+        # neither (no worker takes it before that time), so it is not waited for
+        now = timezone.now()
+        taken = now + timedelta(seconds=settings.Q_CLUSTER["retry"] / 2)
+        return OrmQ.objects.filter(key=broker.list_key).filter(Q(lock__lte=now) | Q(lock__gt=taken)).count()
+    return broker.queue_size()
+
+
+def at_rest() -> bool:
+    """Nothing left for the workers: no open job, no result about to come back, no queued task."""
+    from collab.models import OPEN_STATUSES, Job
+
+    return not Job.objects.filter(status__in=OPEN_STATUSES).exists() and not undelivered_results() and not queued_tasks()
+
+
+def wait_at_rest(timeout: float = 20.0, *, cancel: bool = False) -> bool:
+    """Wait until ``at_rest()`` holds twice in a row 0.1 s apart (a task a worker has just taken
+    from Redis shows in neither queue nor jobs for a moment); ``cancel``: cancel every open job
+    meanwhile. Whether it came to rest within ``timeout``."""
     from django.db import transaction
 
-    from collab.models import OPEN_STATUSES, FollowupState, Job
+    from collab.models import OPEN_STATUSES, Job
     from collab.services.cancel import request_cancel_tree
 
     deadline = time.monotonic() + timeout
-    quiet_since = None
+    in_a_row = 0
     while time.monotonic() < deadline:
-        open_jobs = list(Job.objects.filter(status__in=OPEN_STATUSES))
-        owed = Job.objects.filter(followup_state=FollowupState.OWED).exclude(followup_mode="mailbox").exists()
-        if not open_jobs and not owed:
-            quiet_since = quiet_since or time.monotonic()
-            if time.monotonic() - quiet_since > 0.3:
-                return
+        if at_rest():
+            in_a_row += 1
+            if in_a_row >= 2:
+                return True
         else:
-            quiet_since = None
-            for job in open_jobs:
+            in_a_row = 0
+            for job in Job.objects.filter(status__in=OPEN_STATUSES) if cancel else ():
                 try:
                     with transaction.atomic():
                         request_cancel_tree(Job.objects.select_for_update().get(pk=job.pk))
                 except Exception:  # it ended meanwhile: fine
                     pass
         time.sleep(0.1)
+    return False
+
+
+def settle_worker(timeout: float = 20.0) -> None:
+    """Cancel whatever the test left open and wait until the workers are at rest (at once when
+    the test made no job at all), so the flush that ends a transactional test races nothing."""
+    from collab.models import Job
+
+    if Job.objects.exists() or queued_tasks():
+        wait_at_rest(timeout, cancel=True)
 
 
 def free_port() -> int:

@@ -90,7 +90,7 @@ def step(*calls) -> dict:
 
 
 def settle(api, sid) -> list[dict]:
-    return settle_session(api, sid, quiet=0.6, timeout=WAIT, interval=0.05)
+    return settle_session(api, sid, timeout=WAIT)
 
 
 def assert_well_formed(session_id) -> None:

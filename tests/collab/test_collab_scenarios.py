@@ -7,13 +7,12 @@ polling with a timeout (``poll``), never a fixed sleep used as an assertion.
 """
 
 import re
-import time
 
 import pytest
 
 from tests.conftest import poll as _poll
 
-from tests.conftest import TERMINAL
+from tests.conftest import TERMINAL, settle_session, wait_at_rest
 
 pytestmark = pytest.mark.slow
 
@@ -67,22 +66,10 @@ def branch_count() -> int:
     return Branch.objects.count()
 
 
-def settle(api, *sids, quiet=0.5, timeout=WAIT):
-    """Wait until every job of these sessions is terminal and the set of jobs stays the same
-    for ``quiet`` seconds (so a follow-up admitted just after a completion is not missed)."""
-    deadline = time.monotonic() + timeout
-    last, since = None, time.monotonic()
-    while True:
-        snapshot = jobs_of(api, *sids)
-        done = all(j["status"] in TERMINAL for j in snapshot.values())
-        key = {k: v["status"] for k, v in snapshot.items()}
-        if key != last or not done:
-            last, since = key, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return snapshot
-        if time.monotonic() > deadline:
-            raise AssertionError(f"sessions {sids} did not settle within {timeout}s: {snapshot}")
-        time.sleep(0.05)
+def settle(api, *sids, timeout=WAIT):
+    """``jobs_of`` these sessions once they are at rest (tests/conftest.py ``settle_session``)."""
+    settle_session(api, *sids, timeout=timeout)
+    return jobs_of(api, *sids)
 
 
 def tool(api, address, name, **arguments):
@@ -371,7 +358,7 @@ def test_op_scene3_read_last_ten_turns_never_runs_anything(team, api_as, worker)
     r = ok(tool(api, me, "read_conversation", session_id=old, start_turn=-1))
     assert [t["index"] for t in r["details"]["turns"]] == [11]
 
-    time.sleep(0.3)  # let anything wrongly started show up before counting
+    settle(api, old, sid)  # a read that started anything would show as a job row at once
     assert job_count() == jobs_before
     assert {s: len(jobs_of(api, s)) for s in (old, sid)} == events_before
 
@@ -813,8 +800,7 @@ def test_op_5_5_c10_failed_and_empty_results_come_back_once_without_loops(team, 
     assert 1 <= len(followups) <= 3
     assert all(j["status"] == "failed" and j["error_code"] == "tool_call_limit" for j in followups), followups
 
-    # no loop: the job count stays put
-    first = job_count()
-    time.sleep(1.0)
-    assert job_count() == first
+    # no loop: at rest nothing is left that could start another job — no open job, no result
+    # about to come back to any branch, no queued task (a loop would need one of them)
+    assert wait_at_rest(WAIT)
     assert jobs_of(api, sid, other) == jobs

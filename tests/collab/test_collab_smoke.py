@@ -1,5 +1,7 @@
 import pytest
 
+from tests.conftest import poll
+
 pytestmark = pytest.mark.slow
 
 
@@ -16,14 +18,12 @@ def test_background_spawn_returns_its_result_as_a_followup_turn(team, scripted_s
     child_id = done["result"].split()[-1]
     child = api.wait(child_id)
     assert child["result"] == "child says hi"
-    import time
-    for _ in range(100):
+
+    def followup_succeeded():
         events = api.get(f"/api/sessions/{sid}/events").json()["events"]
-        fu = [e for e in events if e["type"] == "job.succeeded" and e["payload"]["kind"] == "followup"]
-        if fu:
-            break
-        time.sleep(0.1)
-    assert fu, [e["type"] for e in events]
+        return [e for e in events if e["type"] == "job.succeeded" and e["payload"]["kind"] == "followup"]
+
+    poll(followup_succeeded, timeout=60, what="the follow-up turn to succeed")
     branches = api.get(f"/api/sessions/{sid}/branches").json()
     names = sorted(b["name"] for b in branches)
     assert "helper" in names and "main" in names, branches

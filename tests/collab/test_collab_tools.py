@@ -19,7 +19,7 @@ import pytest
 from django.utils import timezone
 
 from collab.models import Branch, Job, Message, Session, Todo
-from tests.conftest import poll
+from tests.conftest import poll, wait_at_rest
 
 TERMINAL = {"succeeded", "failed", "cancelled", "interrupted"}
 _spec_ids = itertools.count()
@@ -953,7 +953,7 @@ def test_op_2_4_stage_2_renames_label_named_branches_after_the_first_turn(team, 
     assert rows[title]["name_stage"] == 2 and rows[title]["turns"] == 1
     assert rows["billing-auditor"]["name_stage"] == 3 and rows["billing-auditor"]["turns"] == 1
     assert "main" in rows and rows["main"]["name_stage"] == 3
-    time.sleep(0.5)  # any other naming task a finished turn scheduled has had time to run
+    assert wait_at_rest()  # every naming task a finished turn scheduled has run
     assert by_name()["billing-auditor"]["name_stage"] == 3
     # the event log shows stage 1 (the label given at creation) and the one stage-2 rename
     events = api.get(f"/api/sessions/{sid}/events").json()["events"]

@@ -35,7 +35,7 @@ from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from tests.conftest import ROOT, TERMINAL, ApiClient, _wait_for_output
+from tests.conftest import ROOT, TERMINAL, ApiClient, _wait_for_output, settle_session
 
 pytestmark = pytest.mark.slow
 
@@ -55,28 +55,11 @@ def _fast_password_hashing(settings):
 
 @pytest.fixture(autouse=True)
 def _stop_leftovers(transactional_db):
-    """Worker processes see committed rows only, so every test is transactional. Afterwards,
-    whatever is still open is cancelled, and the test waits until the workers have gone quiet
-    (no open job, no new job or event for a moment): the database flush that ends the test must
-    not race a worker's last transaction (PostgreSQL would report a deadlock)."""
+    """Worker processes see committed rows only, so every test is transactional. Afterwards
+    (tests/conftest.py ``transactional_db``) whatever is still open is cancelled, and the test
+    waits until the workers are at rest, so the database flush that ends the test does not race
+    a worker's last transaction (PostgreSQL would report a deadlock)."""
     yield
-    from collab.models import OPEN_STATUSES, Event, Job
-    from collab.services.cancel import request_cancel
-
-    deadline = time.monotonic() + 10
-    last, since = None, time.monotonic()
-    while time.monotonic() < deadline:
-        for job in Job.objects.filter(status__in=OPEN_STATUSES):
-            try:
-                request_cancel(job)
-            except Exception:  # best effort: the flush removes the rows anyway
-                pass
-        snapshot = (Job.objects.count(), Job.objects.filter(status__in=OPEN_STATUSES).count(), Event.objects.count())
-        if snapshot != last or snapshot[1]:
-            last, since = snapshot, time.monotonic()
-        elif time.monotonic() - since >= 0.5:
-            break
-        time.sleep(0.05)
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -188,22 +171,9 @@ def step(*calls) -> dict:
     return {"tool_calls": list(calls)}
 
 
-def settle(api, *sids, quiet=0.6, timeout=WAIT) -> list[dict]:
-    """Wait until every job of these sessions is terminal and the set of jobs stays the same for
-    ``quiet`` seconds (so a follow-up admitted just after a completion is not missed)."""
-    deadline = time.monotonic() + timeout
-    last, since = None, time.monotonic()
-    while True:
-        jobs = [j for sid in sids for j in executions(api, sid)]
-        key = {j["id"]: j["status"] for j in jobs}
-        done = all(s in TERMINAL for s in key.values())
-        if key != last or not done:
-            last, since = key, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return jobs
-        if time.monotonic() > deadline:
-            raise AssertionError(f"sessions {sids} did not settle within {timeout}s: {key}")
-        time.sleep(0.05)
+def settle(api, *sids, timeout=WAIT) -> list[dict]:
+    """Every job of these sessions once they are at rest (tests/conftest.py ``settle_session``)."""
+    return settle_session(api, *sids, timeout=timeout)
 
 
 def children(parent_id, agent_id=None):
@@ -915,7 +885,7 @@ def test_op_c6_max_live_per_session_runs_background_children_one_at_a_time(team,
     api = api_as(team.member)
     sid = open_session(api, "boss")
     root = turn(api, sid, "go")
-    jobs = settle(api, sid, quiet=1.0)
+    jobs = settle(api, sid)
     assert all(j["status"] == "succeeded" for j in jobs), jobs
     assert len([j for j in jobs if j["parent_job"] == root]) == 3
     assert len([j for j in jobs if j["kind"] == "followup"]) == 3
@@ -927,7 +897,7 @@ def test_op_c6_max_live_per_session_runs_background_children_one_at_a_time(team,
     for n in range(3):
         r = tool(api, main, "agent", prompt=f"nap {n}", agent_id="nap", description=f"gw{n}", run_in_background=True)
         assert not r["is_error"], r
-    jobs = settle(api, sid, quiet=1.0)
+    jobs = settle(api, sid)
     assert len([j for j in jobs if j["kind"] == "spawn"]) == 6 and all(j["status"] == "succeeded" for j in jobs)
     _assert_one_running_at_a_time(api, sid)
 

@@ -39,7 +39,7 @@ def make_spec(api, agent_id, script):
 
 
 def settle(api, sid) -> list[dict]:
-    return settle_session(api, sid, quiet=1.0, timeout=WAIT, interval=0.1)
+    return settle_session(api, sid, timeout=WAIT)
 
 
 def test_op_c1_fifty_concurrent_forks_turns_deliveries_and_cancels_keep_one_chain_per_branch(team, api_as, worker):

@@ -1,7 +1,9 @@
-"""The scripted provider (SPEC §11.2), every step form, through the public API and a real worker.
+"""The scripted provider (SPEC §11.2), every step form, through the public API.
 
-The worker is a separate process, so everything is observed from outside: the
-execution (``GET /api/executions/{id}``) and the session's event log
+A step rule needs no worker process: the turn runs in this process exactly as a worker runs
+it (``run_job``), in the test's transaction. The mailbox, which needs a background child
+running beside the turn, runs on the real worker. Everything is observed as a client
+sees it: the execution (``GET /api/executions/{id}``) and the session's event log
 (``GET /api/sessions/{sid}/events``).
 """
 
@@ -10,14 +12,28 @@ from datetime import datetime
 import pytest
 from django.conf import settings
 
-pytestmark = pytest.mark.slow
-
 UNKNOWN_TOOL = {"name": "no_such_tool", "arguments": {}}
 
 
 @pytest.fixture
-def run_turn(team, scripted_session, worker):
-    """Run one user turn of ``script`` to its end: returns (api, sid, execution)."""
+def run_turn(team, scripted_session):
+    """Run one user turn of ``script`` to its end in this process: returns (api, sid, execution)."""
+    from collab.runtime.loop import run_job
+
+    def run(script, prompt="hello"):
+        api, sid = scripted_session(team.member, script)
+        r = api.post(f"/api/sessions/{sid}/turns", {"prompt": prompt})
+        assert r.status_code == 202, r.content
+        execution_id = r.json()["execution_id"]
+        assert run_job(execution_id) is not None, f"job {execution_id} could not be claimed"
+        return api, sid, api.get(f"/api/executions/{execution_id}").json()
+
+    return run
+
+
+@pytest.fixture
+def run_turn_on_worker(team, scripted_session, worker):
+    """Run one user turn of ``script`` on the real worker: returns (api, sid, execution)."""
 
     def run(script, prompt="hello", timeout=30.0):
         api, sid = scripted_session(team.member, script)
@@ -143,7 +159,8 @@ def test_mailbox_is_empty_when_nothing_was_delivered(run_turn):
     assert done["result"] == "mailbox=[]"
 
 
-def test_mailbox_is_the_text_drained_into_this_turn_so_far(run_turn):
+@pytest.mark.slow
+def test_mailbox_is_the_text_drained_into_this_turn_so_far(run_turn_on_worker):
     """P-FLW-1: a background child's result reaches the running caller's mailbox before its next model call."""
     wait_a_little = {"sleep_ms": 500, "tool_calls": [{"name": "todo_list", "arguments": {}}]}
     script = {
@@ -154,7 +171,7 @@ def test_mailbox_is_the_text_drained_into_this_turn_so_far(run_turn):
         ],
         "spawn": [{"text": "child found {{prompt}}"}],
     }
-    api, sid, done = run_turn(script)
+    api, sid, done = run_turn_on_worker(script)
     assert done["status"] == "succeeded", done
     assert done["result"].startswith("mailbox=[[result from ")
     assert "child found dig" in done["result"]
@@ -221,7 +238,7 @@ def test_a_sleep_may_share_a_step_with_its_answer(run_turn):
 
 def test_a_turn_may_make_exactly_the_maximum_number_of_tool_calls(run_turn):
     cap = settings.TRELLIS_MAX_TOOL_CALLS
-    _, _, done = run_turn([{"tool_calls": [UNKNOWN_TOOL] * cap}, {"text": "within the cap"}], timeout=60)
+    _, _, done = run_turn([{"tool_calls": [UNKNOWN_TOOL] * cap}, {"text": "within the cap"}])
     assert done["status"] == "succeeded", done
     assert done["tool_calls"] == cap and done["result"] == "within the cap"
 
@@ -238,7 +255,7 @@ def test_one_step_over_the_tool_call_cap_fails_the_turn_without_running_it(run_t
 
 def test_tool_calls_over_many_steps_count_towards_the_cap(run_turn):
     cap = settings.TRELLIS_MAX_TOOL_CALLS
-    api, sid, done = run_turn([{"tool_calls": [UNKNOWN_TOOL]}] * (cap + 1) + [{"text": "never"}], timeout=90)
+    api, sid, done = run_turn([{"tool_calls": [UNKNOWN_TOOL]}] * (cap + 1) + [{"text": "never"}])
     assert done["status"] == "failed" and done["error_code"] == "tool_call_limit"
     assert done["tool_calls"] == cap
     assert len([m for m in messages(api, sid, done["id"]) if m["role"] == "tool"]) == cap
