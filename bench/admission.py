@@ -18,7 +18,6 @@ broker if REDIS_URL is set — and prints, for each:
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time

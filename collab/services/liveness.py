@@ -101,7 +101,7 @@ def _heartbeat_loop() -> None:
         started = time.monotonic()
         ids = running_job_ids()
         if ids:
-            _pass("lease renewal", lambda: renew_leases(ids))
+            _pass("lease renewal", lambda ids=ids: renew_leases(ids))
         time.sleep(max(0.0, beat - (time.monotonic() - started)))
 
 

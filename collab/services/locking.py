@@ -85,7 +85,7 @@ def kept_on_rollback(branch: Branch):
     """Undo, on an exception, what ``append_message`` moved on the in-memory ``branch`` (its
     tip and counters): the transaction rolls back, so a retry — or the turn's next write —
     must not hang a node off a tip that was never committed."""
-    saved = (branch.tip_id, getattr(branch, "_state").fields_cache.get("tip"), branch.chars, branch.last_active_at)
+    saved = (branch.tip_id, branch._state.fields_cache.get("tip"), branch.chars, branch.last_active_at)
     try:
         yield branch
     except BaseException:

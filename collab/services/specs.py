@@ -4,11 +4,11 @@ from django.db import IntegrityError, transaction
 
 from collab.errors import Conflict, Invalid
 from collab.events import record_project_event
-from collab.models import AgentRole, AgentSpec, FollowupMode, ModelConnection, Toolset
+from collab.models import AgentRole, AgentSpec, FollowupMode, Toolset
 from collab.text import clean_data
 from collab.runtime.providers import IMPLEMENTED_PROVIDERS
 from collab.runtime.providers.scripted import check_script
-from collab.services.connections import choose_connection, connections_for, sync_settings_connections
+from collab.services.connections import choose_connection, connections_for
 
 SPEC_FIELDS = (
     "agent_id", "provider", "model", "system_prompt",

@@ -8,7 +8,8 @@ the connection is kept (closing it would end the transaction).
 """
 
 import time
-from typing import Callable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable
 
 from django.db import connection
 

@@ -12,7 +12,8 @@ held to the one bounded summary of SPEC §9 (``collab.services.results``).
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 

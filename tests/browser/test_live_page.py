@@ -246,7 +246,7 @@ def _deltas(sid, job, branch, parts):
     from collab.events import send_event_on_commit
 
     try:
-        for i, part in enumerate(parts):
+        for part in parts:
             with transaction.atomic():
                 send_event_on_commit(sid, "message.delta", {"job": job, "branch": branch, "call": 1, "text": part})
     finally:

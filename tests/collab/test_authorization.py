@@ -691,7 +691,7 @@ def auth_header(token: str) -> tuple[bytes, bytes]:
 async def safe_disconnect(comm) -> None:
     try:
         await comm.disconnect()
-    except (asyncio.CancelledError, asyncio.TimeoutError):  # the server already closed it
+    except (TimeoutError, asyncio.CancelledError):  # the server already closed it
         pass
 
 
@@ -709,7 +709,7 @@ async def until_closed(comm, timeout=WS_TIMEOUT) -> int | None:
     while True:
         try:
             out = await comm.receive_output(timeout=timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise AssertionError(f"the socket was not closed within {timeout}s") from None
         if out["type"] == "websocket.close":
             return out.get("code")

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import poll as _poll
 
-from tests.conftest import TERMINAL, settle_session, wait_at_rest
+from tests.conftest import settle_session, wait_at_rest
 
 pytestmark = pytest.mark.slow
 
@@ -226,7 +226,7 @@ def test_op_scene1_batch_of_five_background_tasks_with_todos(team, api_as, worke
     poll(all_results_back, what="five results back on the caller branch")
     jobs = settle(api, sid)
     t = transcript(api, me)
-    for todo, eid in dispatched.items():
+    for todo, _eid in dispatched.items():
         assert t["text"].count(f"DONE<todo-{todo}>") == 1, (todo, t["text"])
     turns = assert_linear_followup_chain(t, 1)
     notices = [m for turn in turns for m in turn["messages"] if is_notice(m)]

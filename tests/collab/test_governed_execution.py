@@ -492,7 +492,7 @@ def test_op_c1_racing_cancels_leave_every_job_terminal_once(team, api_as, worker
         if j["status"] == "cancelled" and j["started_at"] is None:
             assert j["prompt_msg"] is None, j  # cancelled before it started: it never wrote a node
     assert {code for _, code, _ in answers} <= {202, 409}, answers
-    for eid, code, body in answers:
+    for _eid, code, body in answers:
         if code == 409:
             assert body["code"] == "stale_version", body
         else:

@@ -86,7 +86,7 @@ def communicator(sid: str, after: int | None, headers: list[tuple[bytes, bytes]]
 async def _receive(comm, frames: list[dict], waiting_for: str) -> dict:
     try:
         return await comm.receive_json_from(timeout=RECV_TIMEOUT)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         got = [(f["seq"], f["type"]) for f in frames]
         raise AssertionError(f"no frame within {RECV_TIMEOUT}s waiting for {waiting_for}; got {got}") from None
 
@@ -357,7 +357,7 @@ class WsClient:
     async def recv(self) -> dict:
         try:
             return await asyncio.wait_for(self._message(), RECV_TIMEOUT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise AssertionError(f"no frame within {RECV_TIMEOUT}s") from None
 
     async def frames_until(self, type: str) -> list[dict]:
@@ -379,7 +379,7 @@ class WsClient:
         self.writer.close()
         try:
             await asyncio.wait_for(self.writer.wait_closed(), RECV_TIMEOUT)
-        except (ConnectionError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionError):
             pass
 
 
