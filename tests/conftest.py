@@ -194,6 +194,20 @@ def api_as(client):
 
 
 @pytest.fixture
+def browser_of(team):
+    """``browser_of(user)``: a Django test client logged in as ``user`` (a person's browser)."""
+
+    def make(user):
+        from django.test import Client
+
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return make
+
+
+@pytest.fixture
 def scripted_session(api_as, team):
     """Through the API: a project owner saves an agent spec with ``script``, then ``user``
     opens a session with it. Returns ``(api client of user, session id)``."""

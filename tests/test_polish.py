@@ -18,16 +18,6 @@ from collab.selectors.activity import MAX_PAGES, PAGE_SIZE, activity_page
 from collab.selectors.stats import BUCKETS, job_stats, project_stats, session_stats
 
 
-@pytest.fixture
-def browser_of(team):
-    def make(user):
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
-
-
 def _run_turn(api, sid, prompt="first question"):
     from collab.runtime.loop import run_job
 

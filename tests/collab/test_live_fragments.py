@@ -9,23 +9,12 @@ import re
 
 import pytest
 from django.db import connection, transaction
-from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from collab.models import TERMINAL_STATUSES, Branch, Job, NameStage
 from tests.conftest import poll
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def browser_of(team):
-    def make(user):
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
 
 
 def grow(sid, count: int, branch_name: str = "main") -> list[str]:

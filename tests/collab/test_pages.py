@@ -3,19 +3,8 @@
 import re
 
 import pytest
-from django.test import Client
 
 from collab.models import Branch, Job, NameStage
-
-
-@pytest.fixture
-def browser_of(team):
-    def make(user):
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
 
 
 def _session_with_a_turn(api, sid):

@@ -6,20 +6,9 @@ import json
 import re
 
 import pytest
-from django.test import Client
 
 from accounts.models import Membership
 from collab.models import AgentSpec, Branch, Event, HeldDelivery, Job, NameStage, SessionShare
-
-
-@pytest.fixture
-def browser_of(team):
-    def make(user):
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
 
 
 @pytest.fixture
