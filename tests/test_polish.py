@@ -298,3 +298,14 @@ def test_issue_13_item_8_the_worker_cluster_has_a_stable_neutral_name(monkeypatc
     assert name == f"trellis-{socket.gethostname()}-{os.getpid()}"
     for _ in range(3):  # whatever uuid the cluster draws
         assert django_q.cluster.Cluster.name.fget(SimpleNamespace(cluster_id=uuid.uuid4())) == name
+
+
+def test_issue_13_item_8_no_template_comment_is_shown_to_people():
+    """Django's ``{# #}`` comment ends at the line's end: one left open spills its text onto the page
+    (a multi-line note at the top of the session page once shifted the whole layout)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "templates"
+    spilled = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.html"))
+               for n, line in enumerate(path.read_text().splitlines(), 1) if "{#" in line and "#}" not in line]
+    assert spilled == [], "use {% comment %} for notes over several lines: " + ", ".join(spilled)

@@ -42,7 +42,7 @@ from collab.models import (
 )
 
 PAGE_ROWS = 150
-SINCE_MAX_ROWS = 1000  # a live refresh of the newest block; past this it starts a fresh newest page
+SINCE_MAX_ROWS = 2 * PAGE_ROWS  # a live refresh of the newest block (its bound per event); past this it starts a fresh newest page
 DAG_QUERIES = 8
 SNIPPET = 160
 

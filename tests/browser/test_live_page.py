@@ -209,6 +209,7 @@ def _requests_for_one_new_row(page, server, sid) -> list[tuple[str, int]]:
     for r in seen:
         path = re.sub(r"^https?://[^/]+", "", r.url).replace(sid, "SID").replace(_main(sid), "MAIN")
         path = re.sub(r"after=[^&]+", "after=LAST", path)
+        path = re.sub(r"since=[^&]+", "since=FIRST", path)
         out.append((path, len(r.response().body())))
     return sorted(out)
 
@@ -226,8 +227,9 @@ def test_issue_13_3_the_requests_per_live_event_do_not_grow_with_the_session(tea
     at_50 = _requests_for_one_new_row(page, server, large)
 
     assert [p for p, _ in at_5] == [p for p, _ in at_50], (at_5, at_50)
-    # two requests: the new row (with the running indicator out of band) and the activity panel
-    assert [p for p, _ in at_5] == ["/s/SID/activity", "/s/SID/rows?branch=MAIN&after=LAST"], at_5
+    # three requests: the new row (with the running indicator out of band), the activity panel and
+    # the DAG column's newest block (at most selectors.dag.SINCE_MAX_ROWS rows, whatever the length)
+    assert [p for p, _ in at_5] == ["/s/SID/activity", "/s/SID/dag?since=FIRST", "/s/SID/rows?branch=MAIN&after=LAST"], at_5
     rows_5 = next(size for p, size in at_5 if p.startswith("/s/SID/rows?"))
     rows_50 = next(size for p, size in at_50 if p.startswith("/s/SID/rows?"))
     assert abs(rows_5 - rows_50) < 200, (rows_5, rows_50)  # one row's worth, whatever the length
