@@ -175,7 +175,7 @@ async def post_turn(request: HttpRequest, sid: str, payload: TurnIn, wait: float
     session_id = turn.pop("session")
     if seconds is None:
         return Status(202, turn)
-    execution = await until_terminal(session_id, turn["execution_id"], seconds,
+    execution = await until_terminal(request, session_id, turn["execution_id"], seconds,
                                      lambda: in_thread(request, _read_execution, request.auth, turn["execution_id"]))
     return Status(202, {**turn, "status": execution["status"], "version": execution["version"], "waited": True,
                         "execution": execution})
@@ -189,7 +189,7 @@ async def get_execution(request: HttpRequest, execution_id: str, wait: float | N
     execution = await in_thread(request, _read_execution, request.auth, execution_id)
     if seconds is None:
         return execution
-    execution = await until_terminal(execution["session"], execution_id, seconds,
+    execution = await until_terminal(request, execution["session"], execution_id, seconds,
                                      lambda: in_thread(request, _read_execution, request.auth, execution_id),
                                      current=execution)
     return {**execution, "waited": True}

@@ -14,7 +14,7 @@ ends — then reads it once more.
 import asyncio
 import math
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, sync_to_async
 from channels.layers import get_channel_layer
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
@@ -60,6 +60,24 @@ async def in_thread(request, fn, *args, **kwargs):
     return await sync_to_async(_closing(fn), thread_sensitive=False)(*args, **kwargs)
 
 
+async def release_request_thread(request) -> None:
+    """Before a long wait under ASGI: close the database connection of the request's own
+    thread (authentication and middleware ran there) and let that thread go. Django gives each
+    ASGI request a thread of its own for sync code (asgiref's thread-sensitive context) that
+    would otherwise idle — with its connection — until the request ends; sync code after the
+    wait gets a fresh one (asgiref creates it on demand)."""
+    if not isinstance(request, ASGIRequest):
+        return
+    await sync_to_async(connections.close_all)()
+    context = getattr(SyncToAsync, "thread_sensitive_context", None)
+    context = context.get(None) if context is not None else None
+    executors = getattr(SyncToAsync, "context_to_thread_executor", None)
+    if context is not None and executors is not None and getattr(context, "_executor", None) is None:
+        executor = executors.pop(context, None)
+        if executor is not None:
+            executor.shutdown(wait=False)
+
+
 def _wakes(message: dict, execution_id: str) -> bool:
     if message.get("type") == "collab.poke":
         return True
@@ -71,7 +89,7 @@ def _wakes(message: dict, execution_id: str) -> bool:
             and payload.get("status") in TERMINAL_STATUSES)
 
 
-async def until_terminal(session_id: str, execution_id: str, seconds: float, read, current: dict | None = None) -> dict:
+async def until_terminal(request, session_id: str, execution_id: str, seconds: float, read, current: dict | None = None) -> dict:
     """Await ``read()`` (an async read of the execution's status, a dict with ``status``)
     until the status is terminal or ``seconds`` pass; return the last read. ``current``: a
     read just made (returned as it is when already terminal)."""
@@ -80,6 +98,7 @@ async def until_terminal(session_id: str, execution_id: str, seconds: float, rea
     layer = get_channel_layer()
     if layer is None or seconds <= 0:
         return await read()
+    await release_request_thread(request)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     channel = await layer.new_channel()
