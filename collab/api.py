@@ -10,6 +10,7 @@ from accounts.services import SlugTaken, create_project
 from collab import access
 from collab.scopes import request_token, token_scope
 from collab.errors import Conflict, Invalid, NotFound
+from collab.awaiting import in_thread, parse_wait, until_terminal
 from collab.gateway import call_tool
 from collab.schemas import (
     AgentSpecIn,
@@ -35,6 +36,7 @@ from collab.schemas import (
     ErrorOut,
     EventsOut,
     ExecutionOut,
+    ExecutionWaitOut,
     ProjectIn,
     ProjectOut,
     SessionIn,
@@ -150,17 +152,47 @@ def delete_share(request: HttpRequest, sid: str, username: str):
     return Status(204, None)
 
 
-@router.post("sessions/{sid}/turns", response={202: TurnOut, **ERRORS}, tags=["sessions"])
-def post_turn(request: HttpRequest, sid: str, payload: TurnIn):
-    session = access.access_session(request.auth, sid, "turn.start")
-    job = do_start_user_turn(request.auth, session, payload.prompt, branch=payload.branch, agent_id=payload.agent_id,
+def _start_turn(user, sid: str, payload: TurnIn) -> dict:
+    session = access.access_session(user, sid, "turn.start")
+    job = do_start_user_turn(user, session, payload.prompt, branch=payload.branch, agent_id=payload.agent_id,
                              multitask_strategy=payload.multitask_strategy)
-    return Status(202, {"execution_id": job.pk, "status": job.status, "version": job.version, "branch": job.branch_id})
+    return {"execution_id": job.pk, "status": job.status, "version": job.version, "branch": job.branch_id,
+            "session": job.session_id}
 
 
-@router.get("executions/{execution_id}", response={200: ExecutionOut, **ERRORS}, tags=["executions"])
-def get_execution(request: HttpRequest, execution_id: str):
-    return redact_executions(request.auth, [execution_shape(access.access_job(request.auth, execution_id))])[0]
+def _read_execution(user, execution_id: str) -> dict:
+    return redact_executions(user, [execution_shape(access.access_job(user, execution_id))])[0]
+
+
+@router.post("sessions/{sid}/turns", response={202: TurnOut, **ERRORS}, tags=["sessions"])
+async def post_turn(request: HttpRequest, sid: str, payload: TurnIn, wait: float | None = None):
+    """Start a turn. With ``?wait=SECONDS`` (0–60) the answer comes when the execution is
+    terminal or the wait ends (issue 15 item 2) — still 202, with ``waited`` true and
+    ``execution`` as ``GET /api/executions/{id}`` shows it then; the wait holds no thread
+    and no database connection (``collab.awaiting``)."""
+    seconds = parse_wait(wait)
+    turn = await in_thread(request, _start_turn, request.auth, sid, payload)
+    session_id = turn.pop("session")
+    if seconds is None:
+        return Status(202, turn)
+    execution = await until_terminal(request, session_id, turn["execution_id"], seconds,
+                                     lambda: in_thread(request, _read_execution, request.auth, turn["execution_id"]))
+    return Status(202, {**turn, "status": execution["status"], "version": execution["version"], "waited": True,
+                        "execution": execution})
+
+
+@router.get("executions/{execution_id}", response={200: ExecutionWaitOut, **ERRORS}, tags=["executions"])
+async def get_execution(request: HttpRequest, execution_id: str, wait: float | None = None):
+    """One execution. With ``?wait=SECONDS`` (0–60) the answer comes when it is terminal or
+    the wait ends (issue 15 item 2), with ``waited`` true; nothing is held while waiting."""
+    seconds = parse_wait(wait)
+    execution = await in_thread(request, _read_execution, request.auth, execution_id)
+    if seconds is None:
+        return execution
+    execution = await until_terminal(request, execution["session"], execution_id, seconds,
+                                     lambda: in_thread(request, _read_execution, request.auth, execution_id),
+                                     current=execution)
+    return {**execution, "waited": True}
 
 
 @router.get("executions", response={200: list[ExecutionOut], **ERRORS}, tags=["executions"])

@@ -1,18 +1,43 @@
+"""Project middleware. Each is sync- and async-capable, so an async view (``collab.awaiting``,
+the tool gateway) runs on daphne's event loop with no thread held for the request: one
+sync-only middleware would park a thread for the whole request."""
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseBadRequest, QueryDict
+from django.utils.deprecation import MiddlewareMixin
+from whitenoise.middleware import WhiteNoiseMiddleware
 
 from collab.errors import DomainError, Forbidden, NotFound
 from collab.text import clean_text
 
 
-class DomainErrorMiddleware:
-    """Pages: NotFound → 404, Forbidden → 403, other domain errors → 400 with the reason."""
+class StaticFilesMiddleware(WhiteNoiseMiddleware):
+    """WhiteNoise, async-capable: a static file is served as WhiteNoise serves it, anything
+    else goes on to the next layer without a thread in between."""
 
-    def __init__(self, get_response):
-        self.get_response = get_response
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response=None, *args, **kwargs):
+        super().__init__(get_response, *args, **kwargs)
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
 
     def __call__(self, request):
-        return self.get_response(request)
+        if iscoroutinefunction(self):
+            return self._acall(request)
+        return super().__call__(request)
+
+    async def _acall(self, request):
+        static_file = self.find_file(request.path_info) if self.autorefresh else self.files.get(request.path_info)
+        if static_file is not None:
+            return await sync_to_async(self.serve)(static_file, request)
+        return await self.get_response(request)
+
+
+class DomainErrorMiddleware(MiddlewareMixin):
+    """Pages: NotFound → 404, Forbidden → 403, other domain errors → 400 with the reason."""
 
     def process_exception(self, request, exc):
         if isinstance(exc, NotFound):
@@ -24,17 +49,11 @@ class DomainErrorMiddleware:
         return None
 
 
-class CleanInputMiddleware:
+class CleanInputMiddleware(MiddlewareMixin):
     """The text boundary (``collab.text``) for what arrives outside a JSON body: URL path
     values, query strings and form fields of pages and API alike. A NUL (``%00``) becomes
     U+FFFD before any view or lookup sees it, so an id carrying one is simply not found and a
     title carrying one is stored with the replacement, identically on both databases."""
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-
-    def __call__(self, request):
-        return self.get_response(request)
 
     def process_view(self, request, view_func, view_args, view_kwargs):
         for key, value in list(view_kwargs.items()):

@@ -133,6 +133,10 @@ class TurnOut(Schema):
     status: str
     version: int
     branch: str | None = None  # the branch the turn runs on (a rollback's fork: a new one)
+    # with ``?wait=``: true, and ``execution`` is the execution as ``GET /api/executions/{id}``
+    # answers it when the wait ended (terminal, or still running when the time ran out)
+    waited: bool = False
+    execution: "ExecutionOut | None" = None
 
 
 class ExecutionOut(Schema):
@@ -157,6 +161,15 @@ class ExecutionOut(Schema):
     created_at: Any
     started_at: Any | None
     finished_at: Any | None
+
+
+class ExecutionWaitOut(ExecutionOut):
+    """``GET /api/executions/{id}``: ``waited`` is true when ``?wait=`` was given."""
+
+    waited: bool = False
+
+
+TurnOut.model_rebuild()  # its ``execution`` names ExecutionOut, defined after it
 
 
 class EventOut(Schema):

@@ -9,6 +9,8 @@ Referrer-Policy and HSTS (when cookies are secure) come from Django's
 SecurityMiddleware, configured in settings.
 """
 
+from django.utils.deprecation import MiddlewareMixin
+
 POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'{admin_styles}; img-src 'self' data:; "
     "font-src 'self'; connect-src 'self' {sockets}; object-src 'none'; base-uri 'none'; "
@@ -26,11 +28,9 @@ def content_security_policy(request) -> str:
     )
 
 
-class ContentSecurityPolicyMiddleware:
-    def __init__(self, get_response):
-        self.get_response = get_response
+class ContentSecurityPolicyMiddleware(MiddlewareMixin):
+    """Sync- and async-capable (``MiddlewareMixin``): an async view holds no thread for it."""
 
-    def __call__(self, request):
-        response = self.get_response(request)
+    def process_response(self, request, response):
         response.headers.setdefault("Content-Security-Policy", content_security_policy(request))
         return response
