@@ -115,7 +115,7 @@ async def until_terminal(request, session_id: str, execution_id: str, seconds: f
                 break
             try:
                 message = await asyncio.wait_for(layer.receive(channel), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
             if _wakes(message, execution_id):
                 shape = await read()
