@@ -1,0 +1,206 @@
+"""Streaming runs over plain HTTP: ``GET /api/executions/{id}/stream`` (issue 16 item 3).
+
+Server-Sent Events through a real daphne process, with a real worker running the turn: the
+execution's events (status changes, the messages it wrote: tool call, tool result, the final
+answer) as ``id: <seq>`` / ``event: <type>`` / ``data: <wire>`` frames in ``seq`` order, exactly
+the execution's events in the log, then ``event: end``; resumable with ``Last-Event-ID`` (or
+``?after=``); the API's authentication, token scopes and authorization. On the embedded default
+the live part comes through the database relay, with ``REDIS_URL`` through channels-redis.
+"""
+
+import http.client
+import json
+import time
+from urllib.parse import urlparse
+
+import pytest
+
+TIMEOUT = 30.0
+
+
+def token_of(user, scopes=None) -> str:
+    from accounts.models import ApiToken, TokenScope
+
+    _, raw = ApiToken.issue(user, name="sse-test", scopes=scopes or TokenScope.values)
+    return raw
+
+
+class Stream:
+    """One SSE response read incrementally off the socket."""
+
+    def __init__(self, server, path: str, token: str | None, last_event_id: str | None = None):
+        url = urlparse(server.url)
+        self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=TIMEOUT)
+        headers = {"Accept": "text/event-stream"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = last_event_id
+        self.conn.request("GET", path, headers=headers)
+        self.response = self.conn.getresponse()
+        self.comments: list[str] = []
+
+    @property
+    def status(self) -> int:
+        return self.response.status
+
+    def json(self) -> dict:
+        return json.loads(self.response.read())
+
+    def next_frame(self) -> dict | None:
+        """The next event frame ({"id", "event", "data"}), or None when the server closed."""
+        frame: dict = {}
+        while True:
+            line = self.response.readline()
+            if not line:
+                return None
+            line = line.decode().rstrip("\n")
+            if line == "":
+                if frame:
+                    return frame
+                continue
+            if line.startswith(":"):
+                self.comments.append(line)
+                continue
+            field, _, value = line.partition(": ")
+            assert field in ("id", "event", "data") and field not in frame, line
+            frame[field] = value
+
+    def frames_until_end(self) -> list[dict]:
+        frames = []
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            frame = self.next_frame()
+            assert frame is not None, f"the stream closed without 'end' after {frames}"
+            frames.append(frame)
+            if frame["event"] == "end":
+                assert self.next_frame() is None, "the stream goes on after 'end'"
+                return frames
+        raise AssertionError(f"no 'end' within {TIMEOUT}s: {frames}")
+
+    def close(self):
+        self.conn.close()
+
+
+def events_of(frames: list[dict]) -> list[dict]:
+    """The wires of the event frames (not 'end'), checking each frame's id and type against its data."""
+    wires = []
+    for f in frames[:-1]:
+        wire = json.loads(f["data"])
+        assert f["id"] == str(wire["seq"]) and f["event"] == wire["type"], f
+        wires.append(wire)
+    return wires
+
+
+def job_log(api, sid, execution_id) -> list[dict]:
+    r = api.get(f"/api/sessions/{sid}/events")
+    assert r.status_code == 200, r.content
+    return [e for e in r.json()["events"] if e["payload"].get("job") == execution_id]
+
+
+@pytest.mark.slow
+def test_issue16_3_a_turn_streams_live_in_seq_order_then_end_and_resumes(team, scripted_session, server, worker):
+    """Issue 16 item 3: a scripted turn (a tool call, then a slow answer) streams its status
+    changes, its tool call and tool result, its answer and ``job.succeeded``, then ``end``, in
+    seq order — exactly the execution's events in the log, no gaps, no repeats — and the stream
+    was open (the job not finished) before the answer existed: the tail came live. A stream
+    resumed with ``Last-Event-ID`` (or ``?after=``) gets exactly the rest; a bad one is a 400."""
+    api, sid = scripted_session(team.member, [
+        {"tool_calls": [{"name": "list_agents", "arguments": {}}]},
+        {"sleep_ms": 1500},
+        {"text": "echo: {{prompt}}"},
+    ])
+    token = token_of(team.member)
+    r = api.post(f"/api/sessions/{sid}/turns", {"prompt": "hi"})
+    assert r.status_code == 202, r.content
+    execution_id = r.json()["execution_id"]
+
+    stream = Stream(server, f"/api/executions/{execution_id}/stream", token)
+    try:
+        assert stream.status == 200
+        assert stream.response.getheader("Content-Type").startswith("text/event-stream")
+        assert stream.response.getheader("Cache-Control") == "no-cache"
+        assert stream.response.getheader("X-Accel-Buffering") == "no"
+        status_at_open = api.get(f"/api/executions/{execution_id}").json()["status"]
+        frames = stream.frames_until_end()
+    finally:
+        stream.close()
+    assert status_at_open in ("queued", "running"), "the job ended before the stream opened: nothing came live"
+
+    wires = events_of(frames)
+    assert wires == job_log(api, sid, execution_id)  # exactly the execution's events, in seq order
+    seqs = [w["seq"] for w in wires]
+    assert seqs == sorted(set(seqs))
+    types = [w["type"] for w in wires]
+    assert types[:2] == ["message.created", "job.queued"] and types[-1] == "job.succeeded", types
+    assert "job.running" in types
+    messages = [w["payload"] for w in wires if w["type"] == "message.created"]
+    assert messages[0]["role"] == "user" and messages[0]["text"] == "hi"  # the turn's prompt
+    assert [m["tool_calls"][0]["name"] for m in messages if m.get("tool_calls")] == ["list_agents"]
+    assert any(m["role"] == "tool" for m in messages)
+    assert messages[-1]["role"] == "assistant" and messages[-1]["text"] == "echo: hi"
+    assert frames[-1]["event"] == "end" and "id" not in frames[-1]
+    assert json.loads(frames[-1]["data"]) == {"execution_id": execution_id, "status": "succeeded"}
+
+    # resumed after job.running: exactly the rest, whether by Last-Event-ID or ?after=
+    cut = types.index("job.running")
+    resumed = Stream(server, f"/api/executions/{execution_id}/stream", token, last_event_id=str(seqs[cut]))
+    try:
+        assert resumed.status == 200
+        rest = resumed.frames_until_end()
+    finally:
+        resumed.close()
+    assert events_of(rest) == wires[cut + 1:] and rest[-1] == frames[-1]
+
+    by_query = Stream(server, f"/api/executions/{execution_id}/stream?after={seqs[-2]}", token)
+    try:
+        assert events_of(by_query.frames_until_end()) == wires[-1:]
+    finally:
+        by_query.close()
+
+    # after the terminal event: nothing left but 'end'
+    done = Stream(server, f"/api/executions/{execution_id}/stream", token, last_event_id=str(seqs[-1]))
+    try:
+        assert done.frames_until_end() == frames[-1:]
+    finally:
+        done.close()
+
+    for bad in ("abc", "-1", "1.5"):
+        refused = Stream(server, f"/api/executions/{execution_id}/stream", token, last_event_id=bad)
+        try:
+            assert refused.status == 400, bad
+            assert refused.json()["code"] == "invalid_last_event_id"
+        finally:
+            refused.close()
+
+
+@pytest.mark.slow
+def test_issue16_3_stream_has_the_apis_auth_scopes_and_authorization(team, scripted_session, server):
+    """Issue 16 item 3, P-SEC-7: an outsider's stream of a job they may not see is a 404
+    identical to a missing id's; a token without the ``read`` scope gets the API's 403
+    (``token_scope``); no credentials is a 401."""
+    from accounts.models import TokenScope
+
+    api, sid = scripted_session(team.member, [{"text": "ok"}])
+    r = api.post(f"/api/sessions/{sid}/turns", {"prompt": "hi"})
+    assert r.status_code == 202, r.content
+    execution_id = r.json()["execution_id"]
+
+    def answer(path, token):
+        s = Stream(server, path, token)
+        try:
+            return s.status, s.json()
+        finally:
+            s.close()
+
+    outsider = answer(f"/api/executions/{execution_id}/stream", token_of(team.outsider))
+    missing = answer("/api/executions/j_doesnotexist/stream", token_of(team.outsider))
+    assert outsider == missing and outsider[0] == 404
+
+    status, body = answer(f"/api/executions/{execution_id}/stream", token_of(team.member, [TokenScope.WRITE]))
+    assert status == 403 and body["code"] == "token_scope"
+    api_status = api.get(f"/api/executions/{execution_id}").status_code  # the API agrees with the stream
+    assert api_status == 200
+
+    status, body = answer(f"/api/executions/{execution_id}/stream", None)
+    assert status == 401 and body["code"] == "unauthenticated"
