@@ -140,9 +140,9 @@ async def _frames(viewer, token_id: int | None, job_id: str, session_id: str, af
                         break
                     message = await asyncio.wait_for(layer.receive(channel), HEARTBEAT_SECONDS)
                 except asyncio.TimeoutError:
-                    yield ": keep-alive\n\n"
                     if not await _still_allowed(viewer, token_id, job_id):
-                        return
+                        return  # revoked token, or the job no longer visible: close, say nothing more
+                    yield ": keep-alive\n\n"
                     break
                 wire = message.get("event") if message.get("type") == "collab.event" else None
                 if wire is not None and wire["seq"] <= last:

@@ -8,6 +8,7 @@ the execution's events in the log, then ``event: end``; resumable with ``Last-Ev
 the live part comes through the database relay, with ``REDIS_URL`` through channels-redis.
 """
 
+import asyncio
 import http.client
 import json
 import time
@@ -125,6 +126,8 @@ def test_issue16_3_a_turn_streams_live_in_seq_order_then_end_and_resumes(team, s
         frames = stream.frames_until_end()
     finally:
         stream.close()
+    # live through the channel layer / relay, not the heartbeat's safety-net read (15 s)
+    assert stream.comments == []
     assert status_at_open in ("queued", "running"), "the job ended before the stream opened: nothing came live"
 
     wires = events_of(frames)
@@ -204,3 +207,39 @@ def test_issue16_3_stream_has_the_apis_auth_scopes_and_authorization(team, scrip
 
     status, body = answer(f"/api/executions/{execution_id}/stream", None)
     assert status == 401 and body["code"] == "unauthenticated"
+
+
+@pytest.mark.slow
+def test_issue16_3_keep_alive_and_a_revoked_token_ends_the_stream(team, scripted_session, worker, monkeypatch):
+    """Issue 16 item 3: the stream body itself (the async iterator daphne drains), heartbeat
+    shortened: while the job sits in a long model call, a ``: keep-alive`` comment each
+    heartbeat; once the token it was opened with is revoked, the next heartbeat ends the stream (no
+    ``end``: the execution has not ended)."""
+    from asgiref.sync import async_to_sync, sync_to_async
+    from django.utils import timezone
+
+    from accounts.models import ApiToken
+    from collab import streams
+    from collab.models import Job
+
+    api, sid = scripted_session(team.member, [{"sleep_ms": 30000}, {"text": "late"}])
+    r = api.post(f"/api/sessions/{sid}/turns", {"prompt": "hi"})
+    assert r.status_code == 202, r.content
+    job = Job.objects.get(pk=r.json()["execution_id"])
+    token, _ = ApiToken.issue(team.member, name="sse-test")
+    monkeypatch.setattr(streams, "HEARTBEAT_SECONDS", 0.3)
+    revoke = sync_to_async(lambda: ApiToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now()))
+
+    async def body():
+        frames = streams._frames(team.member, token.pk, job.pk, job.session_id, 0)
+        before = []
+        while not before or before[-1] != ": keep-alive\n\n":
+            before.append(await asyncio.wait_for(frames.__anext__(), 10))
+        await revoke()
+        after = [chunk async for chunk in frames]
+        return before, after
+
+    before, after = async_to_sync(body)()
+    assert [c.split("\n")[1] for c in before[:2]] == ["event: message.created", "event: job.queued"]
+    # closed at the next heartbeat: no keep-alive after the revocation, and no 'end' (the job runs on)
+    assert all(c.startswith("id: ") for c in after) and not any("event: end" in c for c in before + after)
