@@ -24,6 +24,7 @@ only when something about this session arrived (or at each heartbeat, as a safet
 import asyncio
 import json
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -67,7 +68,7 @@ def _resume_point(request: HttpRequest) -> int:
 async def stream_execution(request: HttpRequest, execution_id: str):
     """The execution's events as Server-Sent Events, resumable with ``Last-Event-ID``
     (= event seq) or ``?after=SEQ``; ends with ``event: end`` after its terminal event."""
-    job = await database_sync_to_async(access.access_job)(request.auth, execution_id)
+    job = await sync_to_async(access.access_job)(request.auth, execution_id)
     after = _resume_point(request)
     token = request_token(request)
     frames = _frames(request.auth, getattr(token, "pk", None), job.pk, job.session_id, after)
