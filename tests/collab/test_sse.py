@@ -29,10 +29,12 @@ def token_of(user, scopes=None) -> str:
 class Stream:
     """One SSE response read incrementally off the socket."""
 
-    def __init__(self, server, path: str, token: str | None, last_event_id: str | None = None):
+    def __init__(self, server, path: str, token: str | None, last_event_id: str | None = None, cookie: str | None = None):
         url = urlparse(server.url)
         self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=TIMEOUT)
         headers = {"Accept": "text/event-stream"}
+        if cookie:
+            headers["Cookie"] = cookie
         if token:
             headers["Authorization"] = f"Bearer {token}"
         if last_event_id is not None:
@@ -181,7 +183,11 @@ def test_issue16_3_a_turn_streams_live_in_seq_order_then_end_and_resumes(team, s
 def test_issue16_3_stream_has_the_apis_auth_scopes_and_authorization(team, scripted_session, server):
     """Issue 16 item 3, P-SEC-7: an outsider's stream of a job they may not see is a 404
     identical to a missing id's; a token without the ``read`` scope gets the API's 403
-    (``token_scope``); no credentials is a 401."""
+    (``token_scope``); no credentials is a 401; a browser's session cookie opens it (GET: no
+    CSRF token), for the member, not for the outsider."""
+    from django.conf import settings
+    from django.test import Client
+
     from accounts.models import TokenScope
 
     api, sid = scripted_session(team.member, [{"text": "ok"}])
@@ -207,6 +213,24 @@ def test_issue16_3_stream_has_the_apis_auth_scopes_and_authorization(team, scrip
 
     status, body = answer(f"/api/executions/{execution_id}/stream", None)
     assert status == 401 and body["code"] == "unauthenticated"
+
+    def cookie_of(user) -> str:
+        browser = Client()
+        browser.force_login(user)
+        return f"{settings.SESSION_COOKIE_NAME}={browser.cookies[settings.SESSION_COOKIE_NAME].value}"
+
+    s = Stream(server, f"/api/executions/{execution_id}/stream", None, cookie=cookie_of(team.member))
+    try:
+        assert s.status == 200
+        first = s.next_frame()
+        assert first["event"] == "message.created" and json.loads(first["data"])["payload"]["text"] == "hi"
+    finally:
+        s.close()
+    s = Stream(server, f"/api/executions/{execution_id}/stream", None, cookie=cookie_of(team.outsider))
+    try:
+        assert (s.status, s.json()) == missing
+    finally:
+        s.close()
 
 
 @pytest.mark.slow
