@@ -110,7 +110,7 @@ def test_issue16_3_a_turn_streams_live_in_seq_order_then_end_and_resumes(team, s
     resumed with ``Last-Event-ID`` (or ``?after=``) gets exactly the rest; a bad one is a 400."""
     api, sid = scripted_session(team.member, [
         {"tool_calls": [{"name": "list_agents", "arguments": {}}]},
-        {"sleep_ms": 1500},
+        {"sleep_ms": 3000},
         {"text": "echo: {{prompt}}"},
     ])
     token = token_of(team.member)
@@ -125,12 +125,21 @@ def test_issue16_3_a_turn_streams_live_in_seq_order_then_end_and_resumes(team, s
         assert stream.response.getheader("Cache-Control") == "no-cache"
         assert stream.response.getheader("X-Accel-Buffering") == "no"
         status_at_open = api.get(f"/api/executions/{execution_id}").json()["status"]
-        frames = stream.frames_until_end()
+        frames = []
+        while not frames or json.loads(frames[-1]["data"])["payload"].get("role") != "tool":
+            frame = stream.next_frame()
+            assert frame is not None and frame["event"] != "end", frames
+            frames.append(frame)
+        # the tool result came while the job still sat in its 3 s model call: frames are
+        # delivered as they happen, not when the response ends
+        status_at_tool_result = api.get(f"/api/executions/{execution_id}").json()["status"]
+        frames += stream.frames_until_end()
     finally:
         stream.close()
     # live through the channel layer / relay, not the heartbeat's safety-net read (15 s)
     assert stream.comments == []
     assert status_at_open in ("queued", "running"), "the job ended before the stream opened: nothing came live"
+    assert status_at_tool_result == "running"
 
     wires = events_of(frames)
     assert wires == job_log(api, sid, execution_id)  # exactly the execution's events, in seq order
