@@ -29,10 +29,11 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.http import HttpRequest, StreamingHttpResponse
-from ninja import Router
+from ninja import Header, Router
 
 from accounts.models import ApiToken
 from collab import access
+from collab.api import ERRORS
 from collab.errors import DomainError, Invalid
 from collab.events import session_group
 from collab.live import relay
@@ -47,11 +48,10 @@ HEARTBEAT_SECONDS = 15.0
 TERMINAL_TYPES = frozenset(f"job.{status}" for status in TERMINAL_STATUSES)
 
 
-def _resume_point(request: HttpRequest) -> int:
+def _resume_point(last_event_id: str | None, after: str | None) -> int:
     """The seq to resume after: ``Last-Event-ID`` (what an EventSource sends on reconnect), else
     ``?after=``, else 0. Not a non-negative integer → 400."""
-    header = request.headers.get("Last-Event-ID")
-    name, raw = ("Last-Event-ID", header) if header is not None else ("after", request.GET.get("after"))
+    name, raw = ("Last-Event-ID", last_event_id) if last_event_id is not None else ("after", after)
     if raw is None or raw.strip() == "":
         return 0
     try:
@@ -64,14 +64,17 @@ def _resume_point(request: HttpRequest) -> int:
     return value
 
 
-@router.get("executions/{execution_id}/stream", response={200: None}, tags=["executions"])
-async def stream_execution(request: HttpRequest, execution_id: str):
+@router.get("executions/{execution_id}/stream", response={200: None, **ERRORS}, tags=["executions"],
+            openapi_extra={"responses": {200: {"description": "Server-Sent Events (text/event-stream)",
+                                               "content": {"text/event-stream": {"schema": {"type": "string"}}}}}})
+async def stream_execution(request: HttpRequest, execution_id: str, after: str | None = None,
+                           last_event_id: str | None = Header(None, alias="Last-Event-ID")):
     """The execution's events as Server-Sent Events, resumable with ``Last-Event-ID``
     (= event seq) or ``?after=SEQ``; ends with ``event: end`` after its terminal event."""
     job = await sync_to_async(access.access_job)(request.auth, execution_id)
-    after = _resume_point(request)
+    start = _resume_point(last_event_id, after)
     token = request_token(request)
-    frames = _frames(request.auth, getattr(token, "pk", None), job.pk, job.session_id, after)
+    frames = _frames(request.auth, getattr(token, "pk", None), job.pk, job.session_id, start)
     response = StreamingHttpResponse(frames, content_type="text/event-stream; charset=utf-8")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
@@ -140,7 +143,7 @@ async def _frames(viewer, token_id: int | None, job_id: str, session_id: str, af
                         await asyncio.sleep(settings.TRELLIS_EVENT_POLL_INTERVAL)
                         break
                     message = await asyncio.wait_for(layer.receive(channel), HEARTBEAT_SECONDS)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if not await _still_allowed(viewer, token_id, job_id):
                         return  # revoked token, or the job no longer visible: close, say nothing more
                     yield ": keep-alive\n\n"
