@@ -276,3 +276,52 @@ def test_issue16_3_keep_alive_and_a_revoked_token_ends_the_stream(team, scripted
     assert [c.split("\n")[1] for c in before[:2]] == ["event: message.created", "event: job.queued"]
     # closed at the next heartbeat: no keep-alive after the revocation, and no 'end' (the job runs on)
     assert all(c.startswith("id: ") for c in after) and not any("event: end" in c for c in before + after)
+
+
+def test_issue16_3_a_closed_stream_lets_go_of_its_subscription(transactional_db, team, scripted_session):
+    """Issue 16 item 3: when the client goes away (daphne cancels the body; here: ``aclose``)
+    the stream leaves the session's group and, on the embedded default, stops being watched by
+    this process's database relay — nothing is left behind per stream."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from collab import streams
+    from collab.live import relay
+    from collab.models import Job
+
+    api, sid = scripted_session(team.member, [{"sleep_ms": 30000}, {"text": "late"}])
+    r = api.post(f"/api/sessions/{sid}/turns", {"prompt": "hi"})
+    assert r.status_code == 202, r.content
+    job = Job.objects.get(pk=r.json()["execution_id"])
+
+    async def body():
+        layer = get_channel_layer()
+        joined = []
+        original = layer.group_add, layer.group_discard
+
+        async def group_add(group, channel):
+            joined.append((group, channel))
+            await original[0](group, channel)
+
+        async def group_discard(group, channel):
+            joined.remove((group, channel))
+            await original[1](group, channel)
+
+        layer.group_add, layer.group_discard = group_add, group_discard
+        try:
+            frames = streams._frames(team.member, None, job.pk, job.session_id, 0)
+            first = await asyncio.wait_for(frames.__anext__(), 10)
+            watched = relay().watchers[sid] if relay() else None
+            subscribed = list(joined)
+            await frames.aclose()
+            return first, watched, subscribed, list(joined), (relay().watchers.get(sid) if relay() else None)
+        finally:
+            layer.group_add, layer.group_discard = original
+
+    first, watched, subscribed, left, watched_after = async_to_sync(body)()
+    assert first.startswith("id: ") and "event: message.created" in first
+    assert [g for g, _ in subscribed] == [f"session.{sid}"] and left == []
+    from django.conf import settings
+
+    assert watched == (1 if settings.TRELLIS_EVENT_POLL else None)  # embedded: watched while open
+    assert watched_after is None
