@@ -20,6 +20,7 @@ from accounts.policy import token_for
 from collab.api import router as collab_router
 from collab.errors import DomainError, Invalid
 from collab.scopes import require_token_scope
+from collab.streams import router as streams_router
 from collab.text import clean_data
 
 
@@ -118,3 +119,4 @@ def on_not_found(request, exc):
 
 api.add_decorator(require_token_scope)
 api.add_router("/", collab_router)
+api.add_router("/", streams_router)

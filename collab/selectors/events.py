@@ -4,9 +4,14 @@ from collab.selectors.redact import Memo, redact_wires
 PAGE = 500
 
 
-def events_after(session_id: str, after: int = 0, limit: int = PAGE, *, viewer, memo: Memo | None = None) -> list[dict]:
+def events_after(session_id: str, after: int = 0, limit: int = PAGE, *, viewer, memo: Memo | None = None,
+                 job: str | None = None) -> list[dict]:
     """A session's events with ``seq > after``, ascending, as wires ``viewer`` may see: fields
     naming a session they may not see are blanked (issue 17; at most four more queries per
-    page). Callers authorize the session first."""
-    events = Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:limit]
+    page). With ``job``, only the events about that execution (``payload.job``: its status
+    changes, the messages it wrote, its deltas). Callers authorize the session first."""
+    events = Event.objects.filter(session_id=session_id, seq__gt=after)
+    if job is not None:
+        events = events.filter(payload__job=job)
+    events = events.order_by("seq")[:limit]
     return redact_wires(viewer, session_id, [e.as_wire() for e in events], memo)

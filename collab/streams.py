@@ -1,0 +1,164 @@
+"""One execution as Server-Sent Events: ``GET /api/executions/{id}/stream`` (issue 16 item 3).
+
+For clients that do not speak WebSocket. The frames are the execution's events from its
+session's log — status changes (``job.*``), message deltas (``message.delta``), the messages it
+wrote (``message.created``: tool calls, tool results, the final answer) — as the events API
+shows them to this viewer (redacted, issue 17), one frame each::
+
+    id: <seq>
+    event: <type>
+    data: {"seq": …, "type": …, "payload": {…}, "created_at": …}
+
+First the logged ones after ``Last-Event-ID`` (or ``?after=``), then live, in ``seq`` order;
+after the execution's terminal event (``job.succeeded`` / ``failed`` / ``cancelled`` /
+``interrupted``) one ``event: end`` frame and the stream closes. A comment line
+(``: keep-alive``) every ``HEARTBEAT_SECONDS``. Same authentication, token scope (``read``)
+and authorization as ``GET /api/executions/{id}``.
+
+No thread is held per open stream: the view is async and the body an async iterator that
+daphne drains on its event loop. It waits on the session's channel-layer group (Redis), or on
+this process's database relay (``collab.live``) on the embedded default, and reads the log
+only when something about this session arrived (or at each heartbeat, as a safety net).
+"""
+
+import asyncio
+import json
+
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.http import HttpRequest, StreamingHttpResponse
+from ninja import Header, Router
+
+from accounts.models import ApiToken
+from collab import access
+from collab.api import ERRORS
+from collab.errors import DomainError, Invalid
+from collab.events import session_group
+from collab.live import relay
+from collab.models import TERMINAL_STATUSES, Job, Session
+from collab.scopes import request_token
+from collab.selectors.events import PAGE, events_after
+from collab.selectors.redact import Memo
+
+router = Router()
+
+HEARTBEAT_SECONDS = 15.0
+TERMINAL_TYPES = frozenset(f"job.{status}" for status in TERMINAL_STATUSES)
+
+
+def _resume_point(last_event_id: str | None, after: str | None) -> int:
+    """The seq to resume after: ``Last-Event-ID`` (what an EventSource sends on reconnect), else
+    ``?after=``, else 0. Not a non-negative integer → 400."""
+    name, raw = ("Last-Event-ID", last_event_id) if last_event_id is not None else ("after", after)
+    if raw is None or raw.strip() == "":
+        return 0
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise Invalid(f"{name} must be an event seq (a non-negative integer), not {raw[:40]!r}",
+                      code="invalid_last_event_id")
+    return value
+
+
+@router.get("executions/{execution_id}/stream", response={200: None, **ERRORS}, tags=["executions"],
+            openapi_extra={"responses": {200: {"description": "Server-Sent Events (text/event-stream)",
+                                               "content": {"text/event-stream": {"schema": {"type": "string"}}}}}})
+async def stream_execution(request: HttpRequest, execution_id: str, after: str | None = None,
+                           last_event_id: str | None = Header(None, alias="Last-Event-ID")):
+    """The execution's events as Server-Sent Events, resumable with ``Last-Event-ID``
+    (= event seq) or ``?after=SEQ``; ends with ``event: end`` after its terminal event."""
+    job = await sync_to_async(access.access_job)(request.auth, execution_id)
+    start = _resume_point(last_event_id, after)
+    token = request_token(request)
+    frames = _frames(request.auth, getattr(token, "pk", None), job.pk, job.session_id, start)
+    response = StreamingHttpResponse(frames, content_type="text/event-stream; charset=utf-8")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+def _frame(wire: dict) -> str:
+    return f"id: {wire['seq']}\nevent: {wire['type']}\ndata: {json.dumps(wire, separators=(',', ':'))}\n\n"
+
+
+def _end(job_id: str, status: str) -> str:
+    return f"event: end\ndata: {json.dumps({'execution_id': job_id, 'status': status})}\n\n"
+
+
+@database_sync_to_async
+def _read(viewer, session_id: str, job_id: str, after: int, memo: Memo) -> tuple[list[dict], int, str | None]:
+    """(this job's events after ``after`` as the viewer sees them, the session seq read through,
+    the job's status if it had ended before the read — then every event of its is in the log)."""
+    status = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
+    through = Session.objects.filter(pk=session_id).values_list("last_event_seq", flat=True).first() or 0
+    wires = events_after(session_id, after, PAGE, viewer=viewer, memo=memo, job=job_id)
+    if len(wires) == PAGE:  # more to read: only through the last one
+        return wires, wires[-1]["seq"], None
+    through = max([through, after] + [w["seq"] for w in wires])
+    return wires, through, status if status in TERMINAL_STATUSES else None
+
+
+@database_sync_to_async
+def _still_allowed(viewer, token_id: int | None, job_id: str) -> bool:
+    """The viewer may still see the job, and the token they came with is still usable."""
+    if token_id is not None and not ApiToken.objects.active().filter(pk=token_id).exists():
+        return False
+    try:
+        access.access_job(viewer, job_id)
+    except DomainError:
+        return False
+    return True
+
+
+async def _frames(viewer, token_id: int | None, job_id: str, session_id: str, after: int):
+    layer = get_channel_layer()
+    channel = await layer.new_channel() if layer is not None else None
+    group = session_group(session_id)
+    if channel is not None:
+        await layer.group_add(group, channel)
+    watcher = relay()  # the embedded default: this process's database relay pokes the group
+    if watcher is not None:
+        watcher.watch(session_id, 0)
+    memo = Memo()
+    last = after
+    try:
+        while True:
+            wires, through, ended = await _read(viewer, session_id, job_id, last, memo)
+            for wire in wires:
+                yield _frame(wire)
+                if wire["type"] in TERMINAL_TYPES:
+                    yield _end(job_id, wire["type"].removeprefix("job."))
+                    return
+            last = through
+            if ended:
+                yield _end(job_id, ended)
+                return
+            while True:  # until something about this session arrived (or a heartbeat is due)
+                try:
+                    if channel is None:
+                        await asyncio.sleep(settings.TRELLIS_EVENT_POLL_INTERVAL)
+                        break
+                    message = await asyncio.wait_for(layer.receive(channel), HEARTBEAT_SECONDS)
+                except TimeoutError:
+                    if not await _still_allowed(viewer, token_id, job_id):
+                        return  # revoked token, or the job no longer visible: close, say nothing more
+                    yield ": keep-alive\n\n"
+                    break
+                wire = message.get("event") if message.get("type") == "collab.event" else None
+                if wire is not None and wire["seq"] <= last:
+                    continue  # already read
+                if wire is not None and wire["seq"] == last + 1 and wire["payload"].get("job") != job_id:
+                    last = wire["seq"]  # the next event, about something else: nothing to read
+                    continue
+                if message.get("type") == "collab.poke" and message.get("seq", 0) <= last:
+                    continue
+                break
+    finally:
+        if watcher is not None:
+            watcher.unwatch(session_id)
+        if channel is not None:
+            await layer.group_discard(group, channel)
