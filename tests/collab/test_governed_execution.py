@@ -1059,8 +1059,10 @@ def test_op_c4_archive_when_done_applies_to_background_and_foreground_runs(team,
 
 
 def test_op_c4_manual_archive_first_keeps_its_time_and_reason_and_never_cancels(team, api_as, worker):
+    # the child runs until this test cancels it (never a timed period): the manual archive
+    # certainly comes first, and the automatic one (archive_when_done) when the child ends
     owner = api_as(team.owner)
-    make_spec(owner, "nap", [{"sleep_ms": 4_000}, {"text": "rested"}])
+    make_spec(owner, "nap", [{"sleep_ms": UNENDING_MS}, {"text": "rested"}])
     make_spec(owner, "boss", {"user": [step(agent_call("nap", "nap", description="napper", archive_when_done=True)),
                                        {"text": "ok"}]})
     api = api_as(team.member)
@@ -1073,7 +1075,8 @@ def test_op_c4_manual_archive_first_keeps_its_time_and_reason_and_never_cancels(
     first = r.json()
     assert first["archived"] and first["archive_reason"] == "manual: enough"
     assert execution(api, child["id"])["status"] == "running"  # archive never cancels
-    assert api.wait(child["id"])["status"] == "succeeded"
+    assert cancel(api, child["id"]).status_code == 202  # the child ends: its automatic archive comes now
+    assert api.wait(child["id"], timeout=WAIT)["status"] == "cancelled"
     settle(api, sid)
     (row,) = [b for b in branches(api, sid, "archived") if b["name"] == "napper"]
     assert row["archived_at"] == first["archived_at"] and row["archive_reason"] == "manual: enough"
@@ -1084,7 +1087,8 @@ def test_op_c4_manual_archive_first_keeps_its_time_and_reason_and_never_cancels(
 
 
 def test_op_c4_delivery_accepted_before_archive_but_not_started_fails_archived(team, api_as, worker):
-    api, ssid, sender, tsid, busy, target = sender_and_busy_target(team, api_as, 5_000)
+    # the target stays busy until this test cancels its turn (never a timed busy period)
+    api, ssid, sender, tsid, busy, target = sender_and_busy_target(team, api_as, UNENDING_MS)
 
     accepted = tool(api, sender, "agent", to=target, prompt="a task for later")
     assert not accepted["is_error"] and accepted["details"]["queued"] is True, accepted
@@ -1095,7 +1099,9 @@ def test_op_c4_delivery_accepted_before_archive_but_not_started_fails_archived(t
     refused = tool(api, sender, "agent", to=target, prompt="too late")
     assert refused["is_error"] and refused["details"]["code"] in ("archived", "not_found"), refused
 
-    assert api.wait(busy)["status"] == "succeeded"  # the running turn was not cancelled
+    assert execution(api, busy)["status"] == "running"  # the archive did not cancel the running turn
+    assert cancel(api, busy).status_code == 202  # the target's turn ends: the task may start now
+    assert api.wait(busy, timeout=WAIT)["status"] == "cancelled"
     ended = api.wait(task)
     assert ended["status"] == "failed" and ended["error_code"] == "archived" and ended["is_error"]
     assert "archived" in ended["error_reason"]
