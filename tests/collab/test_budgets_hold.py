@@ -23,6 +23,7 @@ from tests.collab.test_governed_execution import (  # noqa: F401 (autouse fixtur
     tool,
     turn,
 )
+from tests.conftest import TERMINAL, poll, undelivered_results
 
 pytestmark = pytest.mark.slow
 
@@ -49,12 +50,15 @@ def test_op_5_1_a_failure_notice_continues_the_senders_chain_so_a_retry_loop_sto
     rejected = []
     for _ in range(8):  # without the chain a rejection loop never ends; 8 is far past the budget
         def pending():
+            # a state, never a moment: every job of both sessions has ended (the turn that sent
+            # is over, so a rejection's notice comes back as a follow-up turn, never into the
+            # sending turn's own mailbox), and then either a hold waits for a decision or no
+            # result is owed back to the sender (the rejected delivery's notice lives in the
+            # target's session, owed to the sender's branch until its follow-up is admitted)
+            if [j for j in executions(api, sid) + executions(api, tsid) if j["status"] not in TERMINAL]:
+                return None
             holds = [h for h in api.get(f"/api/sessions/{sid}/holds").json() if h["status"] == "pending"]
-            open_jobs = [j for j in executions(api, sid) if j["status"] not in ("succeeded", "failed", "cancelled", "interrupted")]
-            owed = Job.objects.filter(session_id=sid, followup_state="owed").exclude(followup_mode="mailbox").exists()
-            return holds or (not open_jobs and not owed and "idle")
-
-        from tests.conftest import poll
+            return holds or (not undelivered_results([sid, tsid]) and "idle")
 
         got = poll(pending, timeout=WAIT, what="a pending hold or a quiet session")
         if got == "idle":

@@ -421,7 +421,9 @@ def test_op_5_4_message_to_busy_branch_waits_and_runs_after_in_order(team, api_a
     "queued" (no delivery_id yet); when that turn ends the messages run as message turns on the
     target, one after another, in the order they were sent, each with its sender header."""
     owner, api = api_as(team.owner), api_as(team.member)
-    make_spec(owner, "slow", {"user": [{"sleep_ms": 5000}, {"text": "slow done"}], "message": [{"text": "read {{prompt}}"}]})
+    # the slow turn runs until this test cancels it (never a timed busy period)
+    make_spec(owner, "slow", {"user": [{"sleep_ms": 600_000}, {"text": "slow done"}],
+                              "message": [{"text": "read {{prompt}}"}]})
     make_spec(owner, "sender", {"user": [{"text": "ok"}]})
     sid = open_session(api, "sender", "sender")
     user_turn(api, sid)
@@ -432,14 +434,15 @@ def test_op_5_4_message_to_busy_branch_waits_and_runs_after_in_order(team, api_a
     target = main_address(api, target_sid)
 
     receipts = [ok(tool(api, me, "send_message", to=target, message=f"note {n}")) for n in range(3)]
-    assert api.get(f"/api/executions/{busy}").json()["status"] == "running", "the slow turn ended too early for this test"
+    assert api.get(f"/api/executions/{busy}").json()["status"] == "running"
     for r in receipts:
         assert r["details"]["queued"] is True and r["details"]["delivery_id"] is None, r
         assert "busy" in r["text"] and "queued" in r["text"]
     queued_events = [e for e in events(api, target_sid) if e["type"] == "inbox.queued"]
     assert len(queued_events) == 3
 
-    assert api.wait(busy, timeout=WAIT)["status"] == "succeeded"
+    cancel(api, busy)  # the slow turn ends (a cancel is an end like any other, OP §5.4)
+    assert api.wait(busy, timeout=WAIT)["status"] == "cancelled"
 
     def three_message_turns():
         jobs = jobs_of(api, target_sid)
@@ -451,7 +454,7 @@ def test_op_5_4_message_to_busy_branch_waits_and_runs_after_in_order(team, api_a
     t = transcript(api, target)
     kinds = [turn["messages"][0]["kind"] for turn in t["turns"]]
     assert kinds == ["normal", "message", "message", "message"], kinds
-    assert t["turns"][0]["messages"][-1]["text"] == "slow done"
+    assert t["turns"][0]["messages"][-1]["text"] == "think hard"  # the cancelled turn left no answer
     for n, turn in enumerate(t["turns"][1:]):
         first, last = turn["messages"][0], turn["messages"][-1]
         assert first["text"].startswith("[message from " + sid + ":"), first["text"]

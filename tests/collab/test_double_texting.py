@@ -43,6 +43,20 @@ def wait_running(api, execution_id):
     return api.wait(execution_id, statuses={"running"}, timeout=20)
 
 
+def unending_turn(api_as, team, api, sid, prompt) -> str:
+    """A running turn (agent ``unending``) whose model call cannot end by itself during a test
+    (the scripted provider's longest sleep): it is still running whenever the test acts next,
+    and it ends only by the test's own interrupt or cancel — never a timed busy period."""
+    r = api_as(team.owner).post("/api/projects/alpha/agent-specs", {
+        "agent_id": "unending", "provider": "scripted", "script": [{"sleep_ms": 600_000}, {"text": "never"}]})
+    assert r.status_code == 201, r.content
+    r = post_turn(api, sid, prompt, agent_id="unending")
+    assert r.status_code == 202, r.content
+    running = r.json()["execution_id"]
+    wait_running(api, running)
+    return running
+
+
 def job_events(api, sid) -> dict[str, list[str]]:
     events, after = [], 0
     while page := api.get(f"/api/sessions/{sid}/events", after=after).json()["events"]:
@@ -214,12 +228,13 @@ def test_issue16_enqueue_runs_the_new_input_after_the_running_turn(team, scripte
 
 
 @pytest.mark.slow
-def test_issue16_interrupt_cancels_through_the_command_and_runs_the_input_on_the_same_branch(team, scripted_session, worker):
-    api, sid = scripted_session(team.member, {"user": [{"sleep_ms": 1500}, {"text": "done: {{prompt}}"}]})
-    running = started(api, sid, "long job")
-    wait_running(api, running)
+def test_issue16_interrupt_cancels_through_the_command_and_runs_the_input_on_the_same_branch(
+    team, scripted_session, api_as, worker
+):
+    api, sid = scripted_session(team.member, {"user": [{"text": "done: {{prompt}}"}]})
+    running = unending_turn(api_as, team, api, sid, "long job")
 
-    r = post_turn(api, sid, "stop, do this instead", "interrupt")
+    r = post_turn(api, sid, "stop, do this instead", "interrupt", agent_id="bot")
     assert r.status_code == 202, r.content
     new = r.json()
     done = api.wait(new["execution_id"])
@@ -255,14 +270,15 @@ def test_issue16_interrupt_and_rollback_need_the_right_to_cancel_and_archive(tea
 
 
 @pytest.mark.slow
-def test_issue16_rollback_forks_before_the_running_prompt_and_archives_the_old_branch(team, scripted_session, worker):
-    api, sid = scripted_session(team.member, {"user": [{"sleep_ms": 1500}, {"text": "done: {{prompt}}"}]})
+def test_issue16_rollback_forks_before_the_running_prompt_and_archives_the_old_branch(
+    team, scripted_session, api_as, worker
+):
+    api, sid = scripted_session(team.member, {"user": [{"text": "done: {{prompt}}"}]})
     first = api.wait(started(api, sid, "setup"), timeout=20)
     assert first["status"] == "succeeded"
-    running = started(api, sid, "the wrong question")
-    wait_running(api, running)
+    running = unending_turn(api_as, team, api, sid, "the wrong question")
 
-    r = post_turn(api, sid, "the right question", "rollback")
+    r = post_turn(api, sid, "the right question", "rollback", agent_id="bot")
     assert r.status_code == 202, r.content
     new = r.json()
     old_branch = Branch.objects.get(pk=first["branch"])
@@ -310,16 +326,17 @@ def test_issue16_interrupt_racing_the_turns_completion_runs_the_new_input_exactl
 
 
 @pytest.mark.slow
-def test_issue16_two_interrupts_at_once_cancel_the_running_turn_once_and_lose_no_input(team, scripted_session, worker):
+def test_issue16_two_interrupts_at_once_cancel_the_running_turn_once_and_lose_no_input(
+    team, scripted_session, api_as, worker
+):
     api, sid = scripted_session(team.member, {"user": [{"sleep_ms": 2000}, {"text": "done: {{prompt}}"}]})
-    running = started(api, sid, "long")
-    wait_running(api, running)
+    running = unending_turn(api_as, team, api, sid, "long")
     answers, barrier = {}, threading.Barrier(2)
 
     def send(prompt):
         try:
             barrier.wait(5)
-            answers[prompt] = post_turn(api, sid, prompt, "interrupt")
+            answers[prompt] = post_turn(api, sid, prompt, "interrupt", agent_id="bot")
         finally:
             connection.close()
 

@@ -125,12 +125,15 @@ def test_op_5_4_a_message_to_a_target_archived_meanwhile_reaches_the_sender_as_a
 ):
     """OP §5.4, C4: the inbox of a branch archived while the message waited goes back to each
     sender as one failed result (a follow-up that says so), never silently dropped."""
-    api, ssid, sender, tsid, busy, target = sender_and_busy_target(team, api_as, 1_500, "quiet: {{prompt}}")
+    # the target stays busy until this test cancels its turn (never a timed busy period)
+    api, ssid, sender, tsid, busy, target = sender_and_busy_target(team, api_as, LONG_MS, "quiet: {{prompt}}")
 
     sent = tool(api, sender, "send_message", to=target, message="are you there?")
     assert sent["details"]["queued"] is True, sent
     assert api.post(f"/api/branches/{target}/archive", {"reason": "retired"}).status_code == 200
-    assert api.wait(busy)["status"] == "succeeded"  # archive never cancels running work
+    assert execution(api, busy)["status"] == "running"  # archive never cancels running work
+    assert cancel(api, busy).status_code == 202  # the target's turn ends: its inbox drains now
+    assert api.wait(busy)["status"] == "cancelled"
     jobs = settle(api, ssid, tsid)
 
     target_id = execution(api, busy)["branch"]
@@ -186,20 +189,24 @@ def test_op_c4_a_start_refused_on_an_archived_branch_writes_nothing_there(team, 
     sender hears of it once."""
     from collab.models import Message
 
-    api, ssid, sender, tsid, busy, target = sender_and_busy_target(team, api_as, 1_500)
+    # the target stays busy until this test cancels its turn (never a timed busy period), so the
+    # task is accepted while the target is busy and the archive lands before the task can start
+    api, ssid, sender, tsid, busy, target = sender_and_busy_target(team, api_as, LONG_MS)
     accepted = tool(api, sender, "agent", to=target, prompt="a task for later")
     task = accepted["details"]["execution_id"]
     assert accepted["details"]["queued"] is True, accepted
     assert api.post(f"/api/branches/{target}/archive", {"reason": "retired"}).status_code == 200
+    assert execution(api, busy)["status"] == "running" and execution(api, task)["status"] == "queued"
 
-    assert api.wait(busy)["status"] == "succeeded"
+    assert cancel(api, busy).status_code == 202  # the target's turn ends: the task may start now
+    assert api.wait(busy)["status"] == "cancelled"
     ended = api.wait(task)
     assert ended["status"] == "failed" and ended["error_code"] == "archived"
     settle(api, ssid, tsid)
     assert ended["prompt_msg"] is None and not Message.objects.filter(job_id=task).exists()
     target_id = ended["branch"]
-    final = Message.objects.filter(job_id=busy, role="assistant").order_by("-depth").values_list("pk", flat=True)[0]
-    assert _turns_and_tip(target_id) == (1, final)  # the busy turn only
+    last = Message.objects.filter(job_id=busy).order_by("-depth").values_list("pk", flat=True)[0]
+    assert _turns_and_tip(target_id) == (1, last)  # the busy turn only
     notices = [m for m in transcript_messages(api, sender)
                if m["role"] == "user" and f"did not finish execution {task}" in m["text"]]
     assert len(notices) == 1

@@ -31,7 +31,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from tests.collab.test_governed_execution import settle
+from tests.collab.test_governed_execution import UNENDING_MS, settle
 from tests.conftest import TERMINAL, make_git_repo
 from tests.conftest import poll as _poll
 
@@ -39,7 +39,6 @@ pytestmark = pytest.mark.slow
 
 WAIT = 60.0  # seconds; generous for a loaded machine, never reached when things work
 LONG_MS = 30_000  # a child "model call" that is always interrupted long before it ends
-PROMPT_CANCEL_SECONDS = 5.0
 CONTROL_TOOLS = ["followup_task", "interrupt_agent", "list_agents", "spawn_agent", "wait_agent"]
 PLAN_TOOLS = {"todo_create", "todo_update", "todo_list"}  # a root's plan tool (OW: update_plan); never an explorer's
 
@@ -769,7 +768,9 @@ def test_ow_18_cancelling_the_parent_ends_wait_agent_at_once(team, api_as, worke
     make_spec(owner, "ow18c", {
         "user": [step(spawn_call("sleeper", "sleep")), step(call("wait_agent", timeout_ms=600_000)),
                  {"text": "unreachable"}],
-        "spawn": [{"sleep_ms": LONG_MS}, {"text": "never reached"}],
+        # the child cannot end by itself within WAIT, so neither can the wait for it: a parent
+        # that ends within WAIT was ended by the cancel
+        "spawn": [{"sleep_ms": UNENDING_MS}, {"text": "never reached"}],
     })
     sid = open_session(api, "ow18c")
     root_id = start_turn(api, sid, "wait forever")
@@ -779,21 +780,17 @@ def test_ow_18_cancelling_the_parent_ends_wait_agent_at_once(team, api_as, worke
         return any(c["name"] == "wait_agent" for c in calls)
 
     poll(waiting, what="the parent to call wait_agent")
-    started = time.monotonic()
     cancel(api, root_id)
     ended = api.wait(root_id, timeout=WAIT)
-    elapsed = time.monotonic() - started
     assert ended["status"] == "cancelled", ended
-    assert elapsed < PROMPT_CANCEL_SECONDS, f"a cancelled wait_agent(600000) took {elapsed:.1f}s to stop"
     (child_id,) = [r["details"]["execution_id"] for r in tool_results(root_id) if r["tool"] == "spawn_agent"]
     assert api.wait(child_id, timeout=WAIT)["status"] == "cancelled"
 
     main = address_of(ended)
     for bad in (9_999, 600_001, 0):
         refused(tool(api, main, "wait_agent", timeout_ms=bad), "invalid_arguments")
-    started = time.monotonic()
+    # answered because a result was there, not because the 10 s ran out
     assert ok(tool(api, main, "wait_agent", timeout_ms=10_000))["details"] == {"delivered": True, "timed_out": False}
-    assert time.monotonic() - started < 5
 
 
 # --- OW acc. 19, 20: reconciliation after a dead worker ---------------------------------------------
