@@ -341,13 +341,18 @@ def test_p_sec_3_the_migration_keeps_existing_members_active(transactional_db, t
     old = executor.loader.project_state([before]).apps
     user = old.get_model("auth", "User").objects.create(username="old-timer")
     old.get_model("accounts", "Membership").objects.create(user=user, project_id=team.alpha.pk, role="member")
-    executor = MigrationExecutor(connection)
-    executor.migrate([after])
-    executor.loader.build_graph()
-    row = Membership.objects.get(user__username="old-timer")
-    assert row.accepted_at is not None and row.invited_by is None
-    assert Project.objects.filter(pk=team.alpha.pk, memberships__user__username="old-timer").exists()
-    assert Membership.objects.filter(accepted_at__isnull=True).count() == 0
+    try:
+        executor = MigrationExecutor(connection)
+        executor.migrate([after])
+        executor.loader.build_graph()
+        row = Membership.objects.get(user__username="old-timer")
+        assert row.accepted_at is not None and row.invited_by is None
+        assert Project.objects.filter(pk=team.alpha.pk, memberships__user__username="old-timer").exists()
+        assert Membership.objects.filter(accepted_at__isnull=True).count() == 0
+    finally:
+        # back to the newest schema: the tests after this one share the database
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
 
 
 # --- one door ----------------------------------------------------------------------------------------

@@ -72,15 +72,24 @@ def _ids_in(values) -> set[str]:
     return {token for value in values for text in _strings(value) for token in _ID.findall(text)}
 
 
-def hidden_among(viewer, session_ids, *, own: str | None = None) -> dict[str, str]:
-    """Those of ``session_ids`` that are sessions ``viewer`` may not see, with their titles (one
-    query; none when there is nothing to ask about). Ids that are no session are not hidden:
+def hidden_among(viewer, session_ids, *, own: str | None = None) -> dict[str, tuple[str, ...]]:
+    """Those of ``session_ids`` that are sessions ``viewer`` may not see, with the names that would
+    give them away — the title and the branch names (two queries; none when there is nothing to
+    ask about). Ids that are no session are not hidden:
     nothing to leak."""
     asked = {s for s in session_ids if s and s != own}
     if not asked:
         return {}
-    return dict(Session.objects.filter(pk__in=asked).exclude(pk__in=visible_session_ids(viewer))
-                .values_list("pk", "title"))
+    hidden = dict(Session.objects.filter(pk__in=asked).exclude(pk__in=visible_session_ids(viewer))
+                  .values_list("pk", "title"))
+    if not hidden:
+        return {}
+    # its branches' names too: a text that names the session by id ("[result from SID:…] Agent
+    # 'name' finished") names them beside it (one more query, only when something is hidden)
+    names: dict[str, list[str]] = {sid: [title] for sid, title in hidden.items()}
+    for sid, name in Branch.objects.filter(session_id__in=list(hidden)).values_list("session_id", "name"):
+        names[sid].append(name)
+    return {sid: tuple(n for n in found if n) for sid, found in names.items()}
 
 
 MIN_TITLE_CHARS = 4  # a shorter title is not rewritten in text (it would garble ordinary words)
@@ -93,9 +102,12 @@ def scrub(value, hidden: dict[str, str]):
     if not hidden:
         return value
     if isinstance(value, str):
-        for sid, title in hidden.items():
-            if sid in value and title and len(title.strip()) >= MIN_TITLE_CHARS:
-                value = value.replace(title, REDACTED)
+        for sid, titles in hidden.items():
+            if sid not in value:
+                continue
+            for title in sorted(titles if isinstance(titles, tuple) else (titles,), key=len, reverse=True):
+                if title and len(title.strip()) >= MIN_TITLE_CHARS:
+                    value = value.replace(title, REDACTED)
         pattern = re.compile(r"\b(?:" + "|".join(sorted(hidden)) + r")(?::[0-9a-f]{12})?\b")
         return pattern.sub(REDACTED, value)
     if isinstance(value, dict):
@@ -160,7 +172,7 @@ def redact_wires(viewer, session_id: str, wires: list[dict], memo: Memo | None =
     for p in payloads:
         asked |= {s for s in _references(p, memo).values() if s}
         asked |= {memo.job_session.get(j) for k in JOB_LIST_KEYS if isinstance(p.get(k), list) for j in p[k]}
-        asked |= _ids_in(p.get(k) for k in TEXT_KEYS)
+        asked |= _ids_in([p.get(k) for k in TEXT_KEYS] + [p.get("tool_calls")])
         if isinstance(p.get(LISTED_KEY), list):
             asked |= {s for s in p[LISTED_KEY] if isinstance(s, str)}
     hidden = hidden_among(viewer, asked, own=session_id)
@@ -187,6 +199,9 @@ def _redact_payload(payload: dict, hidden: dict[str, str], memo: Memo, attach_se
     for key in TEXT_KEYS:
         if isinstance(out.get(key), str):
             out[key] = scrub(out[key], hidden)
+    if isinstance(payload.get("tool_calls"), list):
+        out["tool_calls"], named = redact_calls(payload["tool_calls"], hidden)
+        blanked = blanked or named
     if isinstance(payload.get(LISTED_KEY), list):  # a listing as the reader would have got it
         out[LISTED_KEY] = [s for s in payload[LISTED_KEY] if s not in hidden]
         if isinstance(payload.get("sessions"), int):
@@ -197,6 +212,20 @@ def _redact_payload(payload: dict, hidden: dict[str, str], memo: Memo, attach_se
                 out[key] = None
         out["redacted"] = True
     return out
+
+
+def redact_calls(calls: list, hidden: dict[str, str]) -> tuple[list, bool]:
+    """Tool calls as a viewer may see them: a call whose arguments name a hidden session (an
+    ``agent(start_from=…)``, a ``send_message(to=…)``) keeps its name, not its arguments — they
+    may also carry that session's branch names and prompts. Returns (calls, whether any was cut)."""
+    out, cut = [], False
+    for call in calls:
+        if isinstance(call, dict) and scrub(call.get("arguments"), hidden) != call.get("arguments"):
+            out.append({**call, "arguments": {"redacted": True}})
+            cut = True
+        else:
+            out.append(call)
+    return out, cut
 
 
 def redact_events(viewer, session_id: str, events) -> list[dict]:
@@ -212,7 +241,8 @@ def redact_messages(viewer, session_id: str, messages) -> dict[str, str]:
     if hidden:
         for m in messages:
             m.text = scrub(m.text, hidden)
-            m.tool_calls = scrub(m.tool_calls, hidden)
+            if isinstance(m.tool_calls, list):
+                m.tool_calls = redact_calls(m.tool_calls, hidden)[0]
             m.metadata = scrub(m.metadata, hidden)
     return hidden
 

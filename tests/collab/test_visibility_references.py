@@ -115,6 +115,38 @@ def test_p_sec_9_events_of_a_visible_session_name_no_session_the_viewer_cannot_s
     assert api_as(team.maintainer).get(f"/api/sessions/{c.open_sid}/events").json()["events"] == mine
 
 
+def test_p_sec_9_a_result_text_and_tool_calls_written_in_a_visible_session_name_nothing_hidden(team, api_as, crossing):
+    """Issue 17 item 2 (P-SEC-9): what a worker writes into B when P's agent reports back — a
+    result headed ``[result from P:…] Agent 'plans-in-private' finished`` — and a model's tool call
+    in B whose arguments name P (``agent(start_from=P:…, description=…)``): the colleague's events
+    and socket name neither P nor its branch; the call keeps its name, not its arguments. The
+    creator's log keeps both."""
+    from django.db import transaction
+
+    from collab.services.messages import append_message
+
+    c = crossing
+    cross(c)
+    p_head = head(c.creator, c.private_sid)
+    main = Branch.objects.get(session_id=c.open_sid, name="main")
+    with transaction.atomic():
+        append_message(main, role="user", kind="followup",
+                       text=f"[result from {p_head}]\nAgent '{SECRET_NAME}' finished execution abc:\n\nall done")
+        append_message(main, role="assistant", tool_calls=[
+            {"id": "call-1", "name": "agent", "arguments": {"start_from": p_head, "description": SECRET_NAME}},
+            {"id": "call-2", "name": "todo_list", "arguments": {}}])
+    secrets = secrets_of(c)
+    theirs = api_as(c.colleague).get(f"/api/sessions/{c.open_sid}/events").json()["events"]
+    mine = c.creator.get(f"/api/sessions/{c.open_sid}/events").json()["events"]
+    assert leaked(json.dumps(theirs), secrets) == []
+    assert SECRET_NAME in json.dumps(mine) and c.private_sid in json.dumps(mine)
+    result = next(e["payload"] for e in theirs if e["type"] == "message.created" and e["payload"]["kind"] == "followup")
+    assert result["text"].startswith("[result from another session]") and "all done" in result["text"]
+    calls = next(e["payload"]["tool_calls"] for e in theirs if e["type"] == "message.created" and e["payload"]["tool_calls"])
+    assert calls[0]["name"] == "agent" and calls[0]["arguments"] == {"redacted": True}
+    assert calls[1] == {"id": "call-2", "name": "todo_list", "arguments": {}}
+
+
 def test_p_sec_9_the_events_route_redacts_with_a_constant_number_of_queries(team, api_as, crossing):
     """Issue 17 item 2: the redaction costs the same number of queries for one crossing as for
     four (the referenced sessions are collected per page and asked about at once)."""
