@@ -8,7 +8,7 @@ Creates a throw-away database ``<db>_bench_turns`` next to DATABASE_URL's and pr
 table beside the targets:
 
 - the machine's raw single-row INSERT+COMMIT rate (psycopg, same server, same run);
-- queries and commits per turn, traced on one turn run in this machine's process
+- queries and commits per turn, traced on a session's first and second turn run in this process
   (admission through the service, then ``collab.runtime.loop.run_job``: the claim and the
   completion; Django's ``CaptureQueriesContext``; the broker's own queue writes not counted);
 - for the ORM broker, and the Redis broker when REDIS_URL is set, with a real ``qcluster``
@@ -38,10 +38,18 @@ PROMPT = ("The quick brown fox jumps over the lazy dog; " * 9)[:400]
 
 
 def phase_trace(_args):
-    """One turn in this process: queries and commits (``bench/_admit.py trace``)."""
+    """Two turns on one branch in this process, queries and commits of each (``bench/_admit.py
+    trace``): the first turn of a session, then a later one (the steady state)."""
+    import contextlib
+    import io
+
     from bench import _admit
 
     _admit.setup(1)
+    first = io.StringIO()
+    with contextlib.redirect_stdout(first):
+        _admit.trace(1)
+    print("\n".join("first_" + line for line in first.getvalue().split()))
     _admit.trace(1)
 
 
@@ -121,11 +129,13 @@ def main():
         raw = _common.raw_insert_rate(bench_url)
         t = _common.child("turns.py", "trace", _common.bench_env(bench_url, "orm"))
         commits = int(t["admission_commits"]) + int(t["worker_commits"])
+        first_commits = int(t["first_admission_commits"]) + int(t["first_worker_commits"])
         rows = [
             ("raw single-row INSERT+COMMIT", f"{raw:,.0f}/s", "(machine)"),
-            ("queries per turn (traced)", t["queries"], f"<= {TARGET_QUERIES}"),
-            ("commits per turn (traced)", f"{commits} (admission {t['admission_commits']}, "
+            ("queries per turn (traced, 2nd turn of a branch)", t["queries"], f"<= {TARGET_QUERIES}"),
+            ("commits per turn (traced, 2nd turn of a branch)", f"{commits} (admission {t['admission_commits']}, "
              f"claim+completion {t['worker_commits']})", "<= 4 (limit 3)"),
+            ("queries / commits of a session's 1st turn", f"{t['first_queries']} / {first_commits}", ""),
         ]
         brokers = ["orm"] + (["redis"] if os.environ.get("REDIS_URL") else [])
         for broker in brokers:
