@@ -23,6 +23,7 @@ table beside the targets:
 """
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -100,8 +101,8 @@ def phase_run(args):
     rows = list(Job.objects.filter(pk__in=ids).values_list("created_at", "finished_at", "status"))
     failed = sum(1 for r in rows if r[2] != "succeeded")
     span = (max(r[1] for r in rows) - min(r[0] for r in rows)).total_seconds()
-    print(f"seq=" + ",".join(f"{x:.5f}" for x in latencies))
-    print(f"conc=" + ",".join(f"{(r[1] - r[0]).total_seconds():.5f}" for r in rows))
+    print("seq=" + ",".join(f"{x:.5f}" for x in latencies))
+    print("conc=" + ",".join(f"{(r[1] - r[0]).total_seconds():.5f}" for r in rows))
     print(f"turns_per_s={len(rows) / span}")
     print(f"submit_per_s={n / submit_elapsed}")
     print(f"failed={failed}")
@@ -114,16 +115,12 @@ def main():
     parser.add_argument("--phase", choices=["trace", "run"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
-        import os
-
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
         import django
 
         django.setup()
         {"trace": phase_trace, "run": phase_run}[args.phase](args)
         return
-    import os
-
     bench_url = _common.create_database("bench_turns")
     try:
         raw = _common.raw_insert_rate(bench_url)
