@@ -1,0 +1,108 @@
+"""Shared helpers for the bench scripts: a throw-away PostgreSQL database next to DATABASE_URL's,
+a real ``qcluster`` worker started and stopped around a measurement, and small statistics.
+
+The raw commit rate and percentiles come from ``bench/admission.py`` (imported, not copied)."""
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.admission import percentile, pg_url, raw_insert_rate  # noqa: E402,F401
+
+
+def require_postgres() -> str:
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        raise SystemExit("set DATABASE_URL to a PostgreSQL server (postgres://…); a bench database is created next to it")
+    return url
+
+
+def _admin(url: str) -> str:
+    return url.replace("postgres://", "postgresql://", 1)
+
+
+def create_database(suffix: str) -> str:
+    """Create (after dropping any leftover) ``<db>_<suffix>`` next to DATABASE_URL's, migrate it,
+    and return its URL."""
+    import psycopg
+
+    url = require_postgres()
+    name = url.rpartition("/")[2] + "_" + suffix
+    with psycopg.connect(_admin(url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    bench_url = pg_url(url, name)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True,
+                   env=dict(os.environ, DATABASE_URL=bench_url, DJANGO_SECRET_KEY="bench"))
+    return bench_url
+
+
+def drop_database(bench_url: str) -> None:
+    import psycopg
+
+    name = bench_url.rpartition("/")[2]
+    with psycopg.connect(_admin(require_postgres()), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def bench_env(bench_url: str, broker: str, workers: int = 2, tag: str = "bench") -> dict:
+    """The environment of a worker and of the measuring process: the bench database, the broker
+    (``orm``, or ``redis`` with REDIS_URL), a queue name of this run only."""
+    env = dict(os.environ, DATABASE_URL=bench_url, DJANGO_SECRET_KEY="bench", TRELLIS_WORKERS=str(workers),
+               TRELLIS_QUEUE_NAME=f"{tag}-{broker}-{os.getpid()}", TRELLIS_LOG_LEVEL="WARNING",
+               TRELLIS_CHANNEL_PREFIX=f"{tag}-{os.getpid()}")
+    if broker != "redis":
+        env.pop("REDIS_URL", None)
+    return env
+
+
+@contextlib.contextmanager
+def worker(env: dict, timeout: float = 60.0):
+    """A real ``manage.py qcluster`` for the block: started, awaited until it is running (its
+    start-up is not measured), then terminated and reaped."""
+    log = tempfile.NamedTemporaryFile("w+", prefix="bench-qcluster-", suffix=".log", delete=False)
+    proc = subprocess.Popen([sys.executable, "manage.py", "qcluster"], env=env, cwd=ROOT, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while "running." not in Path(log.name).read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("worker did not start:\n" + Path(log.name).read_text()[-3000:])
+            time.sleep(0.2)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+        os.unlink(log.name)
+
+
+def child(script: str, phase: str, env: dict, *args: str, timeout: float = 900) -> dict:
+    """Run ``bench/<script> --phase <phase>`` in a process of its own (Django reads the
+    environment once) and parse the ``key=value`` lines it prints."""
+    out = subprocess.run([sys.executable, f"bench/{script}", "--phase", phase, *args], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=timeout)
+    if out.returncode:
+        raise SystemExit(out.stdout + out.stderr)
+    return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+
+
+def table(rows) -> None:
+    """Print ``(figure, measured, target)`` rows as a small table."""
+    rows = [("figure", "measured", "target"), *rows]
+    widths = [max(len(str(r[i])) for r in rows) for i in range(3)]
+    for i, r in enumerate(rows):
+        print(" | ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+        if i == 0:
+            print("-+-".join("-" * w for w in widths))

@@ -1,0 +1,120 @@
+#!/usr/bin/env python
+"""Storage per turn and per message (SPEC §13 "History": storage grows linearly, ≈ the text plus a
+small constant per message; issue 15 item 1 ``storage``), measured on this machine.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python bench/storage.py \\
+      [--messages 1000 [10000 [100000]]]
+
+Creates a throw-away database ``<db>_bench_storage`` next to DATABASE_URL's, then runs real turns
+in this process on one branch — each admitted through the service (``do_start_user_turn``) and
+run by ``collab.runtime.loop.run_job`` (the claim and completion a worker does), a scripted agent
+answering with its prompt, so a turn holds about 400 characters of text (a 200-character prompt
+and the same 200 back) — until the branch holds each of the ``--messages`` sizes in turn. At each
+size it prints ``pg_total_relation_size`` (rows, TOAST and indexes) summed over the ``collab_*``
+tables against the empty database, per turn and per message, the marginal bytes per turn of the
+last stretch (linear growth keeps it flat), and at the largest size which tables hold the bytes
+(as the files stand, no VACUUM: row versions left by updates, e.g. of the branch tip, count).
+Target: ≤ 3 KB per turn of ~400 characters. 100,000 messages take a long while: a flag, not a default.
+"""
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import _common  # noqa: E402
+
+TARGET_BYTES_PER_TURN = 3 * 1024
+PROMPT = ("Storage bench: the quick brown fox jumps over the lazy dog. " * 4)[:200]
+
+SIZES_SQL = """
+SELECT c.relname, pg_total_relation_size(c.oid)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind = 'r' AND n.nspname = current_schema() AND c.relname LIKE 'collab\\_%%'
+"""
+
+
+def sizes() -> dict:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(SIZES_SQL)
+        return dict(cur.fetchall())
+
+
+def phase_run(args):
+    from django.contrib.auth import get_user_model
+    from django.db.models import Sum
+    from django.db.models.functions import Length
+
+    from accounts.models import Membership, Project
+    from collab.models import AgentSpec, Message
+    from collab.runtime.loop import run_job
+    from collab.services.sessions import do_create_session
+    from collab.services.turns import do_start_user_turn
+
+    user, _ = get_user_model().objects.get_or_create(username="bench")
+    project, _ = Project.objects.get_or_create(slug="bench", defaults={"name": "Bench"})
+    Membership.objects.get_or_create(user=user, project=project, defaults={"role": "owner"})
+    AgentSpec.objects.get_or_create(project=project, agent_id="echo", defaults={"script": [{"text": "{{prompt}}"}]})
+    session = do_create_session(user, project, title="storage", agent_id="echo")
+    base = sizes()
+    turns, last_turns, last_total, start = 0, 0, sum(base.values()), time.perf_counter()
+    for target in sorted(args.messages):
+        while Message.objects.filter(session=session).count() < target:
+            for _ in range(50):
+                job = do_start_user_turn(user, session, PROMPT)
+                run_job(job.pk)
+                turns += 1
+        now = sizes()
+        total = sum(now[t] - base.get(t, 0) for t in now)
+        messages = Message.objects.filter(session=session).count()
+        chars = Message.objects.filter(session=session).aggregate(c=Sum(Length("text")))["c"] or 0
+        marginal = (sum(now.values()) - last_total) / max(turns - last_turns, 1)
+        print(f"size{target}={messages},{turns},{total},{chars},{marginal:.0f},{time.perf_counter() - start:.1f}")
+        last_turns, last_total = turns, sum(now.values())
+    per_table = sorted(((t, (now[t] - base.get(t, 0)) / turns) for t in now), key=lambda x: -x[1])
+    print("tables=" + ";".join(f"{t}:{b:.0f}" for t, b in per_table if b >= 1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, nargs="+", default=[1000],
+                        help="branch sizes (messages) at which to measure; e.g. 1000 10000 100000")
+    parser.add_argument("--phase", choices=["run"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase:
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+        import django
+
+        django.setup()
+        phase_run(args)
+        return
+    bench_url = _common.create_database("bench_storage")
+    try:
+        raw = _common.raw_insert_rate(bench_url)
+        r = _common.child("storage.py", "run", _common.bench_env(bench_url, "orm", tag="bench-storage"),
+                          "--messages", *map(str, args.messages), timeout=24 * 3600)
+        rows = [("raw single-row INSERT+COMMIT", f"{raw:,.0f}/s", "(machine)")]
+        for size in sorted(args.messages):
+            messages, turns, total, chars, marginal, elapsed = r[f"size{size}"].split(",")
+            messages, turns, total, chars = int(messages), int(turns), int(total), int(chars)
+            label = f"[{messages:,} messages, {turns:,} turns, {chars / turns:.0f} chars/turn]"
+            rows += [
+                (f"{label} bytes per turn", f"{total / turns:,.0f} B", f"<= {TARGET_BYTES_PER_TURN:,} B"),
+                (f"{label} bytes per message", f"{total / messages:,.0f} B", ""),
+                (f"{label} marginal bytes per turn (this stretch)", f"{float(marginal):,.0f} B", "flat"),
+                (f"{label} turns/s written in-process", f"{turns / float(elapsed):,.1f}/s", ""),
+            ]
+        _common.table(rows)
+        print("bytes per turn by table (largest size): " + ", ".join(
+            f"{t} {b}" for t, b in (x.split(":") for x in r["tables"].split(";"))))
+    finally:
+        _common.drop_database(bench_url)
+
+
+if __name__ == "__main__":
+    main()

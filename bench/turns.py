@@ -1,0 +1,163 @@
+#!/usr/bin/env python
+"""Turns end to end (SPEC §13 "Turn overhead", issue 15 item 1 ``turns``), measured on this machine in one run.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/14 \\
+      .venv/bin/python bench/turns.py [--turns 100] [--workers 2]
+
+Creates a throw-away database ``<db>_bench_turns`` next to DATABASE_URL's and prints, in one
+table beside the targets:
+
+- the machine's raw single-row INSERT+COMMIT rate (psycopg, same server, same run);
+- queries and commits per turn, traced on a session's first and second turn run in this process
+  (admission through the service, then ``collab.runtime.loop.run_job``: the claim and the
+  completion; Django's ``CaptureQueriesContext``; the broker's own queue writes not counted);
+- for the ORM broker, and the Redis broker when REDIS_URL is set, with a real ``qcluster``
+  of ``--workers`` workers:
+  - sequential: ``--turns`` turns one after another on one branch, each submitted through the
+    public API (``POST /api/sessions/{sid}/turns?wait=30``, bearer token, Django's test client
+    in the measuring process) and timed until the answer says the execution is terminal —
+    submit→visible p50/p99, no polling;
+  - concurrent: ``--turns`` turns submitted through the API at once, one per session, then
+    turns/s (first admission → last finish, from the jobs' own timestamps) and p50/p99 of
+    each job's admission → terminal.
+"""
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import _common  # noqa: E402
+
+TARGET_QUERIES = 20
+TARGET_TURNS_PER_S = 100
+TARGET_SEQ_P50_MS = 30
+PROMPT = ("The quick brown fox jumps over the lazy dog; " * 9)[:400]
+
+
+def phase_trace(_args):
+    """Two turns on one branch in this process, queries and commits of each (``bench/_admit.py
+    trace``): the first turn of a session, then a later one (the steady state)."""
+    import contextlib
+    import io
+
+    from bench import _admit
+
+    _admit.setup(1)
+    first = io.StringIO()
+    with contextlib.redirect_stdout(first):
+        _admit.trace(1)
+    print("\n".join("first_" + line for line in first.getvalue().split()))
+    _admit.trace(1)
+
+
+def _client():
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from accounts.models import ApiToken, TokenScope
+
+    user = get_user_model().objects.get(username="bench")
+    _, raw = ApiToken.issue(user, name="bench", scopes=TokenScope.values)
+    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", HTTP_HOST="localhost")
+
+
+def phase_run(args):
+    from bench import _admit
+    from collab.models import TERMINAL_STATUSES, Job, Session
+
+    n = args.turns
+    _admit.setup(n)  # n + 30 sessions of the scripted echo agent, one turn per session
+    client = _client()
+    sessions = list(Session.objects.order_by("created_at").values_list("pk", flat=True))
+    seq_session, concurrent = sessions[-1], sessions[:n]
+
+    def submit(sid, wait=None):
+        path = f"/api/sessions/{sid}/turns" + (f"?wait={wait}" if wait else "")
+        r = client.post(path, {"prompt": PROMPT}, content_type="application/json")
+        if r.status_code != 202:
+            raise SystemExit(f"POST {path}: {r.status_code} {r.content[:500]!r}")
+        return r.json()
+
+    submit(sessions[-2], wait=30)  # warm-up: first request builds the middleware chain
+    latencies = []
+    for _ in range(n):
+        start = time.perf_counter()
+        body = submit(seq_session, wait=30)
+        if body["status"] not in TERMINAL_STATUSES:
+            raise SystemExit(f"turn not terminal after the wait: {body}")
+        latencies.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    ids = [submit(sid)["execution_id"] for sid in concurrent]
+    submit_elapsed = time.perf_counter() - start
+    deadline = time.monotonic() + 600
+    while Job.objects.filter(pk__in=ids).exclude(status__in=TERMINAL_STATUSES).exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("concurrent turns did not finish")
+        time.sleep(0.01)
+    rows = list(Job.objects.filter(pk__in=ids).values_list("created_at", "finished_at", "status"))
+    failed = sum(1 for r in rows if r[2] != "succeeded")
+    span = (max(r[1] for r in rows) - min(r[0] for r in rows)).total_seconds()
+    print("seq=" + ",".join(f"{x:.5f}" for x in latencies))
+    print("conc=" + ",".join(f"{(r[1] - r[0]).total_seconds():.5f}" for r in rows))
+    print(f"turns_per_s={len(rows) / span}")
+    print(f"submit_per_s={n / submit_elapsed}")
+    print(f"failed={failed}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--turns", type=int, default=100, help="turns in the sequential and in the concurrent run")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--phase", choices=["trace", "run"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase:
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+        import django
+
+        django.setup()
+        {"trace": phase_trace, "run": phase_run}[args.phase](args)
+        return
+    bench_url = _common.create_database("bench_turns")
+    try:
+        raw = _common.raw_insert_rate(bench_url)
+        t = _common.child("turns.py", "trace", _common.bench_env(bench_url, "orm"))
+        commits = int(t["admission_commits"]) + int(t["worker_commits"])
+        first_commits = int(t["first_admission_commits"]) + int(t["first_worker_commits"])
+        rows = [
+            ("raw single-row INSERT+COMMIT", f"{raw:,.0f}/s", "(machine)"),
+            ("queries per turn (traced, 2nd turn of a branch)", t["queries"], f"<= {TARGET_QUERIES}"),
+            ("commits per turn (traced, 2nd turn of a branch)", f"{commits} (admission {t['admission_commits']}, "
+             f"claim+completion {t['worker_commits']})", "<= 4 (limit 3)"),
+            ("queries / commits of a session's 1st turn", f"{t['first_queries']} / {first_commits}", ""),
+        ]
+        brokers = ["orm"] + (["redis"] if os.environ.get("REDIS_URL") else [])
+        for broker in brokers:
+            env = _common.bench_env(bench_url, broker, args.workers, tag="bench-turns")
+            with _common.worker(env):
+                r = _common.child("turns.py", "run", env, "--turns", str(args.turns))
+            seq = [float(x) * 1000 for x in r["seq"].split(",")]
+            conc = [float(x) * 1000 for x in r["conc"].split(",")]
+            tps = float(r["turns_per_s"])
+            label = f"[{broker}, {args.workers} workers, {args.turns} turns]"
+            rows += [
+                (f"{label} sequential submit→visible p50", f"{_common.percentile(seq, 0.5):.0f} ms",
+                 f"<= {TARGET_SEQ_P50_MS} ms"),
+                (f"{label} sequential submit→visible p99", f"{_common.percentile(seq, 0.99):.0f} ms", ""),
+                (f"{label} concurrent turns/s", f"{tps:,.1f}/s (ratio to raw commits {tps / raw:.4f})",
+                 f">= {TARGET_TURNS_PER_S}/s"),
+                (f"{label} concurrent admission→terminal p50", f"{_common.percentile(conc, 0.5):.0f} ms", ""),
+                (f"{label} concurrent admission→terminal p99", f"{_common.percentile(conc, 0.99):.0f} ms", ""),
+            ]
+            if int(r["failed"]):
+                rows.append((f"{label} turns not succeeded", r["failed"], "0"))
+        _common.table(rows)
+    finally:
+        _common.drop_database(bench_url)
+
+
+if __name__ == "__main__":
+    main()
