@@ -88,6 +88,19 @@ def worker(env: dict, timeout: float = 60.0):
         os.unlink(log.name)
 
 
+def run_phase(args, phases: dict) -> bool:
+    """In a child process started by ``child`` (``--phase NAME``): set Django up and run that
+    phase. Returns whether this process was such a child."""
+    if not args.phase:
+        return False
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+
+    django.setup()
+    phases[args.phase](args)
+    return True
+
+
 def child(script: str, phase: str, env: dict, *args: str, timeout: float = 900) -> dict:
     """Run ``bench/<script> --phase <phase>`` in a process of its own (Django reads the
     environment once) and parse the ``key=value`` lines it prints."""

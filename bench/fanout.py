@@ -94,12 +94,7 @@ def main():
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--phase", choices=["run"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.phase:
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-        import django
-
-        django.setup()
-        phase_run(args)
+    if _common.run_phase(args, {"run": phase_run}):
         return
     bench_url = _common.create_database("bench_fanout")
     try:

@@ -18,7 +18,6 @@ Target: ≤ 3 KB per turn of ~400 characters. 100,000 messages take a long while
 """
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -86,12 +85,7 @@ def main():
                         help="branch sizes (messages) at which to measure; e.g. 1000 10000 100000")
     parser.add_argument("--phase", choices=["run"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.phase:
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-        import django
-
-        django.setup()
-        phase_run(args)
+    if _common.run_phase(args, {"run": phase_run}):
         return
     bench_url = _common.create_database("bench_storage")
     try:

@@ -114,12 +114,7 @@ def main():
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--phase", choices=["trace", "run"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.phase:
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-        import django
-
-        django.setup()
-        {"trace": phase_trace, "run": phase_run}[args.phase](args)
+    if _common.run_phase(args, {"trace": phase_trace, "run": phase_run}):
         return
     bench_url = _common.create_database("bench_turns")
     try:
