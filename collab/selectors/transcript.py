@@ -21,7 +21,7 @@ from collab.models import (
     Session,
 )
 from collab.selectors.redact import redact_messages, scrub
-from collab.services.followup import split_delivery
+from collab.deliveries import split_delivery
 
 _CHAIN_SQL = """
 WITH RECURSIVE chain(id, predecessor_id, n) AS (

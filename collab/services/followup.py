@@ -16,10 +16,18 @@ idle caller branch instead of a follow-up turn (SPEC §7: cancel is a fence).
 """
 
 import logging
-import re
 
 from django.db import transaction
 
+from collab.deliveries import (
+    CANCELLED_RECONCILED,
+    EMPTY_FINAL,
+    INTERRUPTED_LIVE,
+    INTERRUPTED_RESTART,
+    agent_message,
+    envelope_span,
+    notice_lead,
+)
 from collab.errors import DomainError, Invalid
 from collab.events import send_event_on_commit
 from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageKind, MessageRole
@@ -67,11 +75,8 @@ def _notice_parts(job: Job) -> tuple[str, str]:
     if job.status == JobStatus.SUCCEEDED:
         limit = result_limit_for(reader_spec(job))
         body, _ = bound_text(job.result_text, limit) if job.result_text.strip() else ("(the agent finished with an empty reply)", False)
-        return f"[result from {result_source(job)}]\nAgent {who!r} finished execution {job.pk}:\n\n", body
-    reason = job.error_reason or job.status
-    lead = (f"[result from {result_source(job)}]\nAgent {who!r} did not finish execution {job.pk}: {job.status} "
-            "(is_error=true): ")
-    return lead, reason
+        return notice_lead(result_source(job), who, job.pk, None), body
+    return notice_lead(result_source(job), who, job.pk, job.status), job.error_reason or job.status
 
 
 def result_notice(job: Job) -> str:
@@ -84,30 +89,6 @@ def _notice_with_span(job: Job) -> tuple[str, list[int]]:
     return lead + body, [len(lead), len(lead) + len(body)]
 
 
-_NOTICE_LEAD = re.compile(
-    r"\[result from (?P<source>[^\]\s]*)\]\nAgent .*? (?:finished execution \S+:\n\n"
-    r"|did not finish execution \S+: \S+ \(is_error=true\): )", re.DOTALL)
-_ENVELOPE = re.compile(r"<agent_message>\n<task>[^<]*</task>\n<kind>[^<]*</kind>\n<body>\n(?P<body>.*)\n</body>\n</agent_message>\Z", re.DOTALL)
-
-
-def split_delivery(text: str) -> tuple[str, str] | None:
-    """(source address or "", body) of a delivered result written without a ``body`` span in its
-    metadata (follow-up prompts, and rows written before the span was recorded); None when
-    ``text`` is in neither of the formats above. The formats are made here, so they are read here."""
-    if (m := _ENVELOPE.match(text)) is not None:
-        return "", m.group("body")
-    if (m := _NOTICE_LEAD.match(text)) is not None:
-        return m.group("source"), text[m.end():]
-    return None
-
-
-INTERRUPTED_LIVE = "Sub-agent turn was interrupted."
-INTERRUPTED_RESTART = (
-    "Sub-agent was interrupted by a process restart and is no longer available. "
-    "Spawn a new explorer if this result is still needed."
-)
-CANCELLED_RECONCILED = "cancelled: Sub-agent turn was cancelled."
-EMPTY_FINAL = "Sub-agent completed without a persisted final response."
 MAX_DELIVERY_TOKENS = 4_000  # OW §6.2: an envelope of this size or more is refused (agent_delivery_failed)
 
 
@@ -125,29 +106,16 @@ def envelope(job: Job, *, reconciling: bool) -> tuple[str, str]:
         kind, body = ("failed", CANCELLED_RECONCILED) if reconciling else ("interrupted", INTERRUPTED_LIVE)
     else:
         kind, body = "failed", f"{job.error_code or 'failed'}: {job.error_reason or job.result_text or job.status}"
-    text = _agent_message(job.branch.task_name, kind, body)
+    text = agent_message(job.branch.task_name, kind, body)
     if estimate_tokens(text) >= MAX_DELIVERY_TOKENS:
         # OW §6.2: refused rather than delivered; the parent is told (it never waits for nothing)
         kind = "failed"
         kept = f" (full text: artifact {job.result_artifact_id})" if job.result_artifact_id else ""
-        text = _agent_message(job.branch.task_name, kind, (
+        text = agent_message(job.branch.task_name, kind, (
             f"agent_delivery_failed: the sub-agent's message is about {estimate_tokens(text)} tokens, over the "
             f"{MAX_DELIVERY_TOKENS}-token limit for delivered messages; its result stays with execution {job.pk}"
             f"{kept}. Ask it (followup_task) for a shorter answer if you still need it."))
     return kind, text
-
-
-def _agent_message(task_name: str, kind: str, body: str) -> str:
-    return (
-        f"<agent_message>\n<task>{task_name}</task>\n<kind>{kind}</kind>\n"
-        f"<body>\n{body}\n</body>\n</agent_message>"
-    )
-
-
-def _envelope_span(text: str) -> list[int]:
-    """Where the body of an ``_agent_message`` text starts and ends."""
-    start = text.index("<body>\n") + len("<body>\n")
-    return [start, len(text) - len("\n</body>\n</agent_message>")]
 
 
 def delivery_metadata(debt: Job, text_span: list[int]) -> dict:
@@ -162,7 +130,7 @@ def mailbox_entry(debt: Job, *, reconciling: bool) -> dict:
     """What a settled debt writes into the caller branch: text, dedupe key, metadata."""
     if debt.branch.task_name:
         kind, text = envelope(debt, reconciling=reconciling)
-        meta = delivery_metadata(debt, _envelope_span(text))
+        meta = delivery_metadata(debt, envelope_span(text))
         return {"text": text, "dedupe_key": f"agent-msg:{debt.session_id}:{debt.pk}:{kind}",
                 "metadata": {**meta, "task_name": debt.branch.task_name, "agent_message_kind": kind}}
     text, span = _notice_with_span(debt)

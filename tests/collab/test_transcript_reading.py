@@ -290,8 +290,8 @@ def test_issue_13_2_openwork_deliveries_are_cards_and_record_where_their_body_is
 
 def test_issue_13_2_old_rows_without_a_body_span_still_render_as_cards(team, scripted_session):
     """Issue 13 item 2: results delivered before the ``body`` span was recorded are read with the
-    producer's own format (collab/services/followup.py ``split_delivery``)."""
-    from collab.services.followup import split_delivery
+    format both the writer and the reader take from collab/deliveries.py (``split_delivery``)."""
+    from collab.deliveries import split_delivery
 
     assert split_delivery("[result from s1:m1]\nAgent 'x' finished execution j1:\n\nthe answer\nline 2") == (
         "s1:m1", "the answer\nline 2")
