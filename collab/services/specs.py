@@ -5,9 +5,8 @@ from django.db import IntegrityError, transaction
 from collab.errors import Conflict, Invalid
 from collab.events import record_project_event
 from collab.models import AgentRole, AgentSpec, FollowupMode, Toolset
+from collab.provider_specs import IMPLEMENTED_PROVIDERS, check_script
 from collab.text import clean_data
-from collab.runtime.providers import IMPLEMENTED_PROVIDERS
-from collab.runtime.providers.scripted import check_script
 from collab.services.connections import choose_connection, connections_for
 
 SPEC_FIELDS = (

@@ -1,5 +1,6 @@
 """Model providers behind one interface: ``complete(ctx) -> ModelResponse``."""
 
+from collab.provider_specs import IMPLEMENTED_PROVIDERS
 from collab.runtime.providers.base import ModelResponse, ProviderError, ToolCall
 
 
@@ -19,7 +20,5 @@ def get_provider(spec):
         return AnthropicProvider(spec)
     raise ProviderError(f"provider {provider!r} is not available on this server", code="provider_unavailable")
 
-
-IMPLEMENTED_PROVIDERS = ("scripted", "openai", "anthropic")
 
 __all__ = ["IMPLEMENTED_PROVIDERS", "ModelResponse", "ProviderError", "ToolCall", "get_provider"]

@@ -11,64 +11,18 @@ import json
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
-
+from collab.provider_specs import (  # noqa: F401 (the step format, importable from here as before)
+    MAX_SLEEP_MS,
+    TURN_KINDS,
+    ScriptStep,
+    ScriptToolCall,
+    StepList,
+    StepsByKind,
+    check_script,
+)
 from collab.runtime.providers.base import ModelResponse, ToolCall
 
-TURN_KINDS = ("user", "task", "message", "followup", "spawn")
 FALLBACK_PREFIX = "ok: "
-MAX_SLEEP_MS = 600_000
-
-
-class ScriptToolCall(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1)
-    arguments: dict[str, Any] = Field(default_factory=dict)
-
-
-class ScriptStep(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: str | None = None
-    tool_calls: list[ScriptToolCall] | None = None
-    sleep_ms: int | None = Field(default=None, ge=0, le=MAX_SLEEP_MS)
-
-    @model_validator(mode="after")
-    def _one_action(self):
-        if self.text is not None and self.tool_calls is not None:
-            raise ValueError("a step has either text or tool_calls, not both")
-        if self.text is None and self.tool_calls is None and self.sleep_ms is None:
-            raise ValueError("a step needs text, tool_calls or sleep_ms")
-        if self.tool_calls is not None and not self.tool_calls:
-            raise ValueError("tool_calls must not be empty")
-        return self
-
-
-class StepList(RootModel[list[ScriptStep]]):
-    pass
-
-
-class StepsByKind(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    user: list[ScriptStep] | None = None
-    task: list[ScriptStep] | None = None
-    message: list[ScriptStep] | None = None
-    followup: list[ScriptStep] | None = None
-    spawn: list[ScriptStep] | None = None
-
-
-def check_script(script: Any) -> Any:
-    """Validate a script; returns it unchanged or raises ``ValueError`` with a readable reason."""
-    try:
-        if isinstance(script, list):
-            StepList.model_validate(script)
-        elif isinstance(script, dict):
-            StepsByKind.model_validate(script)
-        else:
-            raise ValueError("script must be a list of steps or an object keyed by turn kind")
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"invalid script: {problems}") from None
-    return script
 
 
 _PLACEHOLDER = re.compile(r"\{\{\s*(prompt|address|mailbox|last\.text|last\.details(?:\.[A-Za-z0-9_\-]+)+)\s*\}\}")

@@ -1,0 +1,67 @@
+"""What an AgentSpec may name for its model: the providers this server implements and the
+``scripted`` provider's step format (SPEC §11.2).
+
+Spec validation (``collab.services.specs``) and the providers (``collab.runtime.providers``)
+both take them from here, so validating a spec does not import the runtime (issue 14 item 5).
+Pure data and pydantic models, no rows.
+"""
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
+
+IMPLEMENTED_PROVIDERS = ("scripted", "openai", "anthropic")
+
+TURN_KINDS = ("user", "task", "message", "followup", "spawn")
+MAX_SLEEP_MS = 600_000
+
+
+class ScriptToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScriptStep(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str | None = None
+    tool_calls: list[ScriptToolCall] | None = None
+    sleep_ms: int | None = Field(default=None, ge=0, le=MAX_SLEEP_MS)
+
+    @model_validator(mode="after")
+    def _one_action(self):
+        if self.text is not None and self.tool_calls is not None:
+            raise ValueError("a step has either text or tool_calls, not both")
+        if self.text is None and self.tool_calls is None and self.sleep_ms is None:
+            raise ValueError("a step needs text, tool_calls or sleep_ms")
+        if self.tool_calls is not None and not self.tool_calls:
+            raise ValueError("tool_calls must not be empty")
+        return self
+
+
+class StepList(RootModel[list[ScriptStep]]):
+    pass
+
+
+class StepsByKind(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    user: list[ScriptStep] | None = None
+    task: list[ScriptStep] | None = None
+    message: list[ScriptStep] | None = None
+    followup: list[ScriptStep] | None = None
+    spawn: list[ScriptStep] | None = None
+
+
+def check_script(script: Any) -> Any:
+    """Validate a script; returns it unchanged or raises ``ValueError`` with a readable reason."""
+    try:
+        if isinstance(script, list):
+            StepList.model_validate(script)
+        elif isinstance(script, dict):
+            StepsByKind.model_validate(script)
+        else:
+            raise ValueError("script must be a list of steps or an object keyed by turn kind")
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"invalid script: {problems}") from None
+    return script
