@@ -244,6 +244,15 @@ def run_job(job_id: str, inline_parents: tuple[str, ...] = (), inline: bool = Fa
         return _run_claimed(job, inline_parents)
 
 
+def run_foreground(job, caller_job) -> None:
+    """Run a foreground ``agent`` call's child job (admitted by ``do_spawn``, not enqueued) inline,
+    in the caller's worker, and refresh ``job`` with how it ended. ``caller_job`` (None outside a
+    turn) and the jobs waiting on it are the child's inline parents, whose leases this process renews."""
+    parents = () if caller_job is None else (caller_job.pk, *getattr(caller_job, "inline_parents", ()))
+    run_job(job.pk, inline_parents=parents, inline=True)
+    job.refresh_from_db()
+
+
 def _run_claimed(job, inline_parents: tuple[str, ...]) -> str:
     job_id = job.pk
     job.inline_parents = tuple(inline_parents)

@@ -1,9 +1,11 @@
 """``agent`` without ``to``: create a branch and run a prompt on it (OP §2.1, C2).
 
 One call forks (clean / inherit / exact ``SID:MSG``), names the branch, admits
-a Job and stores an attach pointer next to the calling node. Background calls
-return at once; foreground calls run the child inline in the calling worker
-(still an admitted Job), so a full worker pool cannot deadlock.
+a Job and stores an attach pointer next to the calling node. A background job
+is enqueued; a foreground one is admitted without being enqueued, and the caller
+(the ``agent`` tool) runs it inline in the calling worker through
+``collab.runtime.loop.run_foreground``, so a full worker pool cannot deadlock and
+no service imports the runtime (issue 14 item 5).
 """
 
 from django.db import transaction
@@ -60,16 +62,12 @@ def pick_spec(actor: Actor, session, agent_id: str):
 
 def do_spawn(actor: Actor, *, prompt: str, description: str = "", agent_id: str = "", start_from: str = "clean",
              run_in_background: bool = False, archive_when_done: bool = False) -> Job:
+    """Create the branch and admit its job. A background job is enqueued; a foreground one is
+    returned unstarted for the caller to run inline (``collab.runtime.loop.run_foreground``)."""
     check_prompt(prompt)
     actor.require("turn.start")
-    job = _admit_spawn(actor, prompt=prompt, description=description, agent_id=agent_id, start_from=start_from,
-                       run_in_background=run_in_background, archive_when_done=archive_when_done)
-    if not run_in_background:
-        from collab.runtime.loop import run_job
-
-        run_job(job.pk, inline_parents=_inline_chain(actor), inline=True)
-        job.refresh_from_db()
-    return job
+    return _admit_spawn(actor, prompt=prompt, description=description, agent_id=agent_id, start_from=start_from,
+                        run_in_background=run_in_background, archive_when_done=archive_when_done)
 
 
 @retry_on_deadlock
@@ -110,10 +108,3 @@ def _admit_spawn(actor: Actor, *, prompt, description, agent_id, start_from, run
             actor=actor.user,
         )
     return job
-
-
-def _inline_chain(actor: Actor) -> tuple[str, ...]:
-    """Jobs waiting on this inline run (in this process, which renews all their leases)."""
-    if actor.job is None:
-        return ()
-    return (actor.job.pk, *getattr(actor.job, "inline_parents", ()))

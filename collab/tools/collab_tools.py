@@ -82,6 +82,11 @@ def agent(ctx, p: AgentParams) -> ToolResult:
         ctx, prompt=p.prompt, description=p.description, agent_id=p.agent_id, start_from=p.start_from,
         run_in_background=p.run_in_background, archive_when_done=p.archive_when_done,
     )
+    if not p.run_in_background:
+        # function-level: collab.runtime.loop imports this module (through the tool surface) at start-up
+        from collab.runtime.loop import run_foreground
+
+        run_foreground(job, ctx.job)
     branch = job.branch
     if p.run_in_background:
         return ToolResult(
