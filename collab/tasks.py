@@ -14,11 +14,11 @@ def run_turn(job_id: str) -> str | None:
 
 
 def name_branch(branch_id: str) -> None:
-    from collab.services.naming import do_auto_name_branch
+    from collab.runtime.naming import auto_name_branch
 
     close_old_connections()
     try:
-        do_auto_name_branch(branch_id)
+        auto_name_branch(branch_id)
     finally:
         close_old_connections()
 

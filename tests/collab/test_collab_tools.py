@@ -916,16 +916,16 @@ def test_op_2_4_stage_1_description_names_the_branch_else_a_short_label(team, op
 
 def test_op_2_4_auto_naming_never_touches_explicit_names(team, open_session):
     """OP §2.4 / SPEC §10: the stage-2 renamer replaces only prompt labels; explicit names stay."""
-    from collab.services.naming import do_auto_name_branch
+    from collab.runtime.naming import auto_name_branch
 
     a = open_session()
     named = spawn(a, "Investigate the flaky login test on staging", description="keeper")
     labelled = spawn(a, "Investigate the flaky login test on staging")
-    do_auto_name_branch(named.pk)
-    do_auto_name_branch(a.branch.pk)
+    auto_name_branch(named.pk)
+    auto_name_branch(a.branch.pk)
     assert branch(named.pk).name == "keeper" and branch(named.pk).name_stage == 3
     assert branch(a.branch.pk).name == "main"
-    do_auto_name_branch(labelled.pk)
+    auto_name_branch(labelled.pk)
     renamed = branch(labelled.pk)
     assert renamed.name == "Investigate the flaky login test on" and renamed.name_stage == 2
 

@@ -525,7 +525,7 @@ def test_a_request_never_starts_or_ends_with_an_assistant_message():
 
 
 def test_title_asks_the_model_for_a_short_name(fast, fake, llm_session, dialect):
-    from collab.services.naming import do_auto_name_branch
+    from collab.runtime.naming import auto_name_branch
 
     fake.add(dialect.text("hello", stream=True))
     api, sid, first = turn(llm_session, dialect)
@@ -536,7 +536,7 @@ def test_title_asks_the_model_for_a_short_name(fast, fake, llm_session, dialect)
     child = Branch.objects.get(pk=Job.objects.get(pk=r.json()["details"]["execution_id"]).branch_id)
 
     fake.add(dialect.text('"Tidal Patterns Of The North Sea Coast Explained In Depth Today."'))
-    renamed = do_auto_name_branch(child.pk)
+    renamed = auto_name_branch(child.pk)
     assert renamed.name == "Tidal Patterns Of The North Sea Coast Explained"
     request = fake.requests[-1]
     assert dialect.system(request) == TITLE_SYSTEM
@@ -546,7 +546,7 @@ def test_title_asks_the_model_for_a_short_name(fast, fake, llm_session, dialect)
 
     fake.add(*[dialect.error(500, "down") for _ in range(4)])
     before = Branch.objects.get(pk=child.pk).name
-    assert do_auto_name_branch(child.pk) is None  # a failing model leaves the name alone
+    assert auto_name_branch(child.pk) is None  # a failing model leaves the name alone
     assert Branch.objects.get(pk=child.pk).name == before
 
 
