@@ -14,6 +14,7 @@ from django.urls import reverse
 from collab.models import Branch, Event
 from collab.services.branches import do_set_branch_internal
 from tests.collab.test_collab_tools import call, error_code, open_session, spawn  # noqa: F401 (open_session: fixture)
+from tests.collab.test_openwork_boundaries import ow_child
 
 PASSWORD = "pw-secret-123"
 
@@ -140,3 +141,27 @@ def test_issue_14_item_6_the_session_page_shows_an_internal_branch_dimmed_with_a
     main_start = html.index(f'id="branch-{a.branch.pk}"')
     main_row = html[html.rindex("<li", 0, main_start): html.index("</li>", main_start)]
     assert "internal" not in main_row and "hidden from agents" not in main_row
+
+
+def test_issue_14_item_6_an_internal_openwork_child_is_not_listed_nor_found_by_task_name(team, scripted_session):
+    """issue 14 item 6 (OW §5): the parent's OpenWork ``list_agents`` leaves out an internal
+    child, and ``followup_task`` / ``interrupt_agent`` by its task_name answer ``unknown_agent``
+    exactly like a name that does not exist; cleared, the child is listed again."""
+    api, ow_sid, child = ow_child(scripted_session, team)
+    parent = f"{ow_sid}:{Branch.objects.get(session_id=ow_sid, task_name__isnull=True).tip_id}"
+
+    def tool(name, **arguments):
+        r = api.post(f"/api/branches/{parent}/tools/{name}", {"arguments": arguments})
+        assert r.status_code == 200, r.content
+        return r.json()
+
+    assert [r["task_name"] for r in tool("list_agents")["details"]["agents"]] == ["scout"]
+    do_set_branch_internal(team.maintainer, child, True)
+    assert tool("list_agents")["details"]["agents"] == []
+    missing = tool("followup_task", task_name="nobody", message="more")
+    assert missing["is_error"] and missing["details"]["code"] == "unknown_agent", missing
+    for name, arguments in (("followup_task", {"message": "more"}), ("interrupt_agent", {})):
+        body = tool(name, task_name="scout", **arguments)
+        assert body["is_error"] and body["details"]["code"] == "unknown_agent", body
+    do_set_branch_internal(team.maintainer, child, False)
+    assert [r["task_name"] for r in tool("list_agents")["details"]["agents"]] == ["scout"]
