@@ -20,6 +20,7 @@ CAPABILITIES = {
     "branch.act_any": Role.MAINTAINER,  # act through the tool gateway as a branch someone else started
     "runtime.control": Role.MAINTAINER,  # cancel any execution
     "project.visibility": Role.MAINTAINER,
+    "branch.internal": Role.MAINTAINER,  # mark a branch internal: hidden from agents (issue 14 item 6)
     "session.see_all": Role.MAINTAINER,  # see private and shared sessions, change any session's visibility
     "project.audit": Role.MAINTAINER,
     "project.members": Role.OWNER,

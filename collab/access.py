@@ -169,6 +169,13 @@ def access_branch_by_id(user, branch_id: str, capability: str = "project.read") 
     return branch
 
 
+def require_can_set_internal(user, branch: Branch) -> str:
+    """Who may mark a branch internal or not (issue 14 item 6): maintainers and owners, by their
+    effective role in its session (``branch.internal``). One who may not see the session gets the
+    ``NotFound`` of a missing id; a member or viewer gets ``Forbidden``."""
+    return require_in_session(user, branch.session, "branch.internal")
+
+
 def require_can_cancel(user, job: Job) -> str:
     """Who may cancel an execution (SPEC §8, issue 17): by the effective role in its session —
     a maintainer any execution (``runtime.control``), a member the ones they started

@@ -16,6 +16,7 @@ from collab.schemas import (
     AgentSpecIn,
     ArchiveIn,
     BranchOut,
+    BranchPatch,
     CommandIn,
     CommandOut,
     LimitsIn,
@@ -53,6 +54,7 @@ from collab.selectors.agents import branch_rows, is_busy
 from collab.selectors.shapes import branch_shape, branch_usage, execution_shape, session_shape, usage_totals
 from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MAX_CHARS, render_transcript
 from collab.services.addressing import Caller, find_branch
+from collab.services.branches import do_set_internal
 from collab.services.archive import check_can_archive, do_archive_branch
 from collab.services.cancel import do_execution_command
 from collab.services.projects import do_set_limits, do_update_project
@@ -252,6 +254,17 @@ def post_archive(request: HttpRequest, address: str, payload: ArchiveIn):
     branch = _branch(request, address)
     check_can_archive(request.auth, branch)
     branch = do_archive_branch(branch, user=request.auth, reason=payload.reason)
+    return branch_shape(branch, busy=is_busy(branch))
+
+
+@router.patch("branches/{address}", response={200: BranchOut, **ERRORS}, tags=["branches"])
+def patch_branch(request: HttpRequest, address: str, payload: BranchPatch):
+    """A maintainer or owner sets ``internal`` (issue 14 item 6: hidden from agents' listings and
+    name resolution, shown dimmed on the session page); audited. Members get 403, outsiders 404."""
+    branch = _branch(request, address)
+    if payload.internal is not None:
+        do_set_internal(request.auth, branch, payload.internal)
+        branch.refresh_from_db()
     return branch_shape(branch, busy=is_busy(branch))
 
 

@@ -106,6 +106,12 @@ class SessionPatch(StrictIn):
     visibility: str | None = None
 
 
+class BranchPatch(StrictIn):
+    """A maintainer marks a branch internal (hidden from agents) or not (issue 14 item 6)."""
+
+    internal: bool | None = None
+
+
 class ShareIn(StrictIn):
     username: str
     role: str = "viewer"

@@ -21,11 +21,15 @@ def is_busy(branch) -> bool:
     return Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists()
 
 
-def branch_rows(session_ids, *, archived: bool, agent_id: str | None = None, limit: int = 20, previews: bool = True):
-    """Branches of the given sessions (one query) with busy flags (one query)."""
+def branch_rows(session_ids, *, archived: bool, agent_id: str | None = None, limit: int = 20, previews: bool = True,
+                internal: bool = True):
+    """Branches of the given sessions (one query) with busy flags (one query).
+    ``internal=False`` leaves out internal branches (agents' listings, issue 14 item 6)."""
     qs = Branch.objects.filter(session_id__in=session_ids, archived=archived, tip__isnull=False).select_related(
         "agent_spec"
     )
+    if not internal:
+        qs = qs.filter(internal=False)
     if agent_id:
         qs = qs.filter(agent_spec__agent_id=agent_id)
     if previews:
@@ -42,7 +46,8 @@ def list_agents(user, session: Session, *, scope: str = "session", limit: int = 
     ``all`` covers every session of the current session's project (agents stay in their project,
     SPEC §8, whatever else ``user`` may see), most recently active first, without previews.
     ``source`` narrows ``all`` to one session id. Only sessions ``user`` may see are listed
-    (issue 17: filtered in the query), so nothing is listed once ``user`` has lost the project."""
+    (issue 17: filtered in the query), so nothing is listed once ``user`` has lost the project.
+    Internal branches are never listed, in any scope (issue 14 item 6: hidden from agents)."""
     limit = max(1, min(int(limit or 20), 200))
     in_project = visible_sessions(user).filter(project_id=session.project_id)
     if scope == "all":
@@ -56,13 +61,14 @@ def list_agents(user, session: Session, *, scope: str = "session", limit: int = 
             .annotate(active=Count("jobs", filter=Q(jobs__status__in=ACTIVE_STATUSES)))
             .order_by("-last_active_at")[:limit]
         )
-        rows = branch_rows([s.pk for s in sessions], archived=False, agent_id=agent_id, limit=limit * 10, previews=False)
+        rows = branch_rows([s.pk for s in sessions], archived=False, agent_id=agent_id, limit=limit * 10, previews=False,
+                           internal=False)
     else:
         sessions = list(
             in_project.filter(pk=session.pk).select_related("agent_spec")
             .annotate(active=Count("jobs", filter=Q(jobs__status__in=ACTIVE_STATUSES)))
         )
-        rows = branch_rows([session.pk], archived=(scope == "archived"), agent_id=agent_id, limit=limit)
+        rows = branch_rows([session.pk], archived=(scope == "archived"), agent_id=agent_id, limit=limit, internal=False)
     by_session: dict[str, list] = {}
     for b in rows:
         by_session.setdefault(b.session_id, []).append(b)

@@ -17,7 +17,9 @@ _STATUS = {
 
 
 def children_of(branch: Branch):
-    return Branch.objects.filter(parent_branch=branch, task_name__isnull=False)
+    """The branch's OpenWork children as its agent sees them: an internal child (issue 14 item 6,
+    hidden from agents) is neither listed nor found by its task_name."""
+    return Branch.objects.filter(parent_branch=branch, task_name__isnull=False, internal=False)
 
 
 def with_last_turn(branches):

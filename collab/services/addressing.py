@@ -12,6 +12,11 @@ branch's project, and nothing outside it is ever found, whatever else the person
 who started the turn may see. A person (the REST routes) has no project and may
 address any project they have accepted.
 
+Internal branches (issue 14 item 6) are hidden from agents: an agent's ``Caller`` (one with a
+``branch_id``) never finds an internal branch by NAME — it answers like a missing name. Its explicit
+``SID:HEAD`` address still resolves for whoever may see the session, and people (the REST routes,
+a user turn) still find it by name.
+
 Row-level visibility (issue 17): every lookup is limited to ``collab.access.visible_sessions``
 of the principal, so a private or shared session they may not see is never found (an agent
 acts with the permissions of the person who started its root turn).
@@ -44,6 +49,11 @@ class Caller:
         if self.project_id is not None:
             rows = rows.filter(**{project_field: self.project_id})
         return rows
+
+    @property
+    def is_agent(self) -> bool:
+        """An agent addresses (it stands on a branch); a person does not."""
+        return self.branch_id is not None
 
 
 def visible_sessions(caller: Caller):
@@ -89,6 +99,8 @@ def _find_by_name(caller: Caller, name: str) -> Branch:
     branch). Only when the caller's session has none does the rest of the project answer,
     live branches before archived ones (so an archived branch stays readable by name)."""
     visible = _visible_branches(caller).filter(name=name).select_related("session", "tip")
+    if caller.is_agent:  # internal branches are hidden from agents by name (issue 14 item 6)
+        visible = visible.filter(internal=False)
     pools = []
     if caller.session_id:
         own = visible.filter(session_id=caller.session_id)

@@ -5,7 +5,9 @@ import re
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 
+from collab.access import require_can_set_internal
 from collab.dag_layout import pick_lane
+from collab.errors import Invalid
 from collab.events import send_event_on_commit
 from collab.models import OPEN_STATUSES, Branch, Job, NameStage
 from collab.services.locking import lock_session
@@ -86,9 +88,19 @@ def open_lane(session_id: str, *, forked_from=None, created_by_job=None, parent_
     return min(pick_lane(set(taken.values_list("lane", flat=True)), parent), MAX_LANE)
 
 
+def do_set_internal(user, branch: Branch, internal: bool) -> bool:
+    """A person (maintainer or owner of the branch's session) marks it internal or not
+    (issue 14 item 6); audited as ``branch.internal_changed``. True if it changed."""
+    require_can_set_internal(user, branch)
+    return do_set_branch_internal(user, branch, internal)
+
+
 def do_set_branch_internal(actor, branch: Branch, internal: bool) -> bool:
-    """Flag a branch internal (hidden from agents' listings) or not; audited. True if it changed.
-    Authorization is the caller's (an operator's Django permission in the admin)."""
+    """Flag a branch internal (hidden from agents' listings and name resolution) or not; audited
+    as ``branch.internal_changed``. True if it changed. Authorization is the caller's: an
+    operator's Django permission in the admin, ``do_set_internal`` for project members."""
+    if not isinstance(internal, bool):
+        raise Invalid("internal must be true or false", code="invalid_internal")
     with transaction.atomic():
         lock_session(branch.session_id)  # its log gets the event: session before branch (locking.py)
         changed = Branch.objects.filter(pk=branch.pk).exclude(internal=internal).update(internal=internal)

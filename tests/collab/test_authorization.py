@@ -242,6 +242,7 @@ API_BODIES = {
         "command_id": "probe-command", "action": "execution.cancel", "expected_version": a.job_version, "payload": {}},
     ("POST", "/api/branches/{address}/archive"): lambda a: {"reason": "probe"},
     ("POST", "/api/branches/{address}/tools/{tool}"): lambda a: {"arguments": {}},
+    ("PATCH", "/api/branches/{address}"): lambda a: {"internal": True},
     ("PATCH", "/api/projects/{slug}/limits"): lambda a: {"max_messages": 3},
     # outsiders trying to make themselves owners of alpha
     ("POST", "/api/projects/{slug}/members"): lambda a: {"username": "outsider", "role": "owner"},
