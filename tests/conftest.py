@@ -7,6 +7,7 @@ them see committed rows only: they run with ``transactional_db``.
 """
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 import os
 import socket
 import subprocess
@@ -66,6 +67,29 @@ def team(db, make_user):
     return type("Team", (), {"alpha": alpha, "beta": beta, **people})
 
 
+def off_the_loop(call, *args, **kwargs):
+    """``call(*args, **kwargs)``, from another thread when this one runs an event loop (Playwright's
+    sync API keeps one on the test's thread): the test client reaches async routes (POST turns,
+    GET executions) through ``async_to_sync``, which refuses to run on such a thread."""
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return call(*args, **kwargs)
+
+    def in_thread():
+        from django.db import connections
+
+        try:
+            return call(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(in_thread).result()
+
+
 class ApiClient:
     """JSON over the real URL stack, authenticated with a real bearer token."""
 
@@ -74,17 +98,17 @@ class ApiClient:
         self.headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
 
     def get(self, path, **params):
-        return self.client.get(path, params, **self.headers)
+        return off_the_loop(self.client.get, path, params, **self.headers)
 
     def post(self, path, data=None, raw=None):
         body = raw if raw is not None else json.dumps(data if data is not None else {})
-        return self.client.post(path, body, content_type="application/json", **self.headers)
+        return off_the_loop(self.client.post, path, body, content_type="application/json", **self.headers)
 
     def patch(self, path, data=None):
-        return self.client.patch(path, json.dumps(data or {}), content_type="application/json", **self.headers)
+        return off_the_loop(self.client.patch, path, json.dumps(data or {}), content_type="application/json", **self.headers)
 
     def delete(self, path):
-        return self.client.delete(path, **self.headers)
+        return off_the_loop(self.client.delete, path, **self.headers)
 
     def wait(self, execution_id, statuses=TERMINAL, timeout=30.0):
         """Poll ``GET /api/executions/{id}`` until its status is one of ``statuses``."""

@@ -92,6 +92,20 @@ def hidden_among(viewer, session_ids, *, own: str | None = None) -> dict[str, tu
     return {sid: tuple(n for n in found if n) for sid, found in names.items()}
 
 
+def with_hidden_rows(hidden: dict, values) -> dict:
+    """``hidden`` plus the rows of those sessions (jobs, messages, branches) that ``values`` name
+    by id — a result's "finished execution JOB" — so ``scrub`` blanks them too (three queries,
+    only when a hidden session is named and other ids stand beside it)."""
+    tokens = _ids_in(values) - set(hidden) if hidden else set()
+    if not tokens:
+        return hidden
+    sessions = list(hidden)
+    rows = set()
+    for model in (Job, Message, Branch):
+        rows |= set(model.objects.filter(pk__in=tokens, session_id__in=sessions).values_list("pk", flat=True))
+    return {**hidden, **{row: () for row in rows}} if rows else hidden
+
+
 MIN_TITLE_CHARS = 4  # a shorter title is not rewritten in text (it would garble ordinary words)
 
 
@@ -178,6 +192,7 @@ def redact_wires(viewer, session_id: str, wires: list[dict], memo: Memo | None =
     hidden = hidden_among(viewer, asked, own=session_id)
     if not hidden:
         return wires
+    hidden = with_hidden_rows(hidden, [p.get(k) for p in payloads for k in TEXT_KEYS])
     return [{**w, "payload": _redact_payload(w["payload"], hidden, memo, memo.attach_session.get(_attach_id(w)))}
             if isinstance(w.get("payload"), dict) else w for w in wires]
 
@@ -239,6 +254,7 @@ def redact_messages(viewer, session_id: str, messages) -> dict[str, str]:
     hidden = hidden_among(viewer, _ids_in([m.text for m in messages] + [m.tool_calls for m in messages]
                                           + [m.metadata for m in messages]), own=session_id)
     if hidden:
+        hidden = with_hidden_rows(hidden, [m.text for m in messages])
         for m in messages:
             m.text = scrub(m.text, hidden)
             if isinstance(m.tool_calls, list):

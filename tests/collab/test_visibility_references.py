@@ -131,7 +131,8 @@ def test_p_sec_9_a_result_text_and_tool_calls_written_in_a_visible_session_name_
     main = Branch.objects.get(session_id=c.open_sid, name="main")
     with transaction.atomic():
         append_message(main, role="user", kind="followup",
-                       text=f"[result from {p_head}]\nAgent '{SECRET_NAME}' finished execution abc:\n\nall done")
+                       text=f"[result from {p_head}]\nAgent '{SECRET_NAME}' finished execution "
+                            f"{Job.objects.filter(session_id=c.private_sid).values_list('pk', flat=True).first()}:\n\nall done")
         append_message(main, role="assistant", tool_calls=[
             {"id": "call-1", "name": "agent", "arguments": {"start_from": p_head, "description": SECRET_NAME}},
             {"id": "call-2", "name": "todo_list", "arguments": {}}])
@@ -262,7 +263,7 @@ def test_p_sec_9_the_socket_names_no_session_the_viewer_cannot_see(transactional
     assert [f["seq"] for f in theirs] == [f["seq"] for f in mine] == list(range(start + 1, start + len(mine) + 1))
     secrets = secrets_of(c)
     assert leaked(json.dumps(mine), secrets)
-    assert leaked(json.dumps(theirs), secrets) == []
+    assert leaked(json.dumps(theirs), secrets) == [], json.dumps([f for f in theirs if leaked(json.dumps(f), secrets)])
     assert any(f["type"] == "agent.spawned" and f["payload"].get("redacted") for f in theirs)
 
 
