@@ -197,7 +197,8 @@ def test_op_c4_a_start_refused_on_an_archived_branch_writes_nothing_there(team, 
     task = accepted["details"]["execution_id"]
     assert accepted["details"]["queued"] is True, accepted
     assert api.post(f"/api/branches/{target}/archive", {"reason": "retired"}).status_code == 200
-    assert execution(api, busy)["status"] == "running" and execution(api, task)["status"] == "queued"
+    # the task waits behind the busy turn — or a worker that took it up meanwhile already refused it
+    assert execution(api, busy)["status"] == "running" and execution(api, task)["status"] in ("queued", "failed")
 
     assert cancel(api, busy).status_code == 202  # the target's turn ends: the task may start now
     assert api.wait(busy)["status"] == "cancelled"
