@@ -150,6 +150,11 @@ def remember_branch(request, sid: str, branch_id: str) -> None:
     request.session[SHOWN_KEY] = dict(list(shown.items())[-SHOWN_KEEP:])
 
 
+def _mark_cancel_right(request, job) -> None:
+    """``job.can_cancel``: the job row offers cancel only while it is open and the rule allows it."""
+    job.can_cancel = job.status in ("queued", "running") and _may(check_can_cancel, request.user, job)
+
+
 def _transcript_context(request, session, branch_id: str | None = None) -> dict:
     """The transcript this viewer reads: ``?branch=``/``?head=`` from their URL, else the branch
     they last read here, else the session's default (see ``resolve_shown``)."""
@@ -174,7 +179,7 @@ def _branches_context(request, session) -> dict:
 def _jobs_context(request, session) -> dict:
     jobs = pages.recent_jobs(session)
     for j in jobs:  # only open jobs can be cancelled: the rule is asked for those few
-        j.can_cancel = j.status in ("queued", "running") and _may(check_can_cancel, request.user, j)
+        _mark_cancel_right(request, j)
     return {"jobs": jobs, "usage": usage_totals(session.jobs.all())}
 
 
@@ -316,7 +321,7 @@ def job_row(request, sid, job_id):
     is the job's branch — the running indicator."""
     session = access.access_session(request.user, sid)
     job = pages.session_job(session, job_id)
-    job.can_cancel = job.status in ("queued", "running") and _may(check_can_cancel, request.user, job)
+    _mark_cancel_right(request, job)
     shown = request.GET.get("branch")
     t = _running_context(request, job.branch) if shown == job.branch_id else None
     return render(request, "collab/session.html#job_live", {
@@ -414,7 +419,7 @@ def cancel_job(request, sid, job_id):
     session = access.access_session(request.user, sid)
     if request.htmx:
         job.refresh_from_db()
-        job.can_cancel = job.status in ("queued", "running") and _may(check_can_cancel, request.user, job)
+        _mark_cancel_right(request, job)
         return render(request, "collab/session.html#job_row", {**_live_context(request, session), "j": job})
     return _back_to_session(request, sid)
 
