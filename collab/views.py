@@ -228,7 +228,7 @@ def _dag_context(request, session, **cursor) -> dict:
     """The graph column (issue 13 items 1, 4, 6): ``?at=N`` replays it as of event N."""
     at = request.GET.get("at")
     if at is not None:
-        if not at.isdigit() or not 0 < int(at) <= session.last_event_seq:
+        if not (at.isascii() and at.isdigit() and len(at) <= 18) or not 0 < int(at) <= session.last_event_seq:
             raise Invalid(f"at must be an event number from 1 to {session.last_event_seq}", code="invalid_event")
         at = int(at)
     return {"dag": dag_page(session, request.user, at=at, selected=request.GET.get("head"), **cursor)}
