@@ -67,7 +67,20 @@
   document.addEventListener("htmx:afterSwap", function () {
     if (pendingRestore) restore(byId(pendingRestore.id), pendingRestore.saved);
     pendingRestore = null;
+    markShownLane();
   });
+
+  // The graph marks the lane of the branch the transcript shows (the graph's HTML is the same
+  // for every viewer and every selection, so the page marks it after each render).
+  function markShownLane() {
+    var transcript = byId("transcript"), shown = transcript ? transcript.dataset.branch : "";
+    document.querySelectorAll("#dag .lane.shown").forEach(function (el) { el.classList.remove("shown"); });
+    if (!shown) return;
+    document.querySelectorAll("#dag .lane").forEach(function (el) {
+      if (el.dataset.branch === shown) el.classList.add("shown");
+    });
+  }
+  markShownLane();
 
   // Swap `html` at `target` with `style`, keeping typed text; out-of-band pieces are swapped by htmx.
   function swap(target, html, style) {
@@ -75,6 +88,7 @@
     var saved = snapshot(style === "outerHTML" ? target : null);
     htmx.swap(target, html, Object.assign({ swapStyle: style }, SWAP));
     if (keepId) restore(byId(keepId), saved);
+    markShownLane();
   }
 
   // --- coalesced fetches ---------------------------------------------------------------------

@@ -104,6 +104,10 @@ def test_issue_13_item_1_the_dag_of_a_scripted_session_has_its_lanes_dots_and_ed
     page.goto(f"{server.url}/s/{sid}/?branch={main.pk}")  # the picture for the README reads main
     expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
     page.screenshot(path=str(DOCS / "session-dag.png"), full_page=False)
+    # the lane of the branch the transcript shows is marked (and only that one)
+    shown = dag.locator("line.lane.shown")
+    expect(shown).not_to_have_count(0)  # (a vertical line has no width: Playwright never calls it "visible")
+    assert set(shown.evaluate_all("els => els.map(e => e.dataset.branch)")) == {main.pk}
 
     # a new turn's rows arrive live, appended below (rows above keep their place)
     before = dag.locator("[data-node] circle.dot").evaluate_all("els => els.map(e => e.getAttribute('cy'))")
@@ -134,6 +138,8 @@ def test_issue_13_item_1_the_dag_of_a_scripted_session_has_its_lanes_dots_and_ed
     page.locator(f'#dag [data-node="{fork_first.pk}"]').click()
     expect(page).to_have_url(f"{server.url}/s/{sid}/?branch={fork.pk}&head={fork_first.pk}")
     expect(page.locator("#transcript")).to_contain_text("Try another plan")
+    expect(page.locator(f'#dag line.lane.shown[data-branch="{fork.pk}"]')).not_to_have_count(0)
+    assert set(page.locator("#dag line.lane.shown").evaluate_all("els => els.map(e => e.dataset.branch)")) == {fork.pk}
 
 
 def test_issue_13_item_4_a_long_session_opens_on_its_newest_page_and_loads_older_rows_on_scroll(team, server, request):
@@ -161,3 +167,10 @@ def test_issue_13_item_4_a_long_session_opens_on_its_newest_page_and_loads_older
     expect(page.locator("#dag .dag-older")).to_have_count(0)
     folded = page.locator("#dag [data-folded-lanes]")
     expect(folded.first).to_have_text("+4")  # 12 lanes, 8 drawn, the rest folded
+    # the label sits above its block's graph: it covers no node
+    overlaps = page.evaluate("""() => {
+        const boxes = [...document.querySelectorAll('#dag [data-node] circle.dot')].map(d => d.getBoundingClientRect());
+        return [...document.querySelectorAll('#dag [data-folded-lanes]')].map(label => label.getBoundingClientRect())
+            .filter(l => boxes.some(b => l.left < b.right && b.left < l.right && l.top < b.bottom && b.top < l.bottom)).length;
+    }""")
+    assert overlaps == 0
