@@ -182,6 +182,39 @@ def test_issue_16_1_other_projects_are_refused_as_the_gateway_refuses_them(team,
         assert answer.content[0].text == gateway["text"]
 
 
+def test_issue_16_1_foreign_hosts_and_origins_are_refused(team, scripted_session, server):
+    """DNS-rebinding protection (the SDK's, fed from ALLOWED_HOSTS): with a valid token, a
+    ``Host`` the deployment does not serve is 421 and a foreign browser ``Origin`` 403; the
+    deployment's own host and origin are served."""
+    api, sid = scripted_session(team.member, [{"text": "ok"}])
+    address, _ = head_address(api, sid)
+    headers = {"Authorization": f"Bearer {token(team.member)}", "X-Trellis-Branch": address}
+    own = server.url.removeprefix("http://")
+
+    assert raw_mcp(server, {**headers, "Host": "rebound.example"}).status_code == 421
+    assert raw_mcp(server, {**headers, "Origin": "http://rebound.example"}).status_code == 403
+    assert raw_mcp(server, {**headers, "Host": own, "Origin": server.url}).status_code == 200
+
+
+def test_issue_16_1_transport_security_follows_allowed_hosts(settings):
+    """Each allowed host on any port, its http(s) origins and the trusted origins; ``*`` turns
+    the check off; ``.example.com`` admits the bare name; an IPv6 literal is bracketed."""
+    from collab.mcp_server import transport_security
+
+    settings.ALLOWED_HOSTS = ["trellis.example.com", ".example.org", "::1"]
+    settings.CSRF_TRUSTED_ORIGINS = ["https://proxy.example.net"]
+    got = transport_security()
+    assert got.enable_dns_rebinding_protection
+    assert got.allowed_hosts == ["trellis.example.com", "trellis.example.com:*", "example.org", "example.org:*",
+                                 "[::1]", "[::1]:*"]
+    assert {"https://trellis.example.com", "http://trellis.example.com:*", "https://example.org:*",
+            "http://[::1]", "https://proxy.example.net"} <= set(got.allowed_origins)
+    assert "https://rebound.example" not in got.allowed_origins
+
+    settings.ALLOWED_HOSTS = ["*"]
+    assert not transport_security().enable_dns_rebinding_protection
+
+
 def test_issue_16_1_a_bad_missing_revoked_or_narrow_token_is_refused(team, scripted_session, server):
     """No MCP session without a valid token that has the ``tools`` scope: 401 ``unauthenticated``
     (missing, unknown, revoked — with ``WWW-Authenticate: Bearer``), 403 ``token_scope``; a
@@ -282,5 +315,6 @@ def test_issue_16_1_first_requests_on_a_fresh_daphne_start_the_session_manager(t
 
         names = [t.name for t in tools_for("collab")]
         assert asyncio.run(five()) == [names] * 5
+        assert log.read_text().count("StreamableHTTP session manager started") == 1  # the SDK's own line
     finally:
         _stop(proc)
