@@ -98,8 +98,6 @@ async def call_tool(name: str, arguments: dict) -> types.CallToolResult:
         result = await call_tool_as(user, address, name, arguments)
     except DomainError as exc:  # refused before the tool ran (its bound, the acting branch gone)
         result = ToolResult.error(exc.code, exc.detail, tool=name, **exc.extra).as_dict()
-    if result is None:  # the client hung up before the call started: nobody reads this
-        result = ToolResult.error("cancelled", "the call was abandoned before it started", tool=name).as_dict()
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=result["text"])],
         structuredContent=result["details"],
@@ -152,7 +150,10 @@ class McpApp:
             ready = asyncio.Event()
             self._manager, self._ready, self._loop = manager, ready, loop
             self._task = loop.create_task(self._hold_open(manager, ready), name="mcp-session-manager")
+        task = self._task
         await self._ready.wait()
+        if task.done():  # it could not start: this request fails, the next one tries again
+            raise RuntimeError("the MCP session manager did not start") from (None if task.cancelled() else task.exception())
         return self._manager
 
     @staticmethod
@@ -164,6 +165,8 @@ class McpApp:
         except Exception:
             logger.exception("the MCP session manager stopped (the next request starts another)")
             raise
+        finally:
+            ready.set()  # never leave a request waiting on a manager that is gone
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
