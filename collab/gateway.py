@@ -1,4 +1,5 @@
-"""The tool gateway in the web process (``POST /api/branches/{address}/tools/{tool}``, P-SEC-4).
+"""The tool gateway in the web process (``POST /api/branches/{address}/tools/{tool}``, P-SEC-4;
+the MCP server at ``/mcp``, ``collab.mcp_server``, calls the same functions).
 
 Sync views under daphne share one thread per process (asgiref's thread-sensitive mode), so a
 tool that waits — ``job_output`` with ``block``, ``wait_agent``, ``bash``, a foreground
@@ -23,7 +24,7 @@ from collab.access import access_session
 from collab.errors import DomainError
 from collab.services.acting import check_can_act_as, gateway_actor
 from collab.services.addressing import Caller, find_branch
-from collab.tools.registry import run_tool
+from collab.tools.registry import Tool, run_tool
 from collab.tools.surface import branch_tools
 
 
@@ -114,12 +115,25 @@ def _pool() -> ThreadPoolExecutor:
         return _executor
 
 
-def run_as_branch(user, address: str, tool: str, arguments) -> dict:
-    """Authorize and run one tool call as the branch at ``address`` (P-SEC-7: members act as
-    branches they started, maintainers as any; the call continues the branch's chain)."""
+def acting_branch(user, address: str):
+    """The branch at ``address``, if ``user`` may act as it from outside a turn (P-SEC-7:
+    members as branches they started, maintainers as any; outsiders "not found")."""
     branch = find_branch(Caller(user=user), address)
     access_session(user, branch.session_id, "turn.start")
     check_can_act_as(user, branch)
+    return branch
+
+
+def surface_of(user, address: str) -> list[Tool]:
+    """The tools ``user`` may call as the branch at ``address``: exactly what ``run_as_branch``
+    dispatches (for listings such as the MCP server's ``tools/list``)."""
+    return branch_tools(acting_branch(user, address))
+
+
+def run_as_branch(user, address: str, tool: str, arguments) -> dict:
+    """Authorize and run one tool call as the branch at ``address`` (the call continues the
+    branch's chain)."""
+    branch = acting_branch(user, address)
     return run_tool(gateway_actor(user, branch), tool, arguments, tools=branch_tools(branch)).as_dict()
 
 
@@ -134,15 +148,21 @@ def _run_in_pool_thread(slot: Slot, user, address: str, tool: str, arguments) ->
 
 
 async def call_tool(request, address: str, tool: str, arguments) -> dict:
-    """The gateway call; blocking tools count against the user's bound in this process.
+    """The REST gateway call (``request.auth`` acts); see ``call_tool_as``."""
+    return await call_tool_as(request.auth, address, tool, arguments, own_thread=not isinstance(request, ASGIRequest))
+
+
+async def call_tool_as(user, address: str, tool: str, arguments, *, own_thread: bool = False) -> dict:
+    """One gateway call as the branch at ``address``, for every face that offers the tools to
+    outside agents (the REST route, the MCP server); blocking tools count against the user's
+    bound in this process (``TooManyBlockingCalls`` before anything runs).
 
     Under ASGI the call runs in the gateway's own thread pool, never on the thread all sync
-    views share. Under WSGI (and Django's test client) a request already has a thread of its
-    own, so the call stays on it (and on its database connection and transaction)."""
-    user = request.auth
+    views share. ``own_thread``: the caller already has a thread of its own (WSGI, Django's
+    test client), so the call stays on it (and on its database connection and transaction)."""
     blocking = is_blocking(tool, arguments)
     slot = IN_FLIGHT.take(user.pk, settings.TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER) if blocking else Slot()
-    if not isinstance(request, ASGIRequest):
+    if own_thread:
         try:
             return await sync_to_async(run_as_branch)(user, address, tool, arguments)
         finally:

@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django, WebSockets through Channels (daphne serves both)."""
+"""ASGI entry point: HTTP through Django, WebSockets through Channels (daphne serves both), and
+the MCP server at ``/mcp`` (``collab.mcp_server``: Streamable HTTP, outside Django's URL stack)."""
 
 import os
 
@@ -11,12 +12,20 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from collab.mcp_server import PATHS as MCP_PATHS, mcp_app  # noqa: E402
 from collab.routing import websocket_urlpatterns  # noqa: E402
 from collab.ws_auth import TokenOrSessionAuthMiddlewareStack  # noqa: E402
 
+
+async def http_app(scope, receive, send):
+    """``/mcp`` to the MCP server, everything else to Django."""
+    app = mcp_app if scope["path"] in MCP_PATHS else django_asgi_app
+    await app(scope, receive, send)
+
+
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": http_app,
         "websocket": AllowedHostsOriginValidator(TokenOrSessionAuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -355,6 +355,10 @@ LOGGING = {
     "loggers": {
         "django.channels.server": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
+        # the MCP SDK's per-request lines at /mcp ("Processing request of type …", "Terminating
+        # session: None" for every stateless request); its session manager's start stays at INFO
+        "mcp.server.lowlevel.server": {"level": "WARNING"},
+        "mcp.server.streamable_http": {"level": "WARNING"},
         # the worker's per-task lines ("processing …", "Processed …"); `manage.py serve` sets WARNING
         "django-q": {"level": env_str("TRELLIS_WORKER_LOG_LEVEL", "INFO")},
     },
