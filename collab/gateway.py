@@ -19,10 +19,9 @@ from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
 
-from collab.access import access_session
+from collab.access import access_branch, require_can_act_as
 from collab.errors import DomainError
-from collab.services.acting import check_can_act_as, gateway_actor
-from collab.services.addressing import Caller, find_branch
+from collab.services.acting import gateway_actor
 from collab.tools.registry import run_tool
 from collab.tools.surface import branch_tools
 
@@ -117,9 +116,8 @@ def _pool() -> ThreadPoolExecutor:
 def run_as_branch(user, address: str, tool: str, arguments) -> dict:
     """Authorize and run one tool call as the branch at ``address`` (P-SEC-7: members act as
     branches they started, maintainers as any; the call continues the branch's chain)."""
-    branch = find_branch(Caller(user=user), address)
-    access_session(user, branch.session_id, "turn.start")
-    check_can_act_as(user, branch)
+    branch = access_branch(user, address)
+    require_can_act_as(user, branch)
     return run_tool(gateway_actor(user, branch), tool, arguments, tools=branch_tools(branch)).as_dict()
 
 
