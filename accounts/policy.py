@@ -1,7 +1,7 @@
 """Roles → capabilities (SPEC §8). The one place a capability is decided.
 
-Row-level rules ("own branch", "own execution") are applied by
-``collab.access`` on top of these project-level capabilities.
+Row-level rules (own branches, own executions, holds, job ownership, acting as a branch) are
+applied by ``collab.access`` on top of these project-level capabilities.
 """
 
 from django.utils import timezone
@@ -20,6 +20,7 @@ CAPABILITIES = {
     "branch.act_any": Role.MAINTAINER,  # act through the tool gateway as a branch someone else started
     "runtime.control": Role.MAINTAINER,  # cancel any execution
     "project.visibility": Role.MAINTAINER,
+    "agent_spec.manage": Role.MAINTAINER,  # save and edit a project's agent specs (API and pages alike)
     "branch.internal": Role.MAINTAINER,  # mark a branch internal: hidden from agents (issue 14 item 6)
     "session.see_all": Role.MAINTAINER,  # see private and shared sessions, change any session's visibility
     "project.audit": Role.MAINTAINER,

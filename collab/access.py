@@ -1,15 +1,24 @@
-"""The one place collab rows are fetched and authorized (SPEC §8, STYLE §3).
+"""The one place collab rows are fetched and authorized (SPEC §8, STYLE §3, issue 14 item 2).
 
-Every entry point — pages, API, WebSocket, tools, admin actions — goes through
-these helpers. The membership check runs *before* the target row is loaded
-where the id alone allows it, and outsiders always get the same ``NotFound``
-as for a missing id, so neither answers nor work done leak existence.
+Every entry point — pages, API, WebSocket, tools, the tool gateway, admin actions — goes
+through these helpers: ``access_…`` fetches a row the principal may use (``access_branch`` turns
+any reference — ``SID:HEAD``, a name, a page's branch id — into an authorized branch),
+``require_…`` refuses an action (``NotFound`` / ``Forbidden``) and ``can_…`` answers the same
+question for a page that offers a control exactly when its action would be allowed. Every rule
+lives here, row rules included (own branches, own executions, holds, job ownership, acting as a
+branch, changing a session's visibility); ``accounts.policy`` maps roles to capabilities.
+
+The membership check runs *before* the target row is loaded where the id alone allows it, and
+outsiders always get the same ``NotFound`` as for a missing id, so neither answers nor work
+done leak existence.
 
 Row-level visibility (issue 17, OP §5.9) lives here too: ``visible_sessions(user)`` is the ONE
 queryset of sessions a person (and every agent acting for them) may see, and every helper
 below filters through it, so a private or shared session one may not see answers exactly
 like a missing id. A child session follows its root session's visibility.
 """
+
+from dataclasses import dataclass
 
 from django.db.models import Q
 
@@ -22,8 +31,8 @@ from accounts.policy import (
     role_allows,
     role_of,
 )
-from collab.errors import Forbidden, NotFound
-from collab.models import Branch, Job, Message, Session, SessionShare, Visibility
+from collab.errors import Forbidden, Invalid, NotFound
+from collab.models import Artifact, Branch, HeldDelivery, Job, Message, Session, SessionShare, Visibility
 
 
 def _open_to(user, root: str) -> Q:
@@ -155,20 +164,6 @@ def access_message(user, session_id: str, message_id: str, capability: str = "pr
     return message
 
 
-def access_branch_by_id(user, branch_id: str, capability: str = "project.read") -> Branch:
-    if not user or not user.is_authenticated:
-        raise NotFound()
-    branch = (
-        Branch.objects.select_related("session", "session__project", "session__parent_session")
-        .filter(pk=branch_id, session_id__in=visible_session_ids(user))
-        .first()
-    )
-    if branch is None:
-        raise NotFound()
-    require_in_session(user, branch.session, capability)
-    return branch
-
-
 def require_can_set_internal(user, branch: Branch) -> str:
     """Who may mark a branch internal or not (issue 14 item 6): maintainers and owners, by their
     effective role in its session (``branch.internal``). One who may not see the session gets the
@@ -192,14 +187,132 @@ def require_can_cancel(user, job: Job) -> str:
                     if role_allows(role, "execution.cancel_own") else f"your role in this session ({role}) may not cancel executions")
 
 
+def can_cancel(user, job: Job) -> bool:
+    """``require_can_cancel`` as a yes/no, for a page offering the cancel button."""
+    return _allowed(require_can_cancel, user, job)
+
+
+def owns_branch(user, branch: Branch) -> bool:
+    """A branch is the person's own when they started it: the root branch of a session they
+    created, or a branch made by a job they started (``Branch.created_by`` records both)."""
+    return branch.created_by_id is not None and branch.created_by_id == getattr(user, "pk", None)
+
+
+def require_can_archive(user, branch: Branch) -> str:
+    """Members archive branches they started, maintainers any (SPEC §8, OP §2.6) — by their
+    effective role in the branch's session."""
+    return require_in_session(user, branch.session, "branch.archive_own" if owns_branch(user, branch) else "branch.archive_any")
+
+
+def can_archive(user, branch: Branch) -> bool:
+    """``require_can_archive`` as a yes/no, for a page offering the archive form."""
+    return _allowed(require_can_archive, user, branch)
+
+
+def require_can_act_as(user, branch: Branch) -> str:
+    """Who may act as a branch from outside a turn (the tool gateway, P-SEC-7): members as
+    branches they started, maintainers and owners as any; viewers never."""
+    role = require_in_session(user, branch.session, "turn.start")
+    if not owns_branch(user, branch):
+        require_in_session(user, branch.session, "branch.act_any")
+    return role
+
+
+def require_standing(user, session_id: str) -> str:
+    """An agent's principal must still see the session it acts in (its visibility may change
+    under a running turn, issue 17): "not found" otherwise, as for any other. The session row
+    is read afresh: the turn's copy may predate the change."""
+    fresh = Session.objects.select_related("parent_session").filter(pk=session_id).first()
+    if fresh is None:
+        raise NotFound()
+    return require_in_session(user, fresh, "project.read")
+
+
+def can_change_visibility(user, session: Session) -> bool:
+    """Who changes who sees a session (issue 17): its creator (while they still see it) or a
+    maintainer/owner of its project."""
+    role = session_role(user, session)
+    if role is None:
+        return False
+    return role_allows(role, "session.see_all") or (session.created_by_id is not None
+                                                     and session.created_by_id == user.pk)
+
+
+def require_can_change_visibility(user, session: Session) -> None:
+    if not can_change_visibility(user, session):
+        raise Forbidden("only the session's creator or a maintainer changes who sees it")
+
+
+# --- held deliveries (the watch policy, OP §5.8) -------------------------------------------------
+
+DECIDE_HOLDS = "turn.start"  # who may approve or reject a held delivery: who may post in its sender session
+
+
+def can_decide_holds(user, session: Session) -> bool:
+    """Whether ``user`` may approve or reject the deliveries held from ``session`` (the page
+    offers the buttons exactly then; ``access_hold`` refuses everyone else)."""
+    return can_in_session(user, session, DECIDE_HOLDS)
+
+
+def access_hold(user, hold_id: int, capability: str = DECIDE_HOLDS, *, session_id: str | None = None) -> HeldDelivery:
+    """A held delivery the user may decide: by their role in its sender session. ``session_id``:
+    a page's URL names the session too, and a hold of another session is "not found"."""
+    if not user or not user.is_authenticated:
+        raise NotFound()
+    hold = HeldDelivery.objects.filter(pk=hold_id, project_id__in=member_project_ids(user)).select_related(
+        "sender_session", "sender_branch", "target_branch", "sender_job", "created_by").first()
+    if hold is None or (session_id is not None and hold.sender_session_id != session_id):
+        raise NotFound()
+    access_session(user, hold.sender_session_id, capability)
+    return hold
+
+
+# --- job ownership (OP §5.10) --------------------------------------------------------------------
+
+MAX_ANCESTRY = 64
+
+
+def session_owns_job(session_id: str, job: Job) -> bool:
+    """Whether ``session_id`` may read ``job``'s result: it executes it, dispatched it, or
+    dispatched an ancestor job (at most 64 levels up, cycle-safe)."""
+    seen: set[str] = set()
+    current = job
+    for _ in range(MAX_ANCESTRY + 1):
+        if current is None or current.pk in seen:
+            return False
+        if session_id in (current.session_id, current.caller_session_id):
+            return True
+        seen.add(current.pk)
+        if not current.parent_job_id:
+            return False
+        current = Job.objects.filter(pk=current.parent_job_id).only("pk", "session_id", "caller_session_id", "parent_job_id").first()
+    return False
+
+
+def access_owned_job(user, job_id: str, session: Session) -> Job:
+    """A job an agent acting in ``session`` may read the output of (``job_output``): one its
+    principal may read, in its project, that the session executes or (an ancestor) dispatched;
+    any other answers like a missing id."""
+    job = access_job(user, job_id, project_id=session.project_id)
+    if not session_owns_job(session.pk, job):
+        raise NotFound()
+    return job
+
+
 def can(user, project_id: int, capability: str) -> bool:
     return has_capability(user, project_id, capability)
 
 
+def _allowed(rule, *args) -> bool:
+    try:
+        rule(*args)
+    except (Forbidden, NotFound):
+        return False
+    return True
+
+
 def access_artifact(user, artifact_id: str):
     """An artifact is readable exactly by those who may read its execution."""
-    from collab.models import Artifact
-
     if not user or not user.is_authenticated:
         raise NotFound()
     artifact = Artifact.objects.filter(pk=artifact_id, project_id__in=member_project_ids(user),
@@ -208,3 +321,144 @@ def access_artifact(user, artifact_id: str):
         raise NotFound()
     access_job(user, artifact.job_id)
     return artifact
+
+
+# --- branch references: the one resolver (SPEC §3, OP §1/§2.1) -----------------------------------
+#
+# An address is ``"SID:HEAD"`` (any message written on the branch; a stale head still finds its
+# branch) or a branch name. Names resolve in the caller's session first, then across the other
+# sessions of the caller's project. A target that does not exist answers exactly like one the
+# principal may not see.
+#
+# Agents stay in their project (SPEC §8): an agent's ``Caller`` carries the acting branch's
+# project, and nothing outside it is ever found, whatever else the person who started the turn
+# may see. A person (the REST routes, the pages) has no project and may address any project they
+# have accepted.
+#
+# Internal branches (issue 14 item 6) are hidden from agents: an agent's ``Caller`` (one with a
+# ``branch_id``) never finds an internal branch by NAME — it answers like a missing name. Its
+# explicit ``SID:HEAD`` address still resolves for whoever may see the session, and people (the
+# REST routes, a user turn) still find it by name.
+#
+# Row-level visibility (issue 17): every lookup is limited to ``visible_sessions`` of the
+# principal (an agent acts with the permissions of the person who started its root turn).
+
+
+class Ambiguous(Invalid):
+    code = "ambiguous_target"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is addressing: the principal (a user) and, for agents, where they stand.
+    ``project_id`` confines every lookup to that project (agents always set it)."""
+
+    user: object
+    session_id: str | None = None
+    branch_id: str | None = None
+    project_id: int | None = None
+
+    def confine(self, rows, session_field: str, project_field: str):
+        """``rows`` limited to the sessions the principal may see and, for an agent, its project."""
+        rows = rows.filter(**{f"{session_field}__in": visible_session_ids(self.user)})
+        if self.project_id is not None:
+            rows = rows.filter(**{project_field: self.project_id})
+        return rows
+
+    @property
+    def is_agent(self) -> bool:
+        """An agent addresses (it stands on a branch); a person does not."""
+        return self.branch_id is not None
+
+
+def parse_address(address: str) -> tuple[str, str] | None:
+    """``(session_id, message_id)`` for a ``SID:HEAD`` address, None for a name."""
+    sid, sep, head = address.partition(":")
+    if sep and sid and head:
+        return sid, head
+    return None
+
+
+def find_branch(caller: Caller, address: str) -> Branch:
+    """The branch an address names, archived or not, among those the caller may see; no
+    capability is checked (``access_branch`` does)."""
+    address = (address or "").strip()
+    if not address:
+        raise Invalid("an address is required: 'SID:HEAD' or a branch name", code="invalid_address")
+    if not caller.user or not caller.user.is_authenticated:
+        raise NotFound()
+    parsed = parse_address(address)
+    if parsed is not None:
+        sid, head = parsed
+        message = (
+            caller.confine(Message.objects.filter(pk=head, session_id=sid), "session_id", "session__project_id")
+            .select_related("branch", "branch__session", "branch__tip")
+            .first()
+        )
+        if message is None:
+            raise NotFound(f"no agent at {address}")
+        return message.branch
+    return _find_by_name(caller, address)
+
+
+def _find_by_name(caller: Caller, name: str) -> Branch:
+    """The caller's own session answers first: its live branch of that name, else its archived
+    one (reported as archived by deliveries, never silently replaced by another session's
+    branch). Only when the caller's session has none does the rest of the project answer,
+    live branches before archived ones (so an archived branch stays readable by name)."""
+    visible = caller.confine(Branch.objects.filter(name=name), "session_id", "session__project_id").select_related("session", "tip")
+    if caller.is_agent:  # internal branches are hidden from agents by name (issue 14 item 6)
+        visible = visible.filter(internal=False)
+    pools = []
+    if caller.session_id:
+        own = visible.filter(session_id=caller.session_id)
+        pools += [own.filter(archived=False), own.filter(archived=True)]
+        visible = visible.exclude(session_id=caller.session_id)
+    pools += [visible.filter(archived=False).order_by("-last_active_at"),
+              visible.filter(archived=True).order_by("-last_active_at")]
+    candidates = []
+    for pool in pools:
+        candidates = list(pool[:11])
+        if candidates:
+            break
+    if not candidates:
+        raise NotFound(f"no agent named {name!r}")
+    if len(candidates) > 1:
+        listed = ", ".join(f"{b.address or b.session_id + ':(empty)'}" for b in candidates[:10])
+        raise Ambiguous(
+            f"{len(candidates) if len(candidates) <= 10 else 'more than 10'} agents are named {name!r}: {listed}; "
+            "address one as SID:HEAD",
+            candidates=[b.address for b in candidates[:10]],
+        )
+    return candidates[0]
+
+
+def access_branch(user, reference: str, capability: str = "project.read", *, caller: Caller | None = None,
+                  session_id: str | None = None) -> Branch:
+    """The branch ``reference`` names, if ``user`` may do ``capability`` by their effective role
+    in its session — the one way every entry point (API, pages, tools, the tool gateway, user
+    turns) turns a reference into an authorized branch.
+
+    ``reference`` is ``"SID:HEAD"`` or a branch name, resolved as ``caller`` (an agent's: confined
+    to its project, its own session first, blind to internal names; default: ``user`` as a
+    person) — or, with ``session_id`` (a page's URL ``/s/SID/b/BRANCH_ID``), a branch id in that
+    session. A reference the user may not see answers exactly like a missing one (404); a role
+    too low for ``capability`` is ``Forbidden``."""
+    if not user or not user.is_authenticated:
+        raise NotFound()
+    if session_id is not None:
+        branch = (
+            Branch.objects.select_related("session", "session__project", "session__parent_session", "tip")
+            .filter(pk=reference, session_id=session_id, session_id__in=visible_session_ids(user))
+            .first()
+        )
+        if branch is None:
+            raise NotFound()
+    else:
+        if caller is None:
+            caller = Caller(user=user)
+        elif caller.user is not user:
+            raise ValueError("access_branch: the caller must act for the same user")
+        branch = find_branch(caller, reference)
+    require_in_session(user, branch.session, capability)
+    return branch

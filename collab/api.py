@@ -53,12 +53,11 @@ from collab.selectors.redact import hidden_among, redact_executions
 from collab.selectors.agents import branch_rows, is_busy
 from collab.selectors.shapes import branch_shape, branch_usage, execution_shape, session_shape, usage_totals
 from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MAX_CHARS, render_transcript
-from collab.services.addressing import Caller, find_branch
 from collab.services.branches import do_set_internal
-from collab.services.archive import check_can_archive, do_archive_branch
+from collab.services.archive import do_archive_branch
 from collab.services.cancel import do_execution_command
 from collab.services.projects import do_set_limits, do_update_project
-from collab.services.watch import access_hold, do_decide_hold
+from collab.services.watch import do_decide_hold
 from collab.services.members import (
     do_accept_invitation,
     do_add_member,
@@ -99,7 +98,7 @@ def post_project(request: HttpRequest, payload: ProjectIn):
 
 @router.post("projects/{slug}/agent-specs", response={201: AgentSpecOut, **ERRORS}, tags=["projects"])
 def post_agent_spec(request: HttpRequest, slug: str, payload: AgentSpecIn):
-    project = access.access_project(request.auth, slug, "project.visibility")
+    project = access.access_project(request.auth, slug, "agent_spec.manage")
     return Status(201, do_create_agent_spec(project, **payload.model_dump()))
 
 
@@ -234,16 +233,10 @@ def get_branches(request: HttpRequest, sid: str, scope: str = "session", limit: 
     return [{**branch_shape(b, b.busy), "usage": totals.get(b.pk)} for b in rows]
 
 
-def _branch(request, address: str, capability: str = "project.read"):
-    branch = find_branch(Caller(user=request.auth), address)
-    access.access_session(request.auth, branch.session_id, capability)
-    return branch
-
-
 @router.get("branches/{address}/transcript", response={200: TranscriptOut, **ERRORS}, tags=["branches"])
 def get_transcript(request: HttpRequest, address: str, start_turn: int = 0, end_turn: int | None = None,
                    include_function_calls: bool = True, max_chars: int = DEFAULT_MAX_CHARS):
-    branch = _branch(request, address)
+    branch = access.access_branch(request.auth, address)
     return render_transcript(branch, viewer=request.auth, start_turn=start_turn, end_turn=end_turn,
                              include_function_calls=include_function_calls,
                              max_chars=max(MIN_MAX_CHARS, min(max_chars, MAX_MAX_CHARS)))
@@ -251,8 +244,8 @@ def get_transcript(request: HttpRequest, address: str, start_turn: int = 0, end_
 
 @router.post("branches/{address}/archive", response={200: BranchOut, **ERRORS}, tags=["branches"])
 def post_archive(request: HttpRequest, address: str, payload: ArchiveIn):
-    branch = _branch(request, address)
-    check_can_archive(request.auth, branch)
+    branch = access.access_branch(request.auth, address)
+    access.require_can_archive(request.auth, branch)
     branch = do_archive_branch(branch, user=request.auth, reason=payload.reason)
     return branch_shape(branch, busy=is_busy(branch))
 
@@ -261,7 +254,7 @@ def post_archive(request: HttpRequest, address: str, payload: ArchiveIn):
 def patch_branch(request: HttpRequest, address: str, payload: BranchPatch):
     """A maintainer or owner sets ``internal`` (issue 14 item 6: hidden from agents' listings and
     name resolution, shown dimmed on the session page); audited. Members get 403, outsiders 404."""
-    branch = _branch(request, address)
+    branch = access.access_branch(request.auth, address)
     if payload.internal is not None:
         do_set_internal(request.auth, branch, payload.internal)
         branch.refresh_from_db()
@@ -433,10 +426,10 @@ def list_holds(request: HttpRequest, sid: str, status: str = "pending", limit: i
 @router.post("holds/{hold_id}/approve", response={200: HoldOut, **ERRORS}, tags=["watch"])
 @token_scope(TokenScope.HOLDS)
 def approve_hold(request: HttpRequest, hold_id: int):
-    return _holds_out(request.auth, [do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=True)])[0]
+    return _holds_out(request.auth, [do_decide_hold(request.auth, access.access_hold(request.auth, hold_id), approve=True)])[0]
 
 
 @router.post("holds/{hold_id}/reject", response={200: HoldOut, **ERRORS}, tags=["watch"])
 @token_scope(TokenScope.HOLDS)
 def reject_hold(request: HttpRequest, hold_id: int):
-    return _holds_out(request.auth, [do_decide_hold(request.auth, access_hold(request.auth, hold_id), approve=False)])[0]
+    return _holds_out(request.auth, [do_decide_hold(request.auth, access.access_hold(request.auth, hold_id), approve=False)])[0]

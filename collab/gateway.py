@@ -20,10 +20,9 @@ from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
 
-from collab.access import access_session
+from collab.access import access_branch, require_can_act_as
 from collab.errors import DomainError
-from collab.services.acting import check_can_act_as, gateway_actor
-from collab.services.addressing import Caller, find_branch
+from collab.services.acting import gateway_actor
 from collab.tools.registry import Tool, run_tool
 from collab.tools.surface import branch_tools
 
@@ -118,9 +117,8 @@ def _pool() -> ThreadPoolExecutor:
 def acting_branch(user, address: str):
     """The branch at ``address``, if ``user`` may act as it from outside a turn (P-SEC-7:
     members as branches they started, maintainers as any; outsiders "not found")."""
-    branch = find_branch(Caller(user=user), address)
-    access_session(user, branch.session_id, "turn.start")
-    check_can_act_as(user, branch)
+    branch = access_branch(user, address)
+    require_can_act_as(user, branch)
     return branch
 
 

@@ -32,8 +32,8 @@ from collab.services.members import (
 )
 from collab.selectors.members import invitations_of, members_of
 from collab.services.tokens import TOKEN_LIFETIMES, do_issue_token, do_revoke_token
-from collab.services.archive import check_can_archive, do_archive_branch
-from collab.services.cancel import CANCEL, check_can_cancel, do_execution_command
+from collab.services.archive import do_archive_branch
+from collab.services.cancel import CANCEL, do_execution_command
 from collab.services.connections import connections_for
 from collab.services.specs import do_add_agent_spec, do_update_agent_spec
 from collab.selectors import pages
@@ -45,7 +45,7 @@ from collab.selectors.shapes import usage_totals
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import event_record, project_events
 from collab.services.projects import do_set_limits, do_update_project
-from collab.services.watch import access_hold, can_decide_holds, do_decide_hold
+from collab.services.watch import do_decide_hold
 from collab.services.sessions import do_create_session
 from collab.services.visibility import do_set_shares, do_set_visibility, parse_share_lines, visibility_context
 from collab.services.turns import do_fork_and_start, do_start_user_turn, spec_strategy
@@ -83,7 +83,7 @@ def _project_context(request, project, errors=None):
         "members": members_of(project),
         "roles": ["viewer", "member", "maintainer", "owner"],
         "can_audit": access.can(request.user, project.pk, "project.audit"),
-        "can_manage_specs": access.can(request.user, project.pk, SPEC_CAPABILITY),
+        "can_manage_specs": access.can(request.user, project.pk, "agent_spec.manage"),
         "limit_errors": errors or {},
         "withheld_tools": withheld_tools(project) if project.workspace else {},
         "stats": project_stats(project, request.user),
@@ -118,16 +118,6 @@ def new_session(request, slug):
     return redirect("collab:session", sid=session.pk)
 
 
-def _may(check, *args) -> bool:
-    """Whether a ``check_can_…`` rule lets this through: the page offers a control exactly
-    when the rule its view enforces would allow it."""
-    try:
-        check(*args)
-    except (Forbidden, NotFound):
-        return False
-    return True
-
-
 # The branch each viewer last read in each session, in their own web session (issue 13 item 2:
 # selection is per viewer; forks and agents never move what someone else lands on).
 SHOWN_KEY = "collab.shown"
@@ -152,7 +142,7 @@ def remember_branch(request, sid: str, branch_id: str) -> None:
 
 def _mark_cancel_right(request, job) -> None:
     """``job.can_cancel``: the job row offers cancel only while it is open and the rule allows it."""
-    job.can_cancel = job.status in ("queued", "running") and _may(check_can_cancel, request.user, job)
+    job.can_cancel = job.status in ("queued", "running") and access.can_cancel(request.user, job)
 
 
 def _transcript_context(request, session, branch_id: str | None = None) -> dict:
@@ -168,7 +158,7 @@ def _transcript_context(request, session, branch_id: str | None = None) -> dict:
         remember_branch(request, session.pk, t["branch"].pk)
     running = Job.objects.filter(branch=t["branch"], status__in=ACTIVE_STATUSES).first() if t["branch"] else None
     return {"t": t, "shown_branch": t["branch"].pk if t["branch"] is not None else None, "running_job": running,
-            "can_cancel_running": running is not None and running.status == "running" and _may(check_can_cancel, request.user, running)}
+            "can_cancel_running": running is not None and running.status == "running" and access.can_cancel(request.user, running)}
 
 
 def _branches_context(request, session) -> dict:
@@ -189,7 +179,7 @@ _PART_CONTEXT = {
     "jobs": _jobs_context,
     "activity": lambda request, session: {
         "activity": activity_page(session, request.user, **paging(request.GET)),
-        "holds": pages.pending_holds(session, request.user), "can_decide_holds": can_decide_holds(request.user, session)},
+        "holds": pages.pending_holds(session, request.user), "can_decide_holds": access.can_decide_holds(request.user, session)},
     "branches": _branches_context,
     "agents": lambda request, session: {"agents": child_rail(session)},
 }
@@ -210,7 +200,7 @@ def _composer_context(request, session, branch) -> dict:
         return {}
     spec = branch.agent_spec if branch.agent_spec_id else session.agent_spec
     return {"branch": branch, "agent": spec.agent_id if spec else "the default agent", "strategy": spec_strategy(spec),
-            "can_archive": not session.is_child and not branch.archived and _may(check_can_archive, request.user, branch)}
+            "can_archive": not session.is_child and not branch.archived and access.can_archive(request.user, branch)}
 
 
 @login_required
@@ -356,7 +346,7 @@ def _running_context(request, branch) -> dict:
     t = {**pages.running_state(branch), "branch": branch}
     running = t["running_job"]
     t["can_cancel_running"] = (running is not None and running.status == "running"
-                               and _may(check_can_cancel, request.user, running))
+                               and access.can_cancel(request.user, running))
     return t
 
 
@@ -434,11 +424,9 @@ def _back_to_session(request, sid):
 @login_required
 @require_POST
 def archive_branch(request, sid, branch_id):
-    """Archive a branch with a reason (OP §2.6): its starter or a maintainer (``check_can_archive``)."""
-    branch = access.access_branch_by_id(request.user, branch_id)
-    if branch.session_id != sid:
-        raise NotFound()
-    check_can_archive(request.user, branch)
+    """Archive a branch with a reason (OP §2.6): its starter or a maintainer (``access.require_can_archive``)."""
+    branch = access.access_branch(request.user, branch_id, session_id=sid)
+    access.require_can_archive(request.user, branch)
     do_archive_branch(branch, user=request.user, reason=request.POST.get("reason", ""))
     return redirect(f"{reverse('collab:session', args=[sid])}?{urlencode({'branch': branch.pk})}")
 
@@ -527,9 +515,7 @@ def audit(request, slug):
 @login_required
 @require_POST
 def decide_hold(request, sid, hold_id):
-    hold = access_hold(request.user, hold_id)
-    if hold.sender_session_id != sid:
-        raise NotFound()
+    hold = access.access_hold(request.user, hold_id, session_id=sid)
     decision = request.POST.get("decision")
     if decision not in ("approve", "reject"):
         raise Invalid('decision must be "approve" or "reject"', code="invalid_decision")
@@ -539,7 +525,6 @@ def decide_hold(request, sid, hold_id):
 
 # --- agent specs (issue 13 item 5): who may save one through the API manages them here ------------
 
-SPEC_CAPABILITY = "project.visibility"  # POST /api/projects/{slug}/agent-specs asks the same
 
 
 def _json_field(post, name: str, kinds: tuple, empty):
@@ -592,7 +577,7 @@ def _render_specs(request, project, spec=None, values=None, error="", status=200
 @require_http_methods(["GET", "POST"])
 def specs(request, slug):
     """The project's agent specs: the list and a form for a new one."""
-    project = access.access_project(request.user, slug, SPEC_CAPABILITY)
+    project = access.access_project(request.user, slug, "agent_spec.manage")
     if request.method != "POST":
         return _render_specs(request, project)
     try:
@@ -609,7 +594,7 @@ def specs(request, slug):
 @require_http_methods(["GET", "POST"])
 def spec(request, slug, agent_id):
     """One agent spec: shown and changed (validated and audited like the API's and the admin's)."""
-    project = access.access_project(request.user, slug, SPEC_CAPABILITY)
+    project = access.access_project(request.user, slug, "agent_spec.manage")
     spec = AgentSpec.objects.filter(project=project, agent_id=agent_id).select_related("connection").first()
     if spec is None:
         raise NotFound()

@@ -1,33 +1,12 @@
-"""Execution listings and ownership (OP §5.10)."""
+"""Execution listings (OP §5.10); who may read a job's output is ``collab.access.access_owned_job``."""
 
+from collab.access import MAX_ANCESTRY, visible_session_ids
 from collab.models import Job
-
-MAX_ANCESTRY = 64
-
-
-def owns_job(session_id: str, job: Job) -> bool:
-    """Whether ``session_id`` may read ``job``'s result: it executes it, dispatched it, or
-    dispatched an ancestor job (at most 64 levels up, cycle-safe)."""
-    seen: set[str] = set()
-    current = job
-    for _ in range(MAX_ANCESTRY + 1):
-        if current is None or current.pk in seen:
-            return False
-        if session_id in (current.session_id, current.caller_session_id):
-            return True
-        seen.add(current.pk)
-        if not current.parent_job_id:
-            return False
-        current = Job.objects.filter(pk=current.parent_job_id).only("pk", "session_id", "caller_session_id", "parent_job_id").first()
-    return False
-
 
 def jobs_dispatched_by(session, *, user, status: str | None = None, limit: int = 50) -> list[Job]:
     """Jobs the session dispatched and their descendants, newest first (one query per level);
     only jobs of the session's own project (agents stay in their project, SPEC §8) in sessions
     ``user`` may see (issue 17)."""
-    from collab.access import visible_session_ids
-
     found: dict[str, Job] = {}
     in_project = Job.objects.filter(
         project_id=session.project_id, session_id__in=visible_session_ids(user)

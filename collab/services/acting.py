@@ -3,10 +3,8 @@
 from dataclasses import dataclass
 from typing import Any
 
-from collab.access import require_in_project, require_in_session
-from collab.services.addressing import Caller
-from collab.errors import NotFound
-from collab.models import Job, JobStatus, Session
+from collab.access import Caller, require_in_session, require_standing
+from collab.models import Job, JobStatus
 
 
 @dataclass
@@ -49,38 +47,15 @@ class Actor:
         spec = self.branch.agent_spec or self.session.agent_spec
         return getattr(spec, "followup_mode", "") or "turn"
 
-    def require(self, capability: str, project_id: int | None = None, *, session=None) -> None:
-        """The principal must hold ``capability`` in ``session`` (default: the acting one) —
-        their effective role there, a session they may not see being "not found" (issue 17) —
-        or, given only another ``project_id``, in that project."""
-        if session is not None or project_id is None or project_id == self.session.project_id:
-            require_in_session(self.user, session or self.session, capability)
-            return
-        require_in_project(self.user, project_id, capability)
+    def require(self, capability: str, *, session=None) -> None:
+        """The principal must hold ``capability`` by their effective role in ``session`` (default:
+        the acting one); a session they may not see is "not found" (issue 17)."""
+        require_in_session(self.user, session or self.session, capability)
 
-    def check_standing(self) -> None:
-        """Refuse the call when the principal can no longer see the acting session (its
-        visibility changed under a running turn, issue 17): "not found", as for any other.
-        The session row is read afresh: the turn's copy may predate the change."""
-        fresh = Session.objects.select_related("parent_session").filter(pk=self.session.pk).first()
-        if fresh is None:
-            raise NotFound()
-        require_in_session(self.user, fresh, "project.read")
-
-
-def owns_branch(user, branch) -> bool:
-    """A branch is the person's own when they started it: the root branch of a session they
-    created, or a branch made by a job they started (``Branch.created_by`` records both)."""
-    return branch.created_by_id is not None and branch.created_by_id == getattr(user, "pk", None)
-
-
-def check_can_act_as(user, branch) -> None:
-    """Who may act as a branch from outside a turn (the tool gateway, P-SEC-7): members as
-    branches they started, maintainers and owners as any; viewers never."""
-    actor = Actor(user=user, session=branch.session, branch=branch)
-    actor.require("turn.start")
-    if not owns_branch(user, branch):
-        actor.require("branch.act_any")
+    def require_standing(self) -> None:
+        """Refuse the call when the principal can no longer see the acting session
+        (``collab.access.require_standing``)."""
+        require_standing(self.user, self.session.pk)
 
 
 def gateway_actor(user, branch) -> Actor:

@@ -22,7 +22,7 @@ AUTOMATIC_REASON = "archive_when_done"
 
 
 def do_archive_branch(branch: Branch, *, user=None, reason: str = "", automatic: bool = False) -> Branch:
-    """Archive idempotently. Authorization is the caller's job (``check_can_archive``)."""
+    """Archive idempotently. Authorization is the caller's job (``collab.access.require_can_archive``)."""
     reason = clean_text((reason or "").strip())[:500]
     now = timezone.now()
     with transaction.atomic():
@@ -46,13 +46,3 @@ def do_archive_branch(branch: Branch, *, user=None, reason: str = "", automatic:
         )
     return branch
 
-
-def check_can_archive(user, branch: Branch) -> None:
-    """Members archive branches they started; maintainers any (SPEC §8)."""
-    from collab.services.acting import Actor, owns_branch
-
-    actor = Actor(user=user, session=branch.session, branch=branch)
-    if owns_branch(user, branch):
-        actor.require("branch.archive_own", branch.session.project_id)
-    else:
-        actor.require("branch.archive_any", branch.session.project_id)

@@ -38,12 +38,6 @@ def command_key(job: Job, command_id: str) -> str:
     return f"{job.pk}:{command_id}"
 
 
-def check_can_cancel(user, job: Job) -> None:
-    """Maintainers cancel any execution; members the ones they started — by their effective
-    role in the job's session (``collab.access.require_can_cancel``, issue 17)."""
-    require_can_cancel(user, job)
-
-
 @retry_on_deadlock
 def do_execution_command(user, job: Job, *, command_id: str, action: str, expected_version: int, payload: dict,
                          operator: bool = False) -> tuple[int, dict]:
@@ -54,7 +48,7 @@ def do_execution_command(user, job: Job, *, command_id: str, action: str, expect
     if not command_id or len(command_id) > 100:
         raise Invalid("command_id must be 1–100 characters", code="invalid_command_id")
     if not operator:
-        check_can_cancel(user, job)  # before the replay: knowing a command id grants no control either
+        require_can_cancel(user, job)  # before the replay: knowing a command id grants no control either
     key = command_key(job, command_id)
     previous = ExecutionCommand.objects.filter(pk=key).first()
     if previous is not None:

@@ -10,12 +10,11 @@ no service imports the runtime (issue 14 item 5).
 
 from django.db import transaction
 
-from collab.access import access_message
+from collab.access import access_message, parse_address
 from collab.errors import Invalid, NotFound
 from collab.events import send_event_on_commit
 from collab.models import AgentSpec, Job, JobKind, MessageKind, MessageRole
 from collab.services.acting import Actor, task_header
-from collab.services.addressing import parse_address
 from collab.services.admission import admit_job
 from collab.services.branches import create_branch, name_for
 from collab.services.limits import check_topology, lock_caller

@@ -28,9 +28,9 @@ import uuid
 
 from django.db import transaction
 
+from collab.access import Caller, access_branch, require_can_archive
 from collab.errors import Conflict, Invalid, NotFound
 from collab.models import ACTIVE_STATUSES, TERMINAL_STATUSES, AgentSpec, Branch, Job, JobKind, Session
-from collab.services.addressing import Caller, find_branch
 from collab.services.admission import admit_job
 from collab.services.locking import lock_branch, lock_sessions
 from collab.services.retry import retry_on_deadlock
@@ -113,9 +113,7 @@ def do_start_user_turn(user, session: Session, prompt: str, *, branch: str | Non
         current = running_job(target)
         if current is not None:
             if strategy == ROLLBACK:
-                from collab.services.archive import check_can_archive
-
-                check_can_archive(user, target)  # before anything is cancelled
+                require_can_archive(user, target)  # before anything is cancelled
             interrupt_job(user, current)
             if strategy == ROLLBACK:
                 return rollback_and_start(user, session, target, current, prompt, spec)
@@ -124,7 +122,7 @@ def do_start_user_turn(user, session: Session, prompt: str, *, branch: str | Non
 
 def target_branch(user, session: Session, branch: str | None) -> Branch:
     if branch:
-        target = find_branch(Caller(user=user, session_id=session.pk), branch)
+        target = access_branch(user, branch, caller=Caller(user=user, session_id=session.pk))
         if target.session_id != session.pk:
             raise NotFound(f"no branch {branch!r} in this session")
         return target

@@ -5,17 +5,17 @@ page, the API and the admin, all through these functions. Each change is an audi
 Event (``session.visibility_changed``, ``session.shared``, ``session.unshared``); the sockets
 following the session (and its sub-agents' sessions) re-check their access when it commits and
 close if it is gone, and a running turn of someone who lost access is refused at its next tool
-call (``Actor.check_standing``). Nothing is deleted: a share row stays until it is unshared and
+call (``Actor.require_standing``). Nothing is deleted: a share row stays until it is unshared and
 counts only while the session is ``shared``. Who may *see* what is decided in ``collab.access``.
 """
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from accounts.policy import ROLE_RANK, role_allows, role_of
+from accounts.policy import ROLE_RANK, role_of
 from accounts.models import Role
-from collab.access import session_role
-from collab.errors import Forbidden, Invalid, NotFound
+from collab.access import can_change_visibility, require_can_change_visibility
+from collab.errors import Invalid, NotFound
 from collab.events import send_event_on_commit
 from collab.models import Session, SessionShare, Visibility
 from collab.models.sessions import SHARE_ROLES
@@ -24,21 +24,12 @@ from collab.services.members import send_to_session_sockets
 MAX_SHARES = 200
 
 
-def can_change_visibility(user, session: Session) -> bool:
-    """The session's creator (while they still see it) or a maintainer/owner of its project."""
-    role = session_role(user, session)
-    if role is None:
-        return False
-    return role_allows(role, "session.see_all") or (session.created_by_id is not None
-                                                     and session.created_by_id == user.pk)
-
-
 def _check(user, session: Session, *, operator: bool) -> None:
     if session.is_child:
         raise Invalid("a sub-agent's session follows its root session's visibility; change that one",
                       code="child_session_visibility")
-    if not operator and not can_change_visibility(user, session):
-        raise Forbidden("only the session's creator or a maintainer changes who sees it")
+    if not operator:
+        require_can_change_visibility(user, session)
 
 
 def _lock(session: Session) -> Session:

@@ -7,8 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import WatchPolicy
-from accounts.policy import member_project_ids
-from collab.errors import Conflict, NotFound
+from collab.errors import Conflict
 from collab.events import send_event_on_commit
 from collab.models import HeldDelivery, HoldStatus
 from collab.text import clean_text
@@ -32,28 +31,6 @@ def hold_delivery(actor: Actor, target, kind: str, text: str) -> HeldDelivery:
         {"hold": hold.pk, "kind": kind, "to": target.address, "target_branch": target.pk, "text_preview": text[:200]},
         actor=actor.user,
     )
-    return hold
-
-
-DECIDE_HOLDS = "turn.start"  # who may approve or reject a held delivery: who may post in its sender session
-
-
-def can_decide_holds(user, session) -> bool:
-    """Whether ``user`` may approve or reject the deliveries held from ``session`` (the page
-    offers the buttons exactly then; ``access_hold`` refuses everyone else)."""
-    from collab.access import can_in_session
-
-    return can_in_session(user, session, DECIDE_HOLDS)
-
-
-def access_hold(user, hold_id: int, capability: str = DECIDE_HOLDS) -> HeldDelivery:
-    from collab.access import access_session
-
-    hold = HeldDelivery.objects.filter(pk=hold_id, project_id__in=member_project_ids(user)).select_related(
-        "sender_session", "sender_branch", "target_branch", "sender_job", "created_by").first()
-    if hold is None:
-        raise NotFound()
-    access_session(user, hold.sender_session_id, capability)
     return hold
 
 

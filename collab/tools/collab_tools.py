@@ -9,16 +9,15 @@ from typing import Literal
 
 from pydantic import Field
 
-from collab.access import access_job
+from collab.access import access_branch, access_owned_job, access_session, require_can_archive
 from collab.errors import Invalid, NotFound
 from collab.models import TERMINAL_STATUSES, HeldDelivery, Job, Todo
 from collab.selectors.agents import list_agents as select_agents
 from collab.selectors.agents import render_agents
-from collab.selectors.jobs import jobs_dispatched_by, owns_job
+from collab.selectors.jobs import jobs_dispatched_by
 from collab.selectors.pages import shown_branch
 from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MAX_CHARS, render_transcript
-from collab.services.addressing import Caller, find_branch, visible_sessions
-from collab.services.archive import check_can_archive, do_archive_branch
+from collab.services.archive import do_archive_branch
 from collab.services.deliver import do_delegate, do_send_message
 from collab.services.results import bound_text, result_limit_for
 from collab.services.spawn import do_spawn
@@ -139,8 +138,8 @@ class ArchiveParams(ToolParams):
 Archive an existing agent: it stops receiving deliveries and leaves the normal listings; its
 history stays readable and forkable, and a turn it is running is not cancelled. Idempotent.""")
 def archive_agent(ctx, p: ArchiveParams) -> ToolResult:
-    branch = find_branch(ctx.caller, p.to)
-    check_can_archive(ctx.user, branch)
+    branch = access_branch(ctx.user, p.to, caller=ctx.caller)
+    require_can_archive(ctx.user, branch)
     branch = do_archive_branch(branch, user=ctx.user, reason=p.reason)
     return ToolResult(
         text=f"archived {branch.display_name!r} ({branch.address}) at {branch.archived_at.isoformat()}",
@@ -193,7 +192,7 @@ Read an agent's conversation ("SID:HEAD", a name, or a session id) as a transcri
 running it. Turns count from 0; negative start_turn/end_turn count from the end (start_turn=-10:
 the last ten turns). Later turns beyond max_chars are dropped. Archived agents are readable.""")
 def read_conversation(ctx, p: ReadConversationParams) -> ToolResult:
-    branch = read_target(ctx.caller, p.session_id)
+    branch = read_target(ctx, p.session_id)
     rendered = render_transcript(
         branch, viewer=ctx.caller.user, start_turn=p.start_turn, end_turn=p.end_turn,
         include_function_calls=p.include_function_calls, max_chars=p.max_chars,
@@ -202,18 +201,20 @@ def read_conversation(ctx, p: ReadConversationParams) -> ToolResult:
     return ToolResult(text=text, details=rendered)
 
 
-def read_target(caller: Caller, ref: str):
-    """A branch to read: an address or name, or a whole session id (its selected branch),
-    found only where the caller may look (its project, for an agent)."""
-    if ":" in ref:
-        return find_branch(caller, ref)
-    session = visible_sessions(caller).filter(pk=ref).first()
-    if session is None:
-        return find_branch(caller, ref)
-    branch = shown_branch(session)
-    if branch is None:
-        raise NotFound()
-    return branch
+def read_target(ctx, ref: str):
+    """A branch to read: an address or name (``access_branch``), or a whole session id (its
+    selected branch, ``access_session``), found only where the agent may look (its project)."""
+    if ":" not in ref:
+        try:
+            session = access_session(ctx.user, ref, project_id=ctx.session.project_id)
+        except NotFound:
+            session = None  # not a session it may see: perhaps a branch name
+        if session is not None:
+            branch = shown_branch(session)
+            if branch is None:
+                raise NotFound()
+            return branch
+    return access_branch(ctx.user, ref, caller=ctx.caller)
 
 
 # --- plan: todo_* --------------------------------------------------------------------------
@@ -301,9 +302,7 @@ class JobOutputParams(ToolParams):
 The result of a job this session (or an ancestor of it) dispatched. block=true waits up to
 `timeout` ms (max 600000) for it to finish.""")
 def job_output(ctx, p: JobOutputParams) -> ToolResult:
-    job = access_job(ctx.user, p.job_id, project_id=ctx.session.project_id)
-    if not owns_job(ctx.session.pk, job):
-        raise NotFound()
+    job = access_owned_job(ctx.user, p.job_id, ctx.session)
     if p.block and job.status not in TERMINAL_STATUSES:
 
         def finished() -> bool:

@@ -142,7 +142,7 @@ def _run_tool(ctx: ToolContext, name: str, arguments: Any, *, tools: list[Tool])
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors())
         return ToolResult.error("invalid_arguments", problems, tool=name)
     try:
-        ctx.check_standing()  # every call re-checks that the principal still sees the session
+        ctx.require_standing()  # every call re-checks that the principal still sees the session
         return tool.handler(ctx, params)
     except DomainError as exc:
         return ToolResult.error(exc.code, exc.detail, tool=name, **exc.extra)

@@ -164,7 +164,7 @@ def test_p_sec_9_a_running_turn_that_loses_access_is_refused_at_its_next_tool_ca
     agent). Meanwhile the creator makes T private (``read``) — or S itself (``acting``). Once
     released, the turn's next calls get "not found": ``read_conversation`` of T (``read``:
     and ``list_agents(scope="all")`` no longer lists T), or every call (``acting``:
-    ``Actor.check_standing`` re-reads S's row). Every wait polls a state; nothing sleeps."""
+    ``Actor.require_standing`` re-reads S's row). Every wait polls a state; nothing sleeps."""
     from tests.conftest import poll
 
     colleague = join(team.alpha, make_user("m"))
