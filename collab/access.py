@@ -18,6 +18,7 @@ from accounts.policy import (
     has_capability,
     lesser_role,
     member_project_ids,
+    own_tokens,
     project_ids_with,
     role_allows,
     role_of,
@@ -208,3 +209,12 @@ def access_artifact(user, artifact_id: str):
         raise NotFound()
     access_job(user, artifact.job_id)
     return artifact
+
+
+def access_token(user, token_id: int):
+    """One of ``user``'s own API tokens (``accounts.policy.own_tokens``); anyone else's, or
+    none, is "not found" — the pages and the API ask this same rule."""
+    token = own_tokens(user).select_related("user").filter(pk=token_id).first()
+    if token is None:
+        raise NotFound()
+    return token

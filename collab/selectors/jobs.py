@@ -1,6 +1,6 @@
 """Execution listings and ownership (OP §5.10)."""
 
-from collab.models import Job
+from collab.models import TERMINAL_STATUSES, Job
 
 MAX_ANCESTRY = 64
 
@@ -20,6 +20,21 @@ def owns_job(session_id: str, job: Job) -> bool:
             return False
         current = Job.objects.filter(pk=current.parent_job_id).only("pk", "session_id", "caller_session_id", "parent_job_id").first()
     return False
+
+
+def session_executions(session, *, status: str | None = None, limit: int = 100) -> list[Job]:
+    """A session's executions, newest first (``GET /api/executions``); ``limit`` kept in 1–500."""
+    jobs = Job.objects.filter(session=session).order_by("-created_at")
+    if status:
+        jobs = jobs.filter(status=status)
+    return list(jobs[: max(1, min(limit, 500))])
+
+
+def sessions_owing_results(branch) -> list[str]:
+    """The sessions running jobs whose results will be owed to ``branch`` (its mailbox): where
+    the events that fill it are written (``collab.services.waiting``)."""
+    return list(Job.objects.filter(caller_branch=branch).exclude(status__in=TERMINAL_STATUSES)
+                .values_list("session_id", flat=True).distinct())
 
 
 def jobs_dispatched_by(session, *, user, status: str | None = None, limit: int = 50) -> list[Job]:
