@@ -81,6 +81,15 @@ def visible_projects(user):
     return Project.objects.filter(pk__in=member_project_ids(user))
 
 
+def own_tokens(user):
+    """The API tokens ``user`` may list and revoke: their own, and only theirs (P-SEC-7). The ONE
+    token-ownership rule; ``collab.access.access_token`` fetches one through it (anyone else's
+    reads as missing). Operators revoke any token in the admin, by its permission."""
+    if user is None or not user.is_authenticated:
+        return ApiToken.objects.none()
+    return ApiToken.objects.filter(user=user)
+
+
 def user_for_token(raw: str):
     """The active user behind a bearer token, recording its use; None if unknown or revoked."""
     token = token_for(raw)

@@ -27,6 +27,7 @@ from accounts.policy import (
     has_capability,
     lesser_role,
     member_project_ids,
+    own_tokens,
     project_ids_with,
     role_allows,
     role_of,
@@ -462,3 +463,12 @@ def access_branch(user, reference: str, capability: str = "project.read", *, cal
         branch = find_branch(caller, reference)
     require_in_session(user, branch.session, capability)
     return branch
+
+
+def access_token(user, token_id: int):
+    """One of ``user``'s own API tokens (``accounts.policy.own_tokens``); anyone else's, or
+    none, is "not found" — the pages and the API ask this same rule."""
+    token = own_tokens(user).select_related("user").filter(pk=token_id).first()
+    if token is None:
+        raise NotFound()
+    return token

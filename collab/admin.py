@@ -1,9 +1,12 @@
-"""Operator admin. Every model is visible; the event log is read-only.
+"""Operator admin. Every model is visible; rows the app writes (sessions, messages, jobs,
+the event log…) are read-only here and change only through the actions below.
 
 Every edit and action (P-SEC-7) needs its Django permission (view-only staff can
-look, never act), goes through the same service as the pages and the API, and so
-writes its Event. A service's refusal shows as a message and writes nothing.
-The accounts models' admin is in ``collab.admin_accounts`` for the same reason.
+look, never act), goes through the same service as the pages and the API — archive,
+internal flag, the versioned cancel command (an ``ExecutionCommand``), spec edits,
+visibility — and so writes its Event; no admin code writes a row itself. A service's
+refusal shows as a message and writes nothing. The accounts models' admin is in
+``collab.admin_accounts`` for the same reason.
 """
 
 import uuid
@@ -188,7 +191,7 @@ class SessionShareAdmin(ReadOnlyAdmin):
 
 @admin.register(Session)
 class SessionAdmin(ReadOnlyAdmin):
-    """Sessions change through the app (turns, archive); here they are looked at. Operators with
+    """Sessions change through the app (turns, forks, sharing); here they are looked at. Operators with
     ``collab.change_session`` set who sees them (issue 17) through the same service as the page
     and the API, so each change writes its Event and closes the sockets of those who lose access."""
 

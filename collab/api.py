@@ -4,12 +4,12 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router, Status
 
 from accounts.limits import LimitError, limits_report
-from accounts.models import ApiToken, TokenScope
+from accounts.models import TokenScope
 from accounts.policy import member_roles, role_of, visible_projects
 from accounts.services import SlugTaken, create_project
 from collab import access
 from collab.scopes import request_token, token_scope
-from collab.errors import Conflict, Invalid, NotFound
+from collab.errors import Conflict, Invalid
 from collab.awaiting import in_thread, parse_wait, until_terminal
 from collab.gateway import call_tool
 from collab.schemas import (
@@ -51,7 +51,9 @@ from collab.schemas import (
 from collab.selectors.events import PAGE, events_after
 from collab.selectors.redact import hidden_among, redact_executions
 from collab.selectors.agents import branch_rows, is_busy
-from collab.selectors.shapes import branch_shape, branch_usage, execution_shape, session_shape, usage_totals
+from collab.selectors.shapes import branch_shape, branch_usage, execution_shape, project_usage, session_shape
+from collab.selectors.jobs import session_executions
+from collab.selectors.pages import holds_of
 from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MAX_CHARS, render_transcript
 from collab.services.branches import do_set_internal
 from collab.services.archive import do_archive_branch
@@ -67,8 +69,9 @@ from collab.services.members import (
 )
 from collab.selectors.members import invitations_of, members_of
 from collab.services.tokens import do_issue_token, do_revoke_token
+from collab.selectors.tokens import tokens_of
 from collab.services.sessions import do_create_session
-from collab.services.specs import do_create_agent_spec
+from collab.services.specs import do_add_agent_spec
 from collab.services.turns import do_start_user_turn
 from collab.services.visibility import do_set_shares, do_set_visibility, do_share, do_unshare, shares_of
 
@@ -99,7 +102,7 @@ def post_project(request: HttpRequest, payload: ProjectIn):
 @router.post("projects/{slug}/agent-specs", response={201: AgentSpecOut, **ERRORS}, tags=["projects"])
 def post_agent_spec(request: HttpRequest, slug: str, payload: AgentSpecIn):
     project = access.access_project(request.auth, slug, "agent_spec.manage")
-    return Status(201, do_create_agent_spec(project, **payload.model_dump()))
+    return Status(201, do_add_agent_spec(request.auth, project, **payload.model_dump()))
 
 
 @router.post("projects/{slug}/sessions", response={201: SessionOut, **ERRORS}, tags=["sessions"])
@@ -199,10 +202,8 @@ async def get_execution(request: HttpRequest, execution_id: str, wait: float | N
 @router.get("executions", response={200: list[ExecutionOut], **ERRORS}, tags=["executions"])
 def list_executions(request: HttpRequest, session: str, status: str | None = None, limit: int = 100):
     target = access.access_session(request.auth, session)
-    jobs = target.jobs.order_by("-created_at")
-    if status:
-        jobs = jobs.filter(status=status)
-    return redact_executions(request.auth, [execution_shape(j) for j in jobs[: max(1, min(limit, 500))]])
+    jobs = session_executions(target, status=status, limit=limit)
+    return redact_executions(request.auth, [execution_shape(j) for j in jobs])
 
 
 @router.post("executions/{execution_id}/commands", response={202: CommandOut, **ERRORS}, tags=["executions"])
@@ -275,7 +276,7 @@ def get_project(request: HttpRequest, slug: str):
     """The project, with token and cost totals over all its executions."""
     project = access.access_project(request.auth, slug)
     role = role_of(request.auth, project)
-    return {**_project_out(project, role), "usage": usage_totals(project.jobs.all())}
+    return {**_project_out(project, role), "usage": project_usage(project)}
 
 
 @router.get("projects/{slug}/limits", response={200: LimitsOut, **ERRORS}, tags=["projects"])
@@ -367,7 +368,7 @@ def _token_out(t) -> dict:
 
 @router.get("tokens", response={200: list[TokenOut], **ERRORS}, tags=["tokens"])
 def list_tokens(request: HttpRequest):
-    return [_token_out(t) for t in ApiToken.objects.filter(user=request.auth).order_by("-created_at")]
+    return [_token_out(t) for t in tokens_of(request.auth)]
 
 
 @router.post("tokens", response={201: NewTokenOut, **ERRORS}, tags=["tokens"])
@@ -383,10 +384,7 @@ def post_token(request: HttpRequest, payload: TokenIn):
 @router.delete("tokens/{token_id}", response={204: None, **ERRORS}, tags=["tokens"])
 @token_scope(TokenScope.TOKENS)
 def delete_token(request: HttpRequest, token_id: int):
-    token = ApiToken.objects.filter(pk=token_id, user=request.auth).first()
-    if token is None:
-        raise NotFound()
-    do_revoke_token(request.auth, token)
+    do_revoke_token(request.auth, access.access_token(request.auth, token_id))
     return Status(204, None)
 
 
@@ -417,10 +415,7 @@ def _holds_out(user, holds) -> list[dict]:
 @router.get("sessions/{sid}/holds", response={200: list[HoldOut], **ERRORS}, tags=["watch"])
 def list_holds(request: HttpRequest, sid: str, status: str = "pending", limit: int = 200):
     session = access.access_session(request.auth, sid)
-    holds = session.held_deliveries.select_related("target_branch", "sender_branch", "decided_by")
-    if status:
-        holds = holds.filter(status=status)
-    return _holds_out(request.auth, list(holds[: max(1, min(limit, 1000))]))
+    return _holds_out(request.auth, holds_of(session, status=status, limit=limit))
 
 
 @router.post("holds/{hold_id}/approve", response={200: HoldOut, **ERRORS}, tags=["watch"])

@@ -17,12 +17,9 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from collab.events import session_group
-from collab.models import Session
+from collab.selectors.events import event_seqs
 
-
-@database_sync_to_async
-def _current_seqs(session_ids: list[str]) -> list[tuple[str, int]]:
-    return list(Session.objects.filter(pk__in=session_ids).values_list("pk", "last_event_seq"))
+_current_seqs = database_sync_to_async(event_seqs)
 
 
 class EventRelay:
@@ -51,7 +48,7 @@ class EventRelay:
                 rows = await _current_seqs(list(self.watchers))
             except Exception:  # a locked or restarting database: try again next tick
                 continue
-            for session_id, seq in rows:
+            for session_id, seq in rows.items():
                 if seq > self.known.get(session_id, 0):
                     self.known[session_id] = seq
                     await layer.group_send(session_group(session_id), {"type": "collab.poke", "seq": seq})

@@ -8,7 +8,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from accounts.limits import FIELDS as LIMIT_FIELDS
 from accounts.limits import LimitError, limits_of
-from accounts.models import DEFAULT_TOKEN_SCOPES, ApiToken, TokenScope
+from accounts.models import DEFAULT_TOKEN_SCOPES, TokenScope
 from accounts.policy import member_roles
 import json
 import uuid
@@ -19,7 +19,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 
 from collab import access
 from collab.errors import DomainError, Forbidden, Invalid, NotFound
-from collab.models import ACTIVE_STATUSES, AgentRole, AgentSpec, FollowupMode, Job, Toolset
+from collab.models import AgentRole, FollowupMode, Toolset
 from collab.models import TERMINAL_STATUSES
 from collab.selectors.children import child_rail
 from collab.tools.surface import withheld_tools
@@ -32,6 +32,8 @@ from collab.services.members import (
 )
 from collab.selectors.members import invitations_of, members_of
 from collab.services.tokens import TOKEN_LIFETIMES, do_issue_token, do_revoke_token
+from collab.selectors.tokens import tokens_of
+from collab.selectors.specs import spec_named, specs_of
 from collab.services.archive import do_archive_branch
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.services.connections import connections_for
@@ -41,7 +43,7 @@ from collab.selectors.transcript import page_transcript
 from collab.selectors.activity import activity_page, paging
 from collab.selectors.stats import project_stats, session_stats
 from collab.selectors.dag import dag_page
-from collab.selectors.shapes import usage_totals
+from collab.selectors.shapes import session_usage
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import event_record, project_events
 from collab.services.projects import do_set_limits, do_update_project
@@ -87,6 +89,7 @@ def _project_context(request, project, errors=None):
         "limit_errors": errors or {},
         "withheld_tools": withheld_tools(project) if project.workspace else {},
         "stats": project_stats(project, request.user),
+        "specs": specs_of(project),
     }
 
 
@@ -156,7 +159,7 @@ def _transcript_context(request, session, branch_id: str | None = None) -> dict:
     t = page_transcript(session, request.user, branch_id=branch_id, head_id=head_id, remembered=remembered)
     if t["branch"] is not None:
         remember_branch(request, session.pk, t["branch"].pk)
-    running = Job.objects.filter(branch=t["branch"], status__in=ACTIVE_STATUSES).first() if t["branch"] else None
+    running = t["running_job"]  # the page transcript's (one rule: a running or stopping job of the branch)
     return {"t": t, "shown_branch": t["branch"].pk if t["branch"] is not None else None, "running_job": running,
             "can_cancel_running": running is not None and running.status == "running" and access.can_cancel(request.user, running)}
 
@@ -170,7 +173,7 @@ def _jobs_context(request, session) -> dict:
     jobs = pages.recent_jobs(session)
     for j in jobs:  # only open jobs can be cancelled: the rule is asked for those few
         _mark_cancel_right(request, j)
-    return {"jobs": jobs, "usage": usage_totals(session.jobs.all())}
+    return {"jobs": jobs, "usage": session_usage(session)}
 
 
 # What each live piece of the session page needs; a partial refresh computes only its own.
@@ -316,7 +319,7 @@ def job_row(request, sid, job_id):
     t = _running_context(request, job.branch) if shown == job.branch_id else None
     return render(request, "collab/session.html#job_live", {
         **_live_context(request, session), "j": job,
-        "usage": usage_totals(session.jobs.all()) if job.status in TERMINAL_STATUSES else None,
+        "usage": session_usage(session) if job.status in TERMINAL_STATUSES else None,
         "job_branch": pages.branch_row(session, job.branch_id), "t": t, "shown_branch": shown,
         "running_job": t["running_job"] if t else None, "can_cancel_running": bool(t and t["can_cancel_running"]),
     })
@@ -454,9 +457,8 @@ def tokens(request):
             request.user, request.user, name=request.POST.get("name", "")[:100],
             scopes=request.POST.getlist("scopes") or None, expires_at=TOKEN_LIFETIMES[days](),
         )
-    rows = ApiToken.objects.filter(user=request.user).order_by("-created_at")
     return render(request, "collab/tokens.html", {
-        "tokens": rows, "created": created, "scopes": TokenScope.values, "default_scopes": DEFAULT_TOKEN_SCOPES,
+        "tokens": tokens_of(request.user), "created": created, "scopes": TokenScope.values, "default_scopes": DEFAULT_TOKEN_SCOPES,
         "lifetimes": [d for d in TOKEN_LIFETIMES if d],
     })
 
@@ -464,10 +466,7 @@ def tokens(request):
 @login_required
 @require_POST
 def revoke_token_view(request, token_id):
-    token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
-    if token is None:
-        raise NotFound()
-    do_revoke_token(request.user, token)
+    do_revoke_token(request.user, access.access_token(request.user, token_id))
     return redirect("collab:tokens")
 
 
@@ -566,7 +565,7 @@ def _spec_values(spec) -> dict:
 
 def _render_specs(request, project, spec=None, values=None, error="", status=200):
     return render(request, "collab/specs.html", {
-        "project": project, "specs": project.agent_specs.select_related("connection").order_by("agent_id"),
+        "project": project, "specs": specs_of(project),
         "spec": spec, "values": values or _spec_values(spec), "error": error,
         "connections": connections_for(project), "toolsets": Toolset.values, "roles": AgentRole.values,
         "followup_modes": FollowupMode.values,
@@ -595,7 +594,7 @@ def specs(request, slug):
 def spec(request, slug, agent_id):
     """One agent spec: shown and changed (validated and audited like the API's and the admin's)."""
     project = access.access_project(request.user, slug, "agent_spec.manage")
-    spec = AgentSpec.objects.filter(project=project, agent_id=agent_id).select_related("connection").first()
+    spec = spec_named(project, agent_id)
     if spec is None:
         raise NotFound()
     if request.method != "POST":

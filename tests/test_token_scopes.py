@@ -154,3 +154,58 @@ def test_p_sec_7_a_holds_scoped_token_decides_a_hold(team, held):
     _, decider = token(team.member, "holds")
     r = decider.post(f"/api/holds/{held.pk}/reject")
     assert r.status_code == 200 and r.json()["status"] == "rejected", r.content
+
+
+def audit_types(client, slug="alpha") -> str:
+    """The project's audit page as an owner reads it (the event types it lists)."""
+    r = client.get(f"/p/{slug}/audit")
+    assert r.status_code == 200, r.status_code
+    return r.content.decode()
+
+
+def test_p_sec_7_tokens_made_and_revoked_through_the_api_are_audited(team):
+    """Issue 14 item 3: ``POST /api/tokens`` and ``DELETE /api/tokens/{id}`` write ``token.created``
+    and ``token.revoked`` (by whom, which token — never its value) in the owner's projects, and the
+    audit page shows them. Someone else's token is "not found" and stays as it was."""
+    _, api = token(team.member, "read", "tokens")
+    r = api.post("/api/tokens", {"name": "deploy", "scopes": ["read"]})
+    assert r.status_code == 201, r.content
+    made = r.json()
+    created = Event.objects.get(type="token.created", project=team.alpha, payload__token=made["id"])
+    assert created.actor == team.member and created.payload["name"] == "deploy"
+    assert made["token"] not in json.dumps(created.payload)
+
+    theirs, _ = ApiToken.issue(team.owner, name="owner's")
+    assert_refused(api.delete(f"/api/tokens/{theirs.pk}"), 404, "not_found")
+    assert ApiToken.objects.get(pk=theirs.pk).revoked_at is None
+    assert not Event.objects.filter(type="token.revoked").exists()
+
+    assert api.delete(f"/api/tokens/{made['id']}").status_code == 204
+    revoked = Event.objects.get(type="token.revoked", project=team.alpha, payload__token=made["id"])
+    assert revoked.actor == team.member
+    owner = Client()
+    owner.force_login(team.owner)
+    page = audit_types(owner)
+    assert "token.created" in page and "token.revoked" in page
+
+
+def test_p_sec_7_tokens_made_and_revoked_on_the_tokens_page_are_audited(team):
+    """Issue 14 item 3: the tokens page makes and revokes through the same audited service as the
+    API, with the same ownership rule (another person's token: 404, untouched)."""
+    client = Client()
+    client.force_login(team.member)
+    assert client.post("/account/tokens", {"name": "laptop", "expires_in_days": ""}).status_code == 200
+    row = ApiToken.objects.get(user=team.member, name="laptop")
+    assert Event.objects.filter(type="token.created", project=team.alpha, payload__token=row.pk,
+                                actor=team.member).exists()
+
+    theirs, _ = ApiToken.issue(team.owner, name="owner's")
+    assert client.post(f"/account/tokens/{theirs.pk}/revoke").status_code == 404
+    assert ApiToken.objects.get(pk=theirs.pk).revoked_at is None
+
+    assert client.post(f"/account/tokens/{row.pk}/revoke").status_code == 302
+    assert ApiToken.objects.get(pk=row.pk).revoked_at is not None
+    assert Event.objects.filter(type="token.revoked", project=team.alpha, payload__token=row.pk,
+                                actor=team.member).exists()
+    listed = client.get("/account/tokens").content.decode()
+    assert "laptop" in listed and "owner&#x27;s" not in listed and "owner's" not in listed

@@ -50,7 +50,11 @@ class Branch(models.Model):
     archived_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    merged_into = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    merged_into = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="kept for SPEC §2's branch record (merged and archived are stored apart, OP §2.6); Trellis has "
+                  "no merge operation, so nothing sets it yet and it is always empty",
+    )
     internal = models.BooleanField(default=False, help_text="hidden from agents' listings; shown in the UI")
     lane = models.PositiveSmallIntegerField(
         default=0,

@@ -32,9 +32,6 @@ class Session(models.Model):
     agent_spec = models.ForeignKey("collab.AgentSpec", null=True, blank=True, on_delete=models.SET_NULL)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     head = models.ForeignKey("collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    selected_branch = models.ForeignKey(
-        "collab.Branch", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
     parent_session = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="child_sessions"
     )

@@ -1,4 +1,4 @@
-from collab.models import Event
+from collab.models import Event, Session
 from collab.selectors.redact import Memo, redact_wires
 
 PAGE = 500
@@ -15,3 +15,10 @@ def events_after(session_id: str, after: int = 0, limit: int = PAGE, *, viewer, 
         events = events.filter(payload__job=job)
     events = events.order_by("seq")[:limit]
     return redact_wires(viewer, session_id, [e.as_wire() for e in events], memo)
+
+
+def event_seqs(session_ids) -> dict[str, int]:
+    """Each session's event counter (``last_event_seq``): it grows with every event written
+    there. The embedded relay (``collab.live``) and the wait primitive
+    (``collab.services.waiting``) watch it when there is no shared channel layer."""
+    return dict(Session.objects.filter(pk__in=list(session_ids)).values_list("pk", "last_event_seq"))

@@ -1,7 +1,23 @@
 """Execution listings (OP §5.10); who may read a job's output is ``collab.access.access_owned_job``."""
 
 from collab.access import MAX_ANCESTRY, visible_session_ids
-from collab.models import Job
+from collab.models import TERMINAL_STATUSES, Job
+
+
+def session_executions(session, *, status: str | None = None, limit: int = 100) -> list[Job]:
+    """A session's executions, newest first (``GET /api/executions``); ``limit`` kept in 1–500."""
+    jobs = Job.objects.filter(session=session).order_by("-created_at")
+    if status:
+        jobs = jobs.filter(status=status)
+    return list(jobs[: max(1, min(limit, 500))])
+
+
+def sessions_owing_results(branch) -> list[str]:
+    """The sessions running jobs whose results will be owed to ``branch`` (its mailbox): where
+    the events that fill it are written (``collab.services.waiting``)."""
+    return list(Job.objects.filter(caller_branch=branch).exclude(status__in=TERMINAL_STATUSES)
+                .values_list("session_id", flat=True).distinct())
+
 
 def jobs_dispatched_by(session, *, user, status: str | None = None, limit: int = 50) -> list[Job]:
     """Jobs the session dispatched and their descendants, newest first (one query per level);

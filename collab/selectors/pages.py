@@ -139,6 +139,15 @@ def recent_events(session: Session, viewer, limit: int = 25) -> list[dict]:
     return redact_events(viewer, session.pk, session.events.order_by("-seq")[:limit])
 
 
+def holds_of(session: Session, *, status: str | None = "pending", limit: int = 200) -> list:
+    """Deliveries from this session held by a watch policy (``GET /api/sessions/{sid}/holds``),
+    by ``status`` (any when empty); ``limit`` kept in 1–1000."""
+    holds = session.held_deliveries.select_related("target_branch", "sender_branch", "decided_by")
+    if status:
+        holds = holds.filter(status=status)
+    return list(holds[: max(1, min(limit, 1000))])
+
+
 def pending_holds(session: Session, viewer):
     """Deliveries from this session waiting for a person; one to a session ``viewer`` may not
     see says only "another session" (``target_hidden``), no name (issue 17)."""

@@ -12,9 +12,19 @@ def usage_totals(jobs) -> dict:
             "cost": str(totals["cost"] or 0)}
 
 
+def session_usage(session: Session) -> dict:
+    """Token and cost totals over all of a session's executions."""
+    return usage_totals(session.jobs.all())
+
+
+def project_usage(project) -> dict:
+    """Token and cost totals over all of a project's executions."""
+    return usage_totals(project.jobs.all())
+
+
 def session_shape(session: Session) -> dict:
     return {
-        "usage": usage_totals(session.jobs.all()),
+        "usage": session_usage(session),
         "id": session.pk,
         "project": session.project.slug,
         "title": session.title,

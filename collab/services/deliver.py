@@ -81,14 +81,40 @@ class Receipt:
     hold: object = None
 
 
+MESSAGE_AGENT_ID = "main"  # send_message's default agent_id (SPEC §4): "the recipient's own"
+
+
+def check_message_agent_id(target: Branch, agent_id: str | None) -> None:
+    """``send_message``'s ``agent_id`` (kept by SPEC §4, default ``"main"``). A message runs a
+    turn with the recipient's own saved configuration: ``agent_id`` never changes who answers
+    or how (``agent_id`` never addresses a branch, OP §1). The default (or empty) means just
+    that; any other value must be the recipient's own ``agent_id``, so a caller who believes it
+    is talking to another configuration is told, instead of having its choice silently dropped."""
+    if not agent_id or agent_id == MESSAGE_AGENT_ID:
+        return
+    spec = target.agent_spec or target.session.agent_spec
+    own = spec.agent_id if spec is not None else None
+    if agent_id != own:
+        runs = f"runs as agent_id {own!r}" if own else "has no saved agent_id"
+        raise Invalid(
+            f"{target.display_name!r} {runs}, not {agent_id!r}: a message runs with the recipient's own "
+            f"configuration (leave agent_id out); to run {agent_id!r}, create an agent with agent(agent_id=…)",
+            code="agent_id_mismatch",
+        )
+
+
 @retry_on_deadlock
-def do_send_message(actor: Actor, *, to: str, message: str, gate: bool = True) -> Receipt:
+def do_send_message(actor: Actor, *, to: str, message: str, agent_id: str | None = None,
+                    gate: bool = True) -> Receipt:
+    """Deliver ``message`` to an existing agent (SPEC §4 ``send_message``); ``agent_id`` is
+    checked against the recipient (``check_message_agent_id``)."""
     if (to or "").strip().lower() == "new":
         raise Invalid('to="new" is not valid: create an agent with agent(prompt=…, start_from=…)', code="invalid_target")
     check_delivery(actor, message)
     messages, generations = actor.chain
     with transaction.atomic():
         target = delivery_target(actor, to)
+        check_message_agent_id(target, agent_id)
         lock_sessions(actor.session.pk, target.session_id)  # both logs get events: sessions first
         if gate and is_watched(actor):
             return Receipt(target=target, delivered=False, hold=hold_delivery(actor, target, "message", message))

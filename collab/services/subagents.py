@@ -32,6 +32,7 @@ from collab.models import (
     Session,
 )
 from collab.selectors.children import children_of
+from collab.selectors.jobs import sessions_owing_results
 from collab.services.acting import Actor
 from collab.services.admission import admit_job
 from collab.services.branches import create_branch
@@ -40,7 +41,7 @@ from collab.services.followup import results_owed
 from collab.services.locking import lock_sessions
 from collab.services.retry import retry_on_deadlock
 from collab.services.turns import check_prompt
-from collab.services.waiting import wait_until
+from collab.services.waiting import wait_for_change
 
 TASK_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")  # always fullmatch: "$" alone would accept a trailing newline
 WAIT_DEFAULT_MS = 60_000
@@ -133,7 +134,6 @@ def do_spawn_child(actor: Actor, *, task_name: str, message: str) -> Job:
                 child_session, name=task_name, name_stage=NameStage.MANUAL, agent_spec=spec, created_by=actor.user,
                 created_by_job=actor.job, parent_branch=actor.branch, task_name=task_name,
             )
-            Session.objects.filter(pk=child_session.pk).update(selected_branch=branch)
             job = admit_job(session=child_session, branch=branch, kind=JobKind.SPAWN, prompt=message,
                             started_by=actor.user, agent_spec=spec, **_child_job_fields(actor))
             send_event_on_commit(
@@ -206,5 +206,6 @@ def wait_for_mail(actor: Actor, timeout_ms: int) -> bool:
     A running turn checks its stop flag while waiting, so a cancel ends the wait at once."""
     if not WAIT_MIN_MS <= timeout_ms <= WAIT_MAX_MS:
         raise ow_error("invalid_arguments", f"timeout_ms must be between {WAIT_MIN_MS} and {WAIT_MAX_MS}")
-    stop = actor.turn.check_stop if actor.turn is not None else None
-    return bool(wait_until(lambda: results_owed(actor.branch), timeout_ms / 1000, stop=stop))
+    stop = (lambda: actor.turn.check_stop(force=True)) if actor.turn is not None else None
+    sessions = [actor.session.pk, *sessions_owing_results(actor.branch)]
+    return bool(wait_for_change(lambda: results_owed(actor.branch), timeout_ms / 1000, sessions=sessions, stop=stop))

@@ -22,7 +22,8 @@ from collab.services.deliver import do_delegate, do_send_message
 from collab.services.results import bound_text, result_limit_for
 from collab.services.spawn import do_spawn
 from collab.services.todos import do_create_todo, do_update_todo
-from collab.services.waiting import wait_until
+from collab.services.waiting import wait_for_change
+from collab.services.listing import do_record_agents_listed
 from collab.tools.registry import ToolParams, ToolResult, reading_spec, register
 
 COLLAB = ("collab",)
@@ -118,14 +119,8 @@ to="SID:HEAD", its size (turns, chars) and a tail preview. scope: "session" (thi
 def list_agents(ctx, p: ListAgentsParams) -> ToolResult:
     listing = select_agents(ctx.user, ctx.session, scope=p.scope, limit=p.limit, agent_id=p.agent_id, source=p.source)
     text, details = render_agents(listing)
-    from collab.events import send_event_on_commit
-    from django.db import transaction
-
-    with transaction.atomic():
-        # the ids let a reader's count leave out sessions they may not see (collab/selectors/redact.py)
-        send_event_on_commit(ctx.session.pk, "agents.listed", {
-            "scope": p.scope, "by": ctx.address, "sessions": len(details["sessions"]),
-            "session_ids": [d["session_id"] for d in details["sessions"]]}, actor=ctx.user)
+    do_record_agents_listed(ctx.session.pk, user=ctx.user, by=ctx.address, scope=p.scope,
+                            session_ids=[d["session_id"] for d in details["sessions"]])
     return ToolResult(text=text, details=details)
 
 
@@ -154,7 +149,9 @@ def archive_agent(ctx, p: ArchiveParams) -> ToolResult:
 class SendMessageParams(ToolParams):
     message: str = Field(min_length=1)
     to: str = Field(min_length=1)
-    agent_id: str = "main"
+    agent_id: str = Field(default="main", description=(
+        'the recipient\'s own saved configuration: leave it as "main"; any other value must be the '
+        "recipient's agent_id (a message never changes who answers or how)"))
 
 
 @register("send_message", toolsets=COLLAB, params=SendMessageParams, description="""
@@ -162,7 +159,7 @@ Send a plain message to an existing agent ("SID:HEAD" or a name). It runs a turn
 is idle, or after its current turn if busy. No result comes back automatically; the recipient
 may reply with send_message.""")
 def send_message(ctx, p: SendMessageParams) -> ToolResult:
-    receipt = do_send_message(ctx, to=p.to, message=p.message)
+    receipt = do_send_message(ctx, to=p.to, message=p.message, agent_id=p.agent_id)
     if receipt.hold is not None:
         return _held(receipt.hold)
     target = receipt.target
@@ -315,7 +312,8 @@ def job_output(ctx, p: JobOutputParams) -> ToolResult:
             ctx.job.refresh_from_db(fields=["status"])
             return ctx.job.status != "running"
 
-        wait_until(finished, p.timeout / 1000, stop=calling_turn_stopping)
+        sessions = [job.session_id, ctx.session.pk, ctx.job.session_id if ctx.job is not None else None]
+        wait_for_change(finished, p.timeout / 1000, sessions=sessions, stop=calling_turn_stopping)
     summary, truncated = bound_text(job.result_text, result_limit_for(reading_spec(ctx)))
     done = job.status in TERMINAL_STATUSES
     if not done:

@@ -312,6 +312,17 @@ def test_post_agent_spec_fills_defaults_for_a_minimal_spec(owner_api):
     assert body["connection"] is None and body["base_url"] == ""
 
 
+def test_post_agent_spec_is_audited_like_the_specs_page(team, owner_api):
+    """Issue 14 item 3: ``POST /api/projects/{slug}/agent-specs`` goes through the same audited
+    service as the specs page and the admin: an ``agent_spec.created`` event by its author."""
+    r = owner_api.post("/api/projects/alpha/agent-specs", {"agent_id": "audited"})
+    assert r.status_code == 201, r.content
+    event = Event.objects.get(type="agent_spec.created", project=team.alpha)
+    assert event.actor == team.owner and event.payload == {"agent_id": "audited"}
+    assert owner_api.post("/api/projects/alpha/agent-specs", {"agent_id": "audited"}).status_code == 409
+    assert Event.objects.filter(type="agent_spec.created").count() == 1  # a refused one writes nothing
+
+
 def test_p_sec_api_key_env_is_only_a_name_and_no_key_is_ever_stored_or_returned(team, owner_api, monkeypatch,
                                                                                    planner_connection):
     secret = "sk-live-DO-NOT-LEAK-0123456789"

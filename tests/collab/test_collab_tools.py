@@ -247,6 +247,26 @@ def test_op_2_1_send_message_to_new_is_invalid_and_nothing_is_created(team, open
     assert (Branch.objects.count(), Job.objects.count()) == counts
 
 
+def test_op_1_send_message_agent_id_is_the_recipients_own_or_refused(team, open_session):
+    """SPEC §4 ``send_message(message, to, agent_id="main")`` (issue 14 item 6): a message runs
+    with the recipient's own saved configuration (``agent_id`` never addresses a branch or
+    changes who answers, OP §1). The default, or the recipient's own ``agent_id``, delivers;
+    another one is refused (``agent_id_mismatch``) and nothing is delivered."""
+    a = open_session()
+    helper = spawn(a, "some work", description="helper")
+    own = Session.objects.select_related("agent_spec").get(pk=a.sid).agent_spec.agent_id
+    jobs = Job.objects.count()
+    for other in ("someone-else", "bot-not-saved"):
+        got = call(a.api, a.address, "send_message", message="hi", to="helper", agent_id=other)
+        assert error_code(got) == "agent_id_mismatch", got
+        assert repr(own) in got["text"] and repr(other) in got["text"], got["text"]
+    assert Job.objects.count() == jobs
+    for agent_id in ("main", own):
+        got = call(a.api, a.address, "send_message", message=f"hi as {agent_id}", to=helper.address, agent_id=agent_id)
+        assert not got["is_error"], got
+    assert not call(a.api, a.address, "send_message", message="hi by default", to="helper")["is_error"]
+
+
 def test_op_2_6_archived_targets_are_refused_by_the_resolver(team, open_session):
     """SPEC §3 / OP §2.6: deliveries to an archived branch are refused (code ``archived``)."""
     a = open_session()
@@ -801,17 +821,17 @@ def test_op_job_output_block_false_and_timeout_bounds(team, open_session, monkey
     """SPEC §4: ``block=False`` on a running job answers at once that it is still running (it
     never waits); ``block=True`` waits at most ``timeout`` ms (one wait of exactly that long,
     which ends by timing out while the job runs); ``timeout`` above 600000 is rejected."""
-    from collab.services.waiting import wait_until
+    from collab.services.waiting import wait_for_change
     from collab.tools import collab_tools
 
     waits = []
 
     def recorded_wait(check, timeout_seconds, **kwargs):
-        value = wait_until(check, timeout_seconds, **kwargs)
+        value = wait_for_change(check, timeout_seconds, **kwargs)
         waits.append((timeout_seconds, bool(value)))
         return value
 
-    monkeypatch.setattr(collab_tools, "wait_until", recorded_wait)
+    monkeypatch.setattr(collab_tools, "wait_for_change", recorded_wait)
     a = open_session()
     helper = spawn(a, "w", description="helper")
     running = make_job(a.sid, helper, caller_session=a.sid, status="running", result="")

@@ -1,7 +1,12 @@
+"""``manage.py limits``: the operator's door to a project's limits (SPEC §7), through the same
+audited service as the settings page, the API and the admin (a ``limits.changed`` event with no
+actor: the operator at the console)."""
+
 from django.core.management.base import BaseCommand, CommandError
 
-from accounts.limits import FIELDS, LimitError, limits_of, set_limits
+from accounts.limits import FIELDS, LimitError, limits_of
 from accounts.models import Project
+from collab.services.projects import do_set_limits
 
 
 class Command(BaseCommand):
@@ -23,7 +28,7 @@ class Command(BaseCommand):
             parsed[field.strip()] = None if value.strip().lower() in ("null", "none", "") else value.strip()
         if parsed:
             try:
-                set_limits(project, parsed)
+                do_set_limits(None, project, parsed)
             except LimitError as exc:
                 raise CommandError(str(exc)) from None
         for field, value in limits_of(project).items():
