@@ -19,7 +19,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 
 from collab import access
 from collab.errors import DomainError, Forbidden, Invalid, NotFound
-from collab.models import ACTIVE_STATUSES, AgentRole, AgentSpec, FollowupMode, Job, Toolset
+from collab.models import AgentRole, FollowupMode, Job, Toolset
 from collab.models import TERMINAL_STATUSES
 from collab.selectors.children import child_rail
 from collab.tools.surface import withheld_tools
@@ -37,6 +37,7 @@ from collab.services.cancel import CANCEL, check_can_cancel, do_execution_comman
 from collab.services.connections import connections_for
 from collab.services.specs import do_add_agent_spec, do_update_agent_spec
 from collab.selectors import pages
+from collab.selectors.specs import spec_by_agent_id
 from collab.selectors.transcript import page_transcript
 from collab.selectors.activity import activity_page, paging
 from collab.selectors.stats import project_stats, session_stats
@@ -166,7 +167,7 @@ def _transcript_context(request, session, branch_id: str | None = None) -> dict:
     t = page_transcript(session, request.user, branch_id=branch_id, head_id=head_id, remembered=remembered)
     if t["branch"] is not None:
         remember_branch(request, session.pk, t["branch"].pk)
-    running = Job.objects.filter(branch=t["branch"], status__in=ACTIVE_STATUSES).first() if t["branch"] else None
+    running = Job.objects.running().filter(branch=t["branch"]).first() if t["branch"] else None
     return {"t": t, "shown_branch": t["branch"].pk if t["branch"] is not None else None, "running_job": running,
             "can_cancel_running": running is not None and running.status == "running" and _may(check_can_cancel, request.user, running)}
 
@@ -610,9 +611,7 @@ def specs(request, slug):
 def spec(request, slug, agent_id):
     """One agent spec: shown and changed (validated and audited like the API's and the admin's)."""
     project = access.access_project(request.user, slug, SPEC_CAPABILITY)
-    spec = AgentSpec.objects.filter(project=project, agent_id=agent_id).select_related("connection").first()
-    if spec is None:
-        raise NotFound()
+    spec = spec_by_agent_id(project.pk, agent_id)
     if request.method != "POST":
         return _render_specs(request, project, spec)
     try:

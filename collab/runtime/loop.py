@@ -91,7 +91,7 @@ class TurnContext:
 
     @property
     def address(self) -> str:
-        return f"{self.branch.session_id}:{self.branch.tip_id}"
+        return self.branch.address
 
     @property
     def toolset(self) -> str:

@@ -1,6 +1,6 @@
 """Row → API shape. One function per shape, shared by the API, pages and tools."""
 
-from collab.models import Job, Session
+from collab.models import Job, Session, format_address
 
 
 def usage_totals(jobs) -> dict:
@@ -70,7 +70,7 @@ def branch_shape(branch, busy: bool) -> dict:
         "turns": branch.turns,
         "chars": branch.chars,
         "internal": branch.internal,
-        "forked_from": f"{branch.forked_from.session_id}:{branch.forked_from_id}" if branch.forked_from_id else None,
+        "forked_from": format_address(branch.forked_from.session_id, branch.forked_from_id) if branch.forked_from_id else None,
         "created_at": branch.created_at,
         "last_active_at": branch.last_active_at,
     }

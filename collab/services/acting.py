@@ -6,7 +6,8 @@ from typing import Any
 from collab.access import require_in_project, require_in_session
 from collab.services.addressing import Caller
 from collab.errors import NotFound
-from collab.models import Job, JobStatus, Session
+from collab.models import Job, JobStatus, Session, effective_spec
+from collab.models.branches import NO_ADDRESS
 
 
 @dataclass
@@ -28,8 +29,9 @@ class Actor:
         return self.branch.tip
 
     @property
-    def address(self) -> str:
-        return f"{self.session.pk}:{self.branch.tip_id}" if self.branch.tip_id else self.session.pk
+    def address(self) -> str | None:
+        """The acting branch's ``SID:HEAD`` (``Branch.address``; None while it has no message)."""
+        return self.branch.address
 
     @property
     def caller(self):
@@ -46,7 +48,7 @@ class Actor:
 
     @property
     def followup_mode(self) -> str:
-        spec = self.branch.agent_spec or self.session.agent_spec
+        spec = effective_spec(self.branch, self.session)
         return getattr(spec, "followup_mode", "") or "turn"
 
     def require(self, capability: str, project_id: int | None = None, *, session=None) -> None:
@@ -96,14 +98,16 @@ def gateway_actor(user, branch) -> Actor:
     return Actor(user=user, session=branch.session, branch=branch, chain_counters=tuple(counters))
 
 
-def task_header(address: str) -> str:
+def task_header(address: str | None) -> str:
     return (
-        f"[task from {address}]\n"
+        f"[task from {address or NO_ADDRESS}]\n"
         "This turn is a task: your final reply is returned to the sender automatically."
     )
 
 
-def message_header(address: str) -> str:
+def message_header(address: str | None) -> str:
+    if address is None:
+        return f"[message from {NO_ADDRESS}]\nA reply is optional; this sender cannot be answered until it has a message."
     return (
         f"[message from {address}]\n"
         "A reply is optional: if you have nothing to add, do not reply. To answer, use "

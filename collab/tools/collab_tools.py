@@ -11,7 +11,7 @@ from pydantic import Field
 
 from collab.access import access_job
 from collab.errors import Invalid, NotFound
-from collab.models import TERMINAL_STATUSES, HeldDelivery, Job, Todo
+from collab.models import TERMINAL_STATUSES, HeldDelivery, Job, Todo, format_address
 from collab.selectors.agents import list_agents as select_agents
 from collab.selectors.agents import render_agents
 from collab.selectors.jobs import jobs_dispatched_by, owns_job
@@ -20,7 +20,8 @@ from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MA
 from collab.services.addressing import Caller, find_branch, visible_sessions
 from collab.services.archive import check_can_archive, do_archive_branch
 from collab.services.deliver import do_delegate, do_send_message
-from collab.services.results import bound_text, result_limit_for
+from collab.services.results import result_limit_for
+from collab.text import bound_text
 from collab.services.spawn import do_spawn
 from collab.services.todos import do_create_todo, do_update_todo
 from collab.services.waiting import wait_until
@@ -92,7 +93,7 @@ def agent(ctx, p: AgentParams) -> ToolResult:
         return ToolResult(
             text=f"started agent {branch.display_name!r} in the background: execution {job.pk}; its result will come back to you automatically.",
             details={"execution_id": job.pk, "status": job.status, "name": branch.display_name,
-                     "address": f"{branch.session_id}:{job.prompt_msg_id}", "session_id": branch.session_id},
+                     "address": format_address(branch.session_id, job.prompt_msg_id), "session_id": branch.session_id},
         )
     branch.refresh_from_db()
     summary, truncated = bound_text(job.result_text, result_limit_for(reading_spec(ctx)))

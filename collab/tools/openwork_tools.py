@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 from collab.errors import DomainError
 from collab.selectors.children import list_children
 from collab.services import subagents
-from collab.services.workspace import Workspace, WorkspaceError, run_bash
+from collab.workspace import Workspace, WorkspaceError, run_bash
 from collab.tools.registry import ToolParams, ToolResult, register
 
 OPENWORK = ("openwork",)

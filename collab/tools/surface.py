@@ -6,15 +6,11 @@ never more than its parent branch; workspace tools need the project's workspace,
 ``bash`` also a working bubblewrap (never unsandboxed).
 """
 
-from collab.models import AgentRole, Branch
-from collab.services.workspace import sandbox_status
+from collab.models import AgentRole, Branch, effective_spec
+from collab.workspace import sandbox_status
 from collab.tools.registry import Tool, tools_for
 
 EXPLORER_TOOLS = frozenset({"read", "grep", "glob", "list", "bash"})
-
-
-def spec_of(branch: Branch):
-    return branch.agent_spec or branch.session.agent_spec
 
 
 def role_of(branch: Branch) -> str:
@@ -22,11 +18,11 @@ def role_of(branch: Branch) -> str:
     session = branch.session
     if session.agent_role:
         return session.agent_role
-    return getattr(spec_of(branch), "role", "") or AgentRole.GENERAL
+    return getattr(effective_spec(branch), "role", "") or AgentRole.GENERAL
 
 
 def toolset_of(branch: Branch) -> str:
-    return getattr(spec_of(branch), "toolset", "") or "collab"
+    return getattr(effective_spec(branch), "toolset", "") or "collab"
 
 
 def withheld_tools(project) -> dict[str, str]:
@@ -46,7 +42,7 @@ def withheld_tools(project) -> dict[str, str]:
 
 
 def branch_tools(branch: Branch) -> list[Tool]:
-    spec = spec_of(branch)
+    spec = effective_spec(branch)
     tools = tools_for(toolset_of(branch), list(getattr(spec, "tools", None) or []))
     withheld = withheld_tools(branch.session.project) if any(t.needs for t in tools) else {}
     tools = [t for t in tools if t.name not in withheld]

@@ -1,0 +1,13 @@
+"""Agent specs by name: the one lookup of an ``agent_id`` in a project (issue 14 item 4)."""
+
+from collab.errors import NotFound
+from collab.models import AgentSpec
+
+
+def spec_by_agent_id(project_id: int, agent_id: str) -> AgentSpec:
+    """The project's AgentSpec called ``agent_id`` (with its model connection), or NotFound
+    ``unknown_agent_id``. Callers authorize the project first."""
+    spec = AgentSpec.objects.filter(project_id=project_id, agent_id=agent_id).select_related("connection").first()
+    if spec is None:
+        raise NotFound(f"no agent spec {agent_id!r} in this project", code="unknown_agent_id")
+    return spec
