@@ -56,6 +56,13 @@ def execution_shape(job: Job) -> dict:
     }
 
 
+def job_summary(job: Job) -> dict:
+    """A job as the tools report it (a ``list_jobs`` row, ``job_output``'s details); the API's
+    fuller shape is ``execution_shape``."""
+    return {"job_id": job.pk, "kind": job.kind, "status": job.status, "version": job.version,
+            "is_error": job.is_error, "error_code": job.error_code}
+
+
 def branch_shape(branch, busy: bool) -> dict:
     return {
         "id": branch.pk,

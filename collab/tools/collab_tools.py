@@ -16,6 +16,7 @@ from collab.selectors.agents import list_agents as select_agents
 from collab.selectors.agents import render_agents
 from collab.selectors.jobs import jobs_dispatched_by, owns_job
 from collab.selectors.pages import shown_branch
+from collab.selectors.shapes import job_summary
 from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MAX_CHARS, render_transcript
 from collab.services.addressing import Caller, find_branch, visible_sessions
 from collab.services.archive import check_can_archive, do_archive_branch
@@ -287,8 +288,7 @@ def list_jobs(ctx, p: ListJobsParams) -> ToolResult:
     jobs = jobs_dispatched_by(ctx.session, user=ctx.user, status=p.status, limit=p.limit)
     return ToolResult(
         text="\n".join(_job_line(j) for j in jobs) or "no jobs",
-        details={"jobs": [{"job_id": j.pk, "kind": j.kind, "status": j.status, "version": j.version,
-                           "is_error": j.is_error, "branch": j.branch.display_name} for j in jobs]},
+        details={"jobs": [{**job_summary(j), "branch": j.branch.display_name} for j in jobs]},
     )
 
 
@@ -328,6 +328,5 @@ def job_output(ctx, p: JobOutputParams) -> ToolResult:
         text = summary
     return ToolResult(
         text=text,
-        details={"job_id": job.pk, "status": job.status, "version": job.version, "done": done, "is_error": job.is_error,
-                 "error_code": job.error_code, "truncated": truncated},
+        details={**job_summary(job), "done": done, "truncated": truncated},
     )
