@@ -25,7 +25,7 @@ from collab.models import (
     effective_spec,
     format_address,
 )
-from collab.services.limits import check_admission_quota
+from collab.services.budgets import check_admission_quota
 from collab.services.locking import lock_branch, lock_job, lock_sessions
 from collab.services.messages import append_message
 from collab.text import clean_text

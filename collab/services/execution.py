@@ -23,7 +23,7 @@ from collab.services.artifacts import store_result
 from collab.services.deliver import drain_inbox_locked
 from collab.services.fair_share import take_running_slot, wake_waiting_in_project
 from collab.services.followup import deliver_owed_after_commit, deliver_owed_locked, owes_followup
-from collab.services.limits import live_slots_free
+from collab.services.budgets import live_slots_free
 from collab.services.locking import lock_branch, lock_job, lock_session_family
 from collab.services.messages import append_message
 from collab.services.naming import schedule_naming

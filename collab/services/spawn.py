@@ -19,7 +19,7 @@ from collab.services.acting import Actor, task_header
 from collab.services.addressing import parse_address
 from collab.services.admission import admit_job
 from collab.services.branches import create_branch, name_for
-from collab.services.limits import check_topology, lock_caller
+from collab.services.budgets import check_topology, lock_caller
 from collab.services.locking import lock_sessions
 from collab.services.messages import append_message
 from collab.services.turns import check_prompt

@@ -88,7 +88,7 @@ def agent(ctx, p: AgentParams) -> ToolResult:
         # function-level: collab.runtime.loop imports this module (through the tool surface) at start-up
         from collab.runtime.loop import run_foreground
 
-        run_foreground(job, ctx.job)
+        run_foreground(job, ctx.turn)
     branch = job.branch
     if p.run_in_background:
         return ToolResult(

@@ -13,16 +13,21 @@ from collab.tools.registry import Tool, tools_for
 EXPLORER_TOOLS = frozenset({"read", "grep", "glob", "list", "bash"})
 
 
-def role_of(branch: Branch) -> str:
-    """A child session's role (set at spawn) wins over the spec's."""
+def agent_role_of(branch: Branch) -> str:
+    """The agent's role (``AgentRole``; not a person's membership role, ``accounts.policy.role_of``):
+    a child session's role (set at spawn) wins over the spec's."""
     session = branch.session
     if session.agent_role:
         return session.agent_role
     return getattr(effective_spec(branch), "role", "") or AgentRole.GENERAL
 
 
+def spec_toolset(spec) -> str:
+    return getattr(spec, "toolset", "") or "collab"
+
+
 def toolset_of(branch: Branch) -> str:
-    return getattr(effective_spec(branch), "toolset", "") or "collab"
+    return spec_toolset(effective_spec(branch))
 
 
 def withheld_tools(project) -> dict[str, str]:
@@ -46,7 +51,7 @@ def branch_tools(branch: Branch) -> list[Tool]:
     tools = tools_for(toolset_of(branch), list(getattr(spec, "tools", None) or []))
     withheld = withheld_tools(branch.session.project) if any(t.needs for t in tools) else {}
     tools = [t for t in tools if t.name not in withheld]
-    if role_of(branch) == AgentRole.EXPLORER:
+    if agent_role_of(branch) == AgentRole.EXPLORER:
         tools = [t for t in tools if t.name in EXPLORER_TOOLS]
         if branch.parent_branch_id:  # never wider than the parent that spawned it
             parent = {t.name for t in branch_tools(branch.parent_branch)}
