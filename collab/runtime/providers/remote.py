@@ -326,11 +326,33 @@ def record_retry(turn, *, provider: str, attempt: int, retries: int, failure: Fa
         send_event_on_commit(turn.job.session_id, "model.retry", payload)
 
 
+# Model → (input $/Mtok, output $/Mtok); the operator's ``TRELLIS_MODEL_PRICES`` adds to and
+# overrides these (``price_table``).
+BUILTIN_PRICES = {
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4.1-nano": (0.10, 0.40),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "gpt-4.1": (2.00, 8.00),
+    "o4-mini": (1.10, 4.40),
+    "claude-3-5-haiku": (0.80, 4.00),
+    "claude-haiku-4": (1.00, 5.00),
+    "claude-sonnet-4": (3.00, 15.00),
+    "claude-opus-4": (15.00, 75.00),
+    "claude-opus-4-5": (5.00, 25.00),
+}
+
+
+def price_table() -> dict:
+    """The built-in prices with the operator's (``settings.TRELLIS_MODEL_PRICES``) over them."""
+    return {**BUILTIN_PRICES, **(getattr(settings, "TRELLIS_MODEL_PRICES", {}) or {})}
+
+
 def model_price(model: str, overrides: dict | None = None) -> tuple[Decimal, Decimal] | None:
     """(input, output) $ per million tokens: from the connection's ``prices`` if it lists the
-    model, else settings.TRELLIS_MODEL_PRICES; in each, the exact model, else the longest name
-    the model starts with (``gpt-4o-2024-08-06`` → ``gpt-4o``); None if unknown."""
-    for prices in (overrides or {}, getattr(settings, "TRELLIS_MODEL_PRICES", {}) or {}):
+    model, else ``price_table()``; in each, the exact model, else the longest name the model
+    starts with (``gpt-4o-2024-08-06`` → ``gpt-4o``); None if unknown."""
+    for prices in (overrides or {}, price_table()):
         if model in prices:
             found = prices[model]
         else:
