@@ -100,7 +100,7 @@ def live_slots_free(session_id: str, project: Project) -> bool:
     limit = effective_limit(project, "max_live_per_session")
     if not limit:
         return True
-    running = Job.objects.filter(session_id=session_id, status__in=(JobStatus.RUNNING, JobStatus.STOPPING)).count()
+    running = Job.objects.running().filter(session_id=session_id).count()
     return running < limit
 
 
