@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from accounts.limits import effective_limit
-from collab.models import Branch, FollowupState, Job, JobKind, JobStatus, Message, MessageRole, is_busy
+from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, Message, MessageRole, is_busy
 from collab.services.admission import FENCED, enqueue_job, follow_head, send_job_event, write_prompt_node
 from collab.services.archive import AUTOMATIC_REASON, do_archive_branch
 from collab.services.artifacts import store_result
