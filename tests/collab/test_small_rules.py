@@ -105,7 +105,9 @@ def test_busy_means_a_turn_in_progress_and_occupied_counts_queued_work(session, 
 
 def test_the_branch_rows_busy_flag_is_the_busy_rule(session, main):
     from collab.selectors.agents import branch_rows
+    from collab.services.messages import append_message
 
+    append_message(main, role="user", text="hello")  # listed branches have a message
     _job(session, main, "queued")
     assert [b.busy for b in branch_rows([session.pk], archived=False)] == [False]
     Job.objects.filter(branch=main).update(status="running", started_at=timezone.now())
