@@ -288,7 +288,9 @@ def _text_lines(file: Path, shown: str) -> list[str]:
 
 
 def _bounded(lines: list[str], total: int) -> str:
-    """Join ``lines`` (the first of ``total``) within MAX_OUTPUT_CHARS, noting how many were left out."""
+    """Join ``lines`` (the first of ``total``) within MAX_OUTPUT_CHARS, noting how many were left out.
+    A listing is cut at whole entries with a count the model can page on, not head+tail like free
+    text (``collab.text.bound_text``, which bounds the tool's whole answer after this)."""
     out: list[str] = []
     size = 0
     for line in lines:
