@@ -14,7 +14,7 @@ from collab.admin import ServiceAdmin
 from collab.services.members import do_add_member, do_change_role, do_remove_member
 from collab.services.projects import do_set_limits, do_set_workspace, do_update_project
 from collab.services.tokens import do_revoke_token
-from collab.services.workspace import WorkspaceError, check_workspace_path
+from collab.workspace import WorkspaceError, check_workspace_path
 
 PROJECT_FIELDS = ("name", "watch_policy")
 

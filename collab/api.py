@@ -50,7 +50,8 @@ from collab.schemas import (
 )
 from collab.selectors.events import PAGE, events_after
 from collab.selectors.redact import hidden_among, redact_executions
-from collab.selectors.agents import branch_rows, is_busy
+from collab.selectors.agents import branch_rows
+from collab.models import is_busy
 from collab.selectors.shapes import branch_shape, branch_usage, execution_shape, project_usage, session_shape
 from collab.selectors.jobs import session_executions
 from collab.selectors.pages import holds_of
@@ -402,7 +403,7 @@ def _hold_out(h, hidden: set = frozenset()) -> dict:
     into_hidden = h.target_branch.session_id in hidden
     return {"id": h.pk, "kind": h.kind, "text": h.text, "status": h.status,
             "to": None if into_hidden else h.target_branch.address,
-            "sender": f"{h.sender_session_id}:{h.sender_branch.tip_id}", "created_at": h.created_at,
+            "sender": h.sender_branch.address, "created_at": h.created_at,
             "decided_by": h.decided_by.username if h.decided_by_id else None,
             "execution_id": None if into_hidden else h.result_job_id}
 

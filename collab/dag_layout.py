@@ -221,5 +221,6 @@ def layout(rows: list[Row], lanes: list[Lane], links: list[Link], *, cap: int = 
 
 
 def _clip(text: str, n: int) -> str:
+    """A one-line label of at most ``n`` characters for the graph (an ellipsis, not a bound on content)."""
     text = " ".join((text or "").split())
     return text if len(text) <= n else text[: n - 1] + "…"

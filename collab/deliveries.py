@@ -8,6 +8,8 @@ import a service (issue 14 item 5). Pure text, no rows.
 
 import re
 
+from collab.models.branches import NO_ADDRESS
+
 # the body of an OpenWork <agent_message> envelope in the cases that carry no result text (OW §6.4, §8)
 INTERRUPTED_LIVE = "Sub-agent turn was interrupted."
 INTERRUPTED_RESTART = (
@@ -21,9 +23,11 @@ _ENVELOPE_OPEN = "<body>\n"
 _ENVELOPE_CLOSE = "\n</body>\n</agent_message>"
 
 
-def notice_lead(source: str, who: str, job_id, status: str | None) -> str:
-    """The lead of a result notice: where the result comes from and how the job ended (for the
-    model); ``status`` None for a job that succeeded, otherwise the status it ended in."""
+def notice_lead(source: str | None, who: str, job_id, status: str | None) -> str:
+    """The lead of a result notice: where the result comes from (its ``SID:HEAD``, None for a
+    branch with no message) and how the job ended (for the model); ``status`` None for a job that
+    succeeded, otherwise the status it ended in."""
+    source = source or NO_ADDRESS
     if status is None:
         return f"[result from {source}]\nAgent {who!r} finished execution {job_id}:\n\n"
     return f"[result from {source}]\nAgent {who!r} did not finish execution {job_id}: {status} (is_error=true): "

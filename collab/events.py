@@ -13,7 +13,7 @@ from channels.layers import get_channel_layer
 from django.db import connection, transaction
 
 from collab.models import Event
-from collab.text import clean_data
+from collab.text import bound_text, clean_data
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +78,12 @@ def push_event(session_id: str, wire: dict) -> None:
 
 
 def clip(text: str, limit: int = MAX_TEXT_IN_EVENT) -> dict:
-    """Text for an event payload: the log stays small, the message row keeps the whole."""
-    if len(text) <= limit:
+    """Text for an event payload: the log stays small (head and tail, ``collab.text.bound_text``),
+    the message row keeps the whole."""
+    bounded, truncated = bound_text(text, limit)
+    if not truncated:
         return {"text": text}
-    return {"text": text[:limit], "text_truncated": True, "text_length": len(text)}
+    return {"text": bounded, "text_truncated": True, "text_length": len(text)}
 
 
 def record_project_event(project_id: int, type: str, payload: dict, actor=None) -> Event:

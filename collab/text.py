@@ -51,5 +51,59 @@ def fit_text(value: str, max_length: int) -> str:
     return clean_text(value or "")[:max_length]
 
 
+# --- bounded text: the one head+tail rule (SPEC §9, issue 14 item 4) ---------------------------
+# A text too long for its reader keeps its head (two thirds) and its tail (one third) around a
+# marker saying how much was left out, the whole within the bound: tool results, job_output,
+# delivered results and the API (30,000 characters, less for a small context window), a bash
+# command's output as it streams, an event's copy of a long message.
+
+RESULT_LIMIT = 30_000
+OMISSION_MARKER = "\n\n[… {omitted} characters omitted …]\n\n"
+
+
+def _head_tail(total: int, limit: int) -> tuple[int, int]:
+    """How many characters of a ``total``-long text to keep at its head and at its tail so
+    that they and the marker fit in ``limit``."""
+    keep = max(limit - len(OMISSION_MARKER.format(omitted=total)), 0)
+    head = keep * 2 // 3
+    return head, keep - head
+
+
+def _joined(head: str, tail: str, total: int, limit: int) -> str:
+    h, t = _head_tail(total, limit)
+    return head[:h] + OMISSION_MARKER.format(omitted=total - h - t) + (tail[-t:] if t else "")
+
+
+def bound_text(text: str, limit: int = RESULT_LIMIT) -> tuple[str, bool]:
+    """``text`` if it fits in ``limit`` characters, else its head and tail around a marker
+    (the whole stays within ``limit``). Returns ``(summary, truncated)``."""
+    if len(text) <= limit:
+        return text, False
+    return _joined(text, text, len(text), limit), True
+
+
+class BoundedStream:
+    """``bound_text`` for text that arrives in pieces (a command's output): keeps only what the
+    bound can show — the first and the last ``limit`` characters — however much arrives."""
+
+    def __init__(self, limit: int = RESULT_LIMIT):
+        self.limit = limit
+        self.head = ""
+        self.tail = ""
+        self.total = 0
+
+    def add(self, text: str) -> None:
+        self.total += len(text)
+        if len(self.head) < self.limit:
+            room = self.limit - len(self.head)
+            self.head += text[:room]
+        self.tail = (self.tail + text)[-self.limit:]
+
+    def text(self) -> str:
+        if self.total <= self.limit:
+            return self.head
+        return _joined(self.head, self.tail, self.total, self.limit)
+
+
 # A pydantic str that is cleaned on the way in (API schemas, tool parameters).
 CleanStr = Annotated[str, AfterValidator(clean_text)]

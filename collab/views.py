@@ -33,12 +33,13 @@ from collab.services.members import (
 from collab.selectors.members import invitations_of, members_of
 from collab.services.tokens import TOKEN_LIFETIMES, do_issue_token, do_revoke_token
 from collab.selectors.tokens import tokens_of
-from collab.selectors.specs import spec_named, specs_of
+from collab.selectors.specs import specs_of
 from collab.services.archive import do_archive_branch
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.services.connections import connections_for
 from collab.services.specs import do_add_agent_spec, do_update_agent_spec
 from collab.selectors import pages
+from collab.selectors.specs import spec_by_agent_id
 from collab.selectors.transcript import page_transcript
 from collab.selectors.activity import activity_page, paging
 from collab.selectors.stats import project_stats, session_stats
@@ -594,9 +595,7 @@ def specs(request, slug):
 def spec(request, slug, agent_id):
     """One agent spec: shown and changed (validated and audited like the API's and the admin's)."""
     project = access.access_project(request.user, slug, "agent_spec.manage")
-    spec = spec_named(project, agent_id)
-    if spec is None:
-        raise NotFound()
+    spec = spec_by_agent_id(project.pk, agent_id)
     if request.method != "POST":
         return _render_specs(request, project, spec)
     try:

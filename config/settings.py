@@ -10,9 +10,7 @@ Scaled (P-RUN-2): ``DATABASE_URL`` (postgres://… or sqlite:///path),
 """
 
 import json
-import os
 import secrets
-import sys
 from pathlib import Path
 
 import dj_database_url
@@ -29,12 +27,6 @@ DATABASE_URL = env_str("DATABASE_URL")
 REDIS_URL = env_str("REDIS_URL")
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
-
-# Under pytest, names shared with other runs on this machine (test databases, the
-# job queue) get this process's id, so concurrent test runs never see each other.
-TESTING = "pytest" in sys.modules
-RUN_SUFFIX = f"-{os.getpid()}" if TESTING else ""
-
 
 def _secret_key() -> str:
     """The env key, or (embedded only) one generated once and kept in var/.
@@ -131,10 +123,10 @@ def _databases() -> dict:
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
         }
         # Tests with real worker processes need a file, not :memory:.
-        db["TEST"] = {"NAME": str(Path(db["NAME"]).with_name(f"{Path(db['NAME']).stem}-test{RUN_SUFFIX}.sqlite3"))}
+        db["TEST"] = {"NAME": str(Path(db["NAME"]).with_name(f"{Path(db['NAME']).stem}-test.sqlite3"))}
     elif db["ENGINE"] == "django.db.backends.postgresql":
         db.setdefault("OPTIONS", {})
-        db["TEST"] = {"NAME": f"test_{db['NAME']}{RUN_SUFFIX.replace('-', '_')}"}
+        db["TEST"] = {"NAME": f"test_{db['NAME']}"}
     else:
         raise ImproperlyConfigured(f"unsupported database engine {db['ENGINE']!r}: use postgres:// or sqlite://")
     return {"default": db}
@@ -147,8 +139,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
-if TESTING or env_bool("TRELLIS_FAST_PASSWORD_HASHER", False):
-    # Test runs (and the processes they start) create many users: a cheap hasher first.
+if env_bool("TRELLIS_FAST_PASSWORD_HASHER", False):
+    # Test runs (tests/conftest.py sets this for itself and the processes it starts) create
+    # many users: a cheap hasher first.
     PASSWORD_HASHERS = [
         "django.contrib.auth.hashers.MD5PasswordHasher",
         "django.contrib.auth.hashers.PBKDF2PasswordHasher",
@@ -228,7 +221,7 @@ if Q_RETRY <= Q_TIMEOUT:
     # `timeout`, a slow but healthy turn would be handed to a second worker.
     raise ImproperlyConfigured(f"TRELLIS_TASK_RETRY ({Q_RETRY}) must exceed TRELLIS_TASK_TIMEOUT ({Q_TIMEOUT})")
 Q_CLUSTER = {
-    "name": env_str("TRELLIS_QUEUE_NAME", "trellis" + RUN_SUFFIX),
+    "name": env_str("TRELLIS_QUEUE_NAME", "trellis"),  # tests/conftest.py gives each test run its own
     "workers": env_int("TRELLIS_WORKERS", 2, minimum=1),
     "timeout": Q_TIMEOUT,
     "retry": Q_RETRY,
@@ -310,21 +303,10 @@ TRELLIS_MODEL_MAX_TOKENS = env_int("TRELLIS_MODEL_MAX_TOKENS", 4096, minimum=1) 
 
 
 def _model_prices() -> dict:
-    """Model → (input $/Mtok, output $/Mtok). ``TRELLIS_MODEL_PRICES`` (a JSON object of
-    the same shape) adds to and overrides these; a model matches its longest listed prefix."""
-    prices = {
-        "gpt-4o-mini": (0.15, 0.60),
-        "gpt-4o": (2.50, 10.00),
-        "gpt-4.1-nano": (0.10, 0.40),
-        "gpt-4.1-mini": (0.40, 1.60),
-        "gpt-4.1": (2.00, 8.00),
-        "o4-mini": (1.10, 4.40),
-        "claude-3-5-haiku": (0.80, 4.00),
-        "claude-haiku-4": (1.00, 5.00),
-        "claude-sonnet-4": (3.00, 15.00),
-        "claude-opus-4": (15.00, 75.00),
-        "claude-opus-4-5": (5.00, 25.00),
-    }
+    """The operator's model prices: ``TRELLIS_MODEL_PRICES``, a JSON object
+    ``{"model": [input $/Mtok, output $/Mtok]}`` added to (and overriding) the built-in table
+    of their user, ``collab.runtime.providers.remote.BUILTIN_PRICES``. A bad value stops the process."""
+    prices = {}
     raw = env_str("TRELLIS_MODEL_PRICES")
     if raw:
         try:

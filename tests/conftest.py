@@ -27,19 +27,41 @@ ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"succeeded", "failed", "cancelled", "interrupted"}
 
 
-# `pytest -n N` (pytest-xdist) runs N test processes side by side. Each has its own test
-# database (pytest-django adds gw0, gw1, … to its name) and its own worker and web processes;
-# what they would share through Redis — the job queue and the channel layer — gets the same
-# suffix here, before any test enqueues a task or opens the layer. The queue name is also
-# django-q2's signing salt, so this process and its workers must agree on it (process_env).
+# What a test run shares with other runs on this machine gets a name of its own, here and not in
+# settings (which know nothing of pytest), before any test creates the database, enqueues a task
+# or opens the layer: the test database and, unless TRELLIS_QUEUE_NAME names one, the job queue
+# get this process's id. `pytest -n N` (pytest-xdist) runs N test processes side by side; each
+# has its own test database (pytest-django adds gw0, gw1, … to its name) and its own worker and
+# web processes, and what they would share through Redis — the job queue and the channel layer —
+# gets the worker's name too. The queue name is also django-q2's signing salt, so this process
+# and its workers must agree on it (process_env). Test runs create many users: a cheap hasher.
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-if XDIST_WORKER:
+
+
+def _isolate_this_run() -> None:
+    from django.contrib.auth.hashers import get_hashers
     from django_q.conf import Conf
 
-    settings.Q_CLUSTER["name"] = Conf.PREFIX = Conf.CLUSTER_NAME = f"{settings.Q_CLUSTER['name']}-{XDIST_WORKER}"
-    if settings.REDIS_URL:
-        layer = settings.CHANNEL_LAYERS["default"]["CONFIG"]
-        layer["prefix"] = f"{layer['prefix']}-{XDIST_WORKER}"
+    pid = os.getpid()
+    test_db = settings.DATABASES["default"]["TEST"]
+    if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        name = Path(test_db["NAME"])
+        test_db["NAME"] = str(name.with_name(f"{name.stem}-{pid}{name.suffix}"))
+    else:
+        test_db["NAME"] = f"{test_db['NAME']}_{pid}"
+    queue = settings.Q_CLUSTER["name"] if os.environ.get("TRELLIS_QUEUE_NAME") else f"{settings.Q_CLUSTER['name']}-{pid}"
+    if XDIST_WORKER:
+        queue = f"{queue}-{XDIST_WORKER}"
+        if settings.REDIS_URL:
+            layer = settings.CHANNEL_LAYERS["default"]["CONFIG"]
+            layer["prefix"] = f"{layer['prefix']}-{XDIST_WORKER}"
+    settings.Q_CLUSTER["name"] = Conf.PREFIX = Conf.CLUSTER_NAME = queue
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher",
+                                 "django.contrib.auth.hashers.PBKDF2PasswordHasher"]
+    get_hashers.cache_clear()
+
+
+_isolate_this_run()
 
 
 # --- people and projects ------------------------------------------------------

@@ -1,5 +1,5 @@
 from collab.models.artifacts import Artifact
-from collab.models.branches import Branch, NameStage
+from collab.models.branches import Branch, NameStage, effective_spec, format_address
 from collab.models.connections import ConnectionProvider, ConnectionSource, ModelConnection
 from collab.models.events import Event
 from collab.models.holds import HeldDelivery, HoldStatus
@@ -13,6 +13,8 @@ from collab.models.jobs import (
     Job,
     JobKind,
     JobStatus,
+    is_busy,
+    is_occupied,
 )
 from collab.models.sessions import Message, MessageKind, MessageRole, Session, SessionShare, Visibility
 from collab.models.specs import AgentRole, AgentSpec, FollowupMode, Provider, Toolset
@@ -51,4 +53,8 @@ __all__ = [
     "TodoStatus",
     "Toolset",
     "Visibility",
+    "effective_spec",
+    "format_address",
+    "is_busy",
+    "is_occupied",
 ]

@@ -7,6 +7,23 @@ from collab.models.ids import id_field
 from collab.models.sessions import TASK_NAME_DB
 
 
+# How a text (a delivery header, a result notice) names a sender that has no address yet.
+NO_ADDRESS = "an agent with no messages yet"
+
+
+def format_address(session_id: str, head_id: str | None) -> str | None:
+    """The one way a branch address is written (SPEC §3): ``"SID:HEAD"``, HEAD a message of that
+    branch. Without a message there is no address: None (as the API's ``head: MSG|null``), never a
+    bare ``SID`` or ``SID:None``, which no resolver accepts."""
+    return f"{session_id}:{head_id}" if head_id else None
+
+
+def effective_spec(branch, session=None):
+    """The AgentSpec a branch runs with: the branch's own, else its session's default.
+    ``session`` saves a query when the caller holds the branch's session already."""
+    return branch.agent_spec or (session if session is not None else branch.session).agent_spec
+
+
 class NameStage(models.IntegerChoices):
     """How a branch got its name (OP §2.4); only LABEL names may be replaced automatically."""
 
@@ -91,8 +108,13 @@ class Branch(models.Model):
 
     @property
     def address(self) -> str | None:
-        """``SID:HEAD`` of the current tip (None for a branch with no message yet)."""
-        return f"{self.session_id}:{self.tip_id}" if self.tip_id else None
+        """``SID:HEAD`` of the current tip (None for a branch with no message yet): ``format_address``."""
+        return format_address(self.session_id, self.tip_id)
+
+    @property
+    def effective_spec(self):
+        """The AgentSpec this branch runs with: its own, else its session's (``effective_spec``)."""
+        return effective_spec(self)
 
     @property
     def display_name(self) -> str:

@@ -32,6 +32,36 @@ OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.STOPPING)
 TERMINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED)
 
 
+
+
+class JobQuerySet(models.QuerySet):
+    """The two "is this branch taken" rules, each written once (issue 14 item 4):
+
+    - ``running()``: a turn is in progress (running, or stopping after a cancel). A branch with
+      one is *busy*: the ``busy`` flag of the API's and pages' branch rows and of ``list_agents``,
+      what double-texting strategies act on, what keeps an archived branch's mailbox undrained.
+    - ``open()``: admitted and not ended (queued too). A branch with one is *occupied*: a new
+      delivery waits in its inbox rather than admitting a second job (SPEC §3 "busy target"), its
+      graph lane is kept, its sub-agent status is not idle.
+    """
+
+    def running(self):
+        return self.filter(status__in=ACTIVE_STATUSES)
+
+    def open(self):
+        return self.filter(status__in=OPEN_STATUSES)
+
+
+def is_busy(branch) -> bool:
+    """A turn is running (or stopping) on ``branch`` (``JobQuerySet.running``)."""
+    return Job.objects.running().filter(branch=branch).exists()
+
+
+def is_occupied(branch) -> bool:
+    """``branch`` has a job admitted and not ended, queued included (``JobQuerySet.open``)."""
+    return Job.objects.open().filter(branch=branch).exists()
+
+
 class FollowupState(models.TextChoices):
     NONE = "none"  # nobody is waiting for this result
     OWED = "owed"  # committed with the terminal state; delivered exactly once later
@@ -114,6 +144,8 @@ class Job(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
 
     class Meta:
         ordering = ["created_at"]

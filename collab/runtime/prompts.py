@@ -1,4 +1,12 @@
-"""Role and delegation prompt texts (OW §4, §5.3)."""
+"""What a model is told (issue 14 item 5): the system prompt (the spec's; an explorer's role
+prompt; an OpenWork root's with the delegation rules, OW §4, §5.3) and the history it reads
+(the branch root → tip, compacted to the context window)."""
+
+from accounts.limits import effective_limit
+
+from collab.models import AgentRole, Toolset
+from collab.runtime.compaction import compacted, history_budget
+from collab.selectors.transcript import lineage
 
 EXPLORER_SYSTEM_PROMPT = """\
 You are an explorer: a read-only sub-agent answering one specific, bounded question about the workspace for a parent agent.
@@ -20,3 +28,23 @@ def explorer_prompt() -> str:
 
 def delegation_rules(limit: int) -> str:
     return DELEGATION_RULES.format(limit=limit)
+
+
+def system_prompt(spec, *, role: str, toolset: str, tools, project) -> str:
+    """The spec's prompt; an explorer's role prompt; an OpenWork root's ends with the
+    delegation rules carrying the project's ``max_active_turns``."""
+    base = (getattr(spec, "system_prompt", "") or "").strip()
+    if role == AgentRole.EXPLORER:
+        return explorer_prompt()
+    if toolset == Toolset.OPENWORK and any(t.name == "spawn_agent" for t in tools):
+        rules = delegation_rules(effective_limit(project, "max_active_turns"))
+        return "\n\n".join(part for part in (base, rules) if part)
+    return base
+
+
+def history(spec, tip) -> list:
+    """The branch's messages from the root to ``tip`` (for providers that send history), cut
+    to fit the model's context window when the spec declares one (runtime/compaction.py)."""
+    limits = getattr(spec, "limits", None) or {}
+    window = limits.get("context_window") if isinstance(limits, dict) else None
+    return compacted(lineage(tip), history_budget(window if isinstance(window, int) else None))

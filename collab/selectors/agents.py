@@ -14,11 +14,7 @@ def size_label(chars: int) -> str:
 
 
 def _busy_branches(branch_ids) -> set[str]:
-    return set(Job.objects.filter(branch_id__in=branch_ids, status__in=ACTIVE_STATUSES).values_list("branch_id", flat=True))
-
-
-def is_busy(branch) -> bool:
-    return Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists()
+    return set(Job.objects.running().filter(branch_id__in=branch_ids).values_list("branch_id", flat=True))
 
 
 def branch_rows(session_ids, *, archived: bool, agent_id: str | None = None, limit: int = 20, previews: bool = True,

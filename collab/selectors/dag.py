@@ -29,17 +29,7 @@ from django.utils.html import format_html, format_html_join
 from collab.access import visible_sessions
 from collab.dag_layout import End, Lane, Link, Row, layout
 from collab.errors import Invalid
-from collab.models import (
-    ACTIVE_STATUSES,
-    OPEN_STATUSES,
-    Branch,
-    Event,
-    FollowupState,
-    Job,
-    JobKind,
-    Message,
-    MessageKind,
-)
+from collab.models import ACTIVE_STATUSES, Branch, Event, FollowupState, Job, JobKind, Message, MessageKind
 
 PAGE_ROWS = 150
 SINCE_MAX_ROWS = 2 * PAGE_ROWS  # a live refresh of the newest block (its bound per event); past this it starts a fresh newest page
@@ -136,7 +126,7 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
     # live lanes
     live: dict[str, str] = {}
     if at is None:
-        for branch_id, status in Job.objects.filter(session_id=sid, status__in=OPEN_STATUSES).order_by().values_list(
+        for branch_id, status in Job.objects.open().filter(session_id=sid).order_by().values_list(
             "branch_id", "status"
         ):
             live[branch_id] = "running" if status in ACTIVE_STATUSES or live.get(branch_id) == "running" else "queued"

@@ -4,7 +4,7 @@ from django.db.models import Q
 
 from collab.access import visible_sessions
 from collab.errors import NotFound
-from collab.models import ACTIVE_STATUSES, Branch, Job, Message, MessageKind, Session
+from collab.models import Branch, Job, Message, MessageKind, Session, is_busy
 from collab.selectors.transcript import PAGE_WINDOW as TRANSCRIPT_WINDOW  # noqa: F401
 from collab.selectors.transcript import generating_text, lineage, page_transcript, present_rows
 from collab.selectors.redact import hidden_among, redact_events, redact_messages  # noqa: F401
@@ -31,7 +31,7 @@ def transcript(session: Session, branch_id: str | None = None, head_id: str | No
 def running_state(branch: Branch | None) -> dict:
     """The branch's running turn as the page shows it: ``running`` (its status or None) and
     ``generating`` (what a streaming model has said so far)."""
-    running = Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).first() if branch else None
+    running = Job.objects.running().filter(branch=branch).first() if branch else None
     return {"running": running.status if running else None, "running_job": running,
             "generating": generating_text(running) if running else ""}
 
@@ -95,7 +95,7 @@ def branch_row(session: Session, branch_id: str) -> Branch:
     branch = session.branches.filter(pk=branch_id).first()
     if branch is None:
         raise NotFound()
-    branch.busy = Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists()
+    branch.busy = is_busy(branch)
     return branch
 
 
@@ -105,7 +105,7 @@ def recent_jobs(session: Session, limit: int = 20) -> list[Job]:
 
 def branches(session: Session) -> list[Branch]:
     rows = list(session.branches.order_by("archived", "created_at"))
-    busy = set(Job.objects.filter(session=session, status__in=ACTIVE_STATUSES).values_list("branch_id", flat=True))
+    busy = set(Job.objects.running().filter(session=session).values_list("branch_id", flat=True))
     for b in rows:
         b.busy = b.pk in busy
     return rows

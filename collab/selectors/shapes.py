@@ -1,6 +1,6 @@
 """Row → API shape. One function per shape, shared by the API, pages and tools."""
 
-from collab.models import Job, Session
+from collab.models import Job, Session, format_address
 
 
 def usage_totals(jobs) -> dict:
@@ -66,6 +66,13 @@ def execution_shape(job: Job) -> dict:
     }
 
 
+def job_summary(job: Job) -> dict:
+    """A job as the tools report it (a ``list_jobs`` row, ``job_output``'s details); the API's
+    fuller shape is ``execution_shape``."""
+    return {"job_id": job.pk, "kind": job.kind, "status": job.status, "version": job.version,
+            "is_error": job.is_error, "error_code": job.error_code}
+
+
 def branch_shape(branch, busy: bool) -> dict:
     return {
         "id": branch.pk,
@@ -80,7 +87,7 @@ def branch_shape(branch, busy: bool) -> dict:
         "turns": branch.turns,
         "chars": branch.chars,
         "internal": branch.internal,
-        "forked_from": f"{branch.forked_from.session_id}:{branch.forked_from_id}" if branch.forked_from_id else None,
+        "forked_from": format_address(branch.forked_from.session_id, branch.forked_from_id) if branch.forked_from_id else None,
         "created_at": branch.created_at,
         "last_active_at": branch.last_active_at,
     }

@@ -4,7 +4,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from collab.access import Caller, require_in_session, require_standing
-from collab.models import Job, JobStatus
+from collab.models import Job, JobStatus, effective_spec
+from collab.models.branches import NO_ADDRESS
 
 
 @dataclass
@@ -26,8 +27,9 @@ class Actor:
         return self.branch.tip
 
     @property
-    def address(self) -> str:
-        return f"{self.session.pk}:{self.branch.tip_id}" if self.branch.tip_id else self.session.pk
+    def address(self) -> str | None:
+        """The acting branch's ``SID:HEAD`` (``Branch.address``; None while it has no message)."""
+        return self.branch.address
 
     @property
     def caller(self):
@@ -44,7 +46,7 @@ class Actor:
 
     @property
     def followup_mode(self) -> str:
-        spec = self.branch.agent_spec or self.session.agent_spec
+        spec = effective_spec(self.branch, self.session)
         return getattr(spec, "followup_mode", "") or "turn"
 
     def require(self, capability: str, *, session=None) -> None:
@@ -71,14 +73,16 @@ def gateway_actor(user, branch) -> Actor:
     return Actor(user=user, session=branch.session, branch=branch, chain_counters=tuple(counters))
 
 
-def task_header(address: str) -> str:
+def task_header(address: str | None) -> str:
     return (
-        f"[task from {address}]\n"
+        f"[task from {address or NO_ADDRESS}]\n"
         "This turn is a task: your final reply is returned to the sender automatically."
     )
 
 
-def message_header(address: str) -> str:
+def message_header(address: str | None) -> str:
+    if address is None:
+        return f"[message from {NO_ADDRESS}]\nA reply is optional; this sender cannot be answered until it has a message."
     return (
         f"[message from {address}]\n"
         "A reply is optional: if you have nothing to add, do not reply. To answer, use "

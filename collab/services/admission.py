@@ -14,8 +14,18 @@ from django.db import transaction
 
 from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
-from collab.models import OPEN_STATUSES, Branch, Job, JobKind, JobStatus, MessageKind, MessageRole, Session
-from collab.services.limits import check_admission_quota
+from collab.models import (
+    Branch,
+    Job,
+    JobKind,
+    JobStatus,
+    MessageKind,
+    MessageRole,
+    Session,
+    effective_spec,
+    format_address,
+)
+from collab.services.budgets import check_admission_quota
 from collab.services.locking import lock_branch, lock_job, lock_sessions
 from collab.services.messages import append_message
 from collab.text import clean_text
@@ -88,7 +98,7 @@ def admit_job(
         project_id=session.project_id,
         session=session,
         branch=locked,
-        agent_spec=agent_spec or locked.agent_spec or session.agent_spec,
+        agent_spec=agent_spec or effective_spec(locked, session),
         kind=kind,
         status=JobStatus.QUEUED,
         prompt=prompt,
@@ -97,7 +107,7 @@ def admit_job(
         started_by=started_by,
         **fields,
     )
-    if not Job.objects.filter(branch=locked, status__in=OPEN_STATUSES).exclude(pk=job.pk).exists():
+    if not Job.objects.open().filter(branch=locked).exclude(pk=job.pk).exists():
         write_prompt_node(job, locked)
     send_job_event(job, "job.queued", session, actor=started_by)
     if enqueue:
@@ -144,7 +154,7 @@ def write_prompt_node(job: Job, branch: Branch):
 def prompt_metadata(job: Job) -> dict:
     meta = {"job": job.pk, "header": job.prompt_header}
     if job.caller_msg_id:
-        meta["caller"] = f"{job.caller_session_id}:{job.caller_msg_id}"
+        meta["caller"] = format_address(job.caller_session_id, job.caller_msg_id)
     if job.kind == JobKind.SPAWN and job.caller_session_id:
         meta["spawned_from_session"] = job.caller_session_id
     if job.followup_of_id:

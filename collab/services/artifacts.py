@@ -8,8 +8,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from collab.models import Artifact
-from collab.services.results import RESULT_LIMIT, bound_text
-from collab.text import clean_text
+from collab.text import RESULT_LIMIT, bound_text, clean_text
 
 log = logging.getLogger(__name__)
 

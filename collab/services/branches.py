@@ -9,7 +9,7 @@ from collab.access import require_can_set_internal
 from collab.dag_layout import pick_lane
 from collab.errors import Invalid
 from collab.events import send_event_on_commit
-from collab.models import OPEN_STATUSES, Branch, Job, NameStage
+from collab.models import Branch, Job, NameStage, format_address
 from collab.services.locking import lock_session
 from collab.text import fit_text
 
@@ -57,7 +57,7 @@ def create_branch(session, *, name: str, name_stage: int, forked_from=None, agen
             "branch": branch.pk,
             "name": name,
             "name_stage": name_stage,
-            "forked_from": f"{forked_from.session_id}:{forked_from.pk}" if forked_from else None,
+            "forked_from": format_address(forked_from.session_id, forked_from.pk) if forked_from else None,
             "job": getattr(created_by_job, "pk", None),
         },
         actor=created_by,
@@ -83,7 +83,7 @@ def open_lane(session_id: str, *, forked_from=None, created_by_job=None, parent_
         parent = Branch.objects.filter(pk=created_by_job.branch_id).values_list("lane", flat=True).first()
     if parent is None and parent_branch is not None and parent_branch.session_id == session_id:
         parent = parent_branch.lane
-    busy = Job.objects.filter(branch=OuterRef("pk"), status__in=OPEN_STATUSES)
+    busy = Job.objects.open().filter(branch=OuterRef("pk"))
     taken = Branch.objects.filter(session_id=session_id).filter(Q(archived=False) | Exists(busy))
     return min(pick_lane(set(taken.values_list("lane", flat=True)), parent), MAX_LANE)
 

@@ -14,13 +14,13 @@ from django.db.models.functions import Now
 
 from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
-from collab.models import ACTIVE_STATUSES, OPEN_STATUSES, Branch, InboxEntry, InboxKind, Job, JobKind
+from collab.models import Branch, InboxEntry, InboxKind, Job, JobKind, is_busy, is_occupied
 from collab.text import clean_text
 from collab.services.acting import Actor, message_header, task_header
 from collab.services.addressing import resolve_target
 from collab.services.admission import admit_job, check_caller_not_stopping
 from collab.services.followup import record_failed_delivery
-from collab.services.limits import check_topology
+from collab.services.budgets import check_topology
 from collab.services.locking import lock_branch, lock_sessions
 from collab.services.turns import check_prompt
 from collab.services.watch import hold_delivery, is_watched
@@ -121,7 +121,7 @@ def do_send_message(actor: Actor, *, to: str, message: str, agent_id: str | None
         target = lock_branch(target.pk)  # read after the lock; its tip and session load after it too
         if actor.job is not None:
             check_caller_not_stopping(actor.job)  # a cancelled turn sends nothing more
-        if not Job.objects.filter(branch=target, status__in=OPEN_STATUSES).exists():
+        if not is_occupied(target):
             # a message turn belongs to its recipient (SPEC §7): not a child of the sender's
             # job, so the sender's cancel does not reach it
             job = admit_job(
@@ -224,7 +224,7 @@ def drain_idle_inbox(branch_id: str) -> list[Job]:
     """Drain the inbox of a branch that has no running job (reconcile: whatever left it waiting)."""
     with transaction.atomic():
         branch = Branch.objects.select_for_update(of=("self",)).filter(pk=branch_id).first()
-        if branch is None or Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists():
+        if branch is None or is_busy(branch):
             return []
         return drain_inbox_locked(branch)
 

@@ -16,14 +16,14 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from accounts.limits import effective_limit
-from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, Message, MessageRole
+from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, Message, MessageRole, is_busy
 from collab.services.admission import FENCED, enqueue_job, follow_head, send_job_event, write_prompt_node
 from collab.services.archive import AUTOMATIC_REASON, do_archive_branch
 from collab.services.artifacts import store_result
 from collab.services.deliver import drain_inbox_locked
 from collab.services.fair_share import take_running_slot, wake_waiting_in_project
 from collab.services.followup import deliver_owed_after_commit, deliver_owed_locked, owes_followup
-from collab.services.limits import live_slots_free
+from collab.services.budgets import live_slots_free
 from collab.services.locking import lock_branch, lock_job, lock_session_family
 from collab.services.messages import append_message
 from collab.services.naming import schedule_naming
@@ -62,7 +62,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
         return None
     if not inline and not live_slots_free(job.session_id, job.project):
         return None
-    busy = Job.objects.filter(branch=OuterRef("branch"), status__in=ACTIVE_STATUSES)
+    busy = Job.objects.running().filter(branch=OuterRef("branch"))
     earlier = Job.objects.filter(
         branch=OuterRef("branch"), status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at")
     )
@@ -98,7 +98,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
             if limit and not inline:
                 # checked again with the session row locked and this claim counted, so two
                 # claims in one session cannot both take its last live slot
-                if Job.objects.filter(session_id=job.session_id, status__in=ACTIVE_STATUSES).count() > limit:
+                if Job.objects.running().filter(session_id=job.session_id).count() > limit:
                     raise _NoLiveSlot
             send_job_event(job, "job.running", job.session)
             return job
@@ -230,7 +230,7 @@ def finish_job(
         send_job_event(job, f"job.{status}", branch.session)
         if job.archive_when_done:
             do_archive_branch(branch, user=job.started_by, reason=AUTOMATIC_REASON, automatic=True)
-        if ran or not Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists():
+        if ran or not is_busy(branch):
             # the branch is idle (its turn ended, or a queued job ended before it started): its
             # inbox goes now, whatever ended it (OP §5.4)
             drain_inbox_locked(branch)
@@ -299,7 +299,7 @@ def enqueue_next_on_branch(branch_id: str) -> None:
 
 def enqueue_next_in_session(session_id: str) -> None:
     """A live slot was freed: wake the oldest queued job of the session whose branch is idle."""
-    busy = Job.objects.filter(branch=OuterRef("branch"), status__in=ACTIVE_STATUSES)
+    busy = Job.objects.running().filter(branch=OuterRef("branch"))
     nxt = (
         Job.objects.filter(session_id=session_id, status=JobStatus.QUEUED, run_in_background=True)
         .filter(~Exists(busy)).order_by("created_at", "pk").values_list("pk", flat=True).first()

@@ -15,12 +15,12 @@ from django.db.models import Exists, OuterRef
 
 from accounts.limits import effective_limit
 from accounts.models import Project
-from collab.models import ACTIVE_STATUSES, Job, JobStatus
+from collab.models import Job, JobStatus
 from collab.services.admission import enqueue_job
 
 
 def _in_worker_slots(project_id: int):
-    return Job.objects.filter(project_id=project_id, status__in=ACTIVE_STATUSES, run_in_background=True)
+    return Job.objects.running().filter(project_id=project_id, run_in_background=True)
 
 
 def take_running_slot(project_id: int) -> bool:
@@ -45,7 +45,7 @@ def wake_waiting_in_project(project_id: int, *, ended_branch_id: str) -> None:
     free = effective_limit(project, "max_running_jobs") - _in_worker_slots(project_id).count()
     if free <= 0:
         return
-    busy = Job.objects.filter(branch=OuterRef("branch"), status__in=ACTIVE_STATUSES)
+    busy = Job.objects.running().filter(branch=OuterRef("branch"))
     earlier = Job.objects.filter(branch=OuterRef("branch"), status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at"))
     waiting = (
         Job.objects.filter(project_id=project_id, status=JobStatus.QUEUED, run_in_background=True)

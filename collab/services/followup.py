@@ -30,11 +30,21 @@ from collab.deliveries import (
 )
 from collab.errors import DomainError, Invalid
 from collab.events import send_event_on_commit
-from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, MessageKind, MessageRole
-from collab.text import clean_text
+from collab.models import (
+    Branch,
+    FollowupState,
+    Job,
+    JobKind,
+    JobStatus,
+    MessageKind,
+    MessageRole,
+    effective_spec,
+    is_busy,
+)
+from collab.text import bound_text, clean_text
 from collab.services.locking import kept_on_rollback, lock_for_branch
 from collab.services.messages import append_message
-from collab.services.results import bound_text, estimate_tokens, result_limit_for
+from collab.services.results import estimate_tokens, result_limit_for
 from collab.services.retry import retry_on_deadlock
 
 log = logging.getLogger(__name__)
@@ -60,12 +70,12 @@ def reader_spec(job: Job):
     caller = job.caller_branch
     if caller is None:
         return None
-    return caller.agent_spec or caller.session.agent_spec
+    return effective_spec(caller)
 
 
-def result_source(job: Job) -> str:
+def result_source(job: Job) -> str | None:
     """The ``SID:HEAD`` a result comes from: the producing branch's tip when it is delivered."""
-    return f"{job.session_id}:{job.branch.tip_id}" if job.branch.tip_id else job.session_id
+    return job.branch.address
 
 
 def _notice_parts(job: Job) -> tuple[str, str]:
@@ -191,7 +201,7 @@ def deliver_owed_locked(branch: Branch) -> list[Job]:
     branch stays stopped, and the transcript shows how each child ended."""
     from collab.services.admission import FENCED, admit_job
 
-    if Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists():
+    if is_busy(branch):
         return []  # the running turn drains them before its next model call
     bounce_stranded_locked(branch)
     admitted = []
@@ -234,7 +244,7 @@ def bounce_stranded_locked(branch: Branch) -> list[Job]:
     (a conditional UPDATE) and bounced to the agent that produced it as a failed result, like a
     turn-mode result refused by an archived caller (OP §5.4, issue 12 item 5). Returns the
     debts settled. Precondition: the branch row (and its session's) is locked."""
-    if not branch.archived or Job.objects.filter(branch=branch, status__in=ACTIVE_STATUSES).exists():
+    if not branch.archived or is_busy(branch):
         return []  # a running turn (archive never cancels it) still drains its mailbox
     exc = Invalid(f"agent {branch.display_name} is archived; its mailbox is never read again", code="archived")
     settled = []

@@ -60,14 +60,14 @@ def running(job_id: str):
 def renew_leases(job_ids) -> int:
     """One conditional UPDATE: the leases of those jobs that are still running or stopping
     move to the database's now + lease. Returns how many rows it renewed."""
-    from collab.models import ACTIVE_STATUSES, Job
+    from collab.models import Job
     from collab.services.execution import lease_deadline
 
     from django.db.models.functions import Now
 
     if not job_ids:
         return 0
-    return Job.objects.filter(pk__in=list(job_ids), status__in=ACTIVE_STATUSES).update(
+    return Job.objects.running().filter(pk__in=list(job_ids)).update(
         heartbeat_at=Now(), lease_expires_at=lease_deadline()
     )
 

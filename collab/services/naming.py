@@ -9,7 +9,7 @@ overwritten, so addresses by name keep working. The model is asked by the runtim
 from django.db import transaction
 
 from collab.events import send_event_on_commit
-from collab.models import Branch, NameStage
+from collab.models import Branch, NameStage, effective_spec
 from collab.services.locking import lock_session
 from collab.text import fit_text
 
@@ -32,7 +32,7 @@ def naming_input(branch_id: str):
     branch = Branch.objects.select_related("tip", "agent_spec", "session__agent_spec").filter(pk=branch_id).first()
     if branch is None or branch.name_stage not in RENAMABLE or branch.tip is None:
         return None
-    return branch, branch.agent_spec or branch.session.agent_spec, list(branch.messages.order_by("depth")[:20])
+    return branch, effective_spec(branch), list(branch.messages.order_by("depth")[:20])
 
 
 def do_apply_auto_title(branch: Branch, title: str | None) -> Branch:

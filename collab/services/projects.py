@@ -3,7 +3,7 @@ from django.db import transaction
 from accounts.limits import limits_of, set_limits
 from collab.errors import Invalid
 from collab.events import record_project_event
-from collab.services.workspace import WorkspaceError, check_workspace_path
+from collab.workspace import WorkspaceError, check_workspace_path
 
 
 def do_set_limits(actor, project, changes: dict):

@@ -28,7 +28,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 
-from collab.models import ACTIVE_STATUSES, FollowupState, InboxEntry, Job, JobStatus
+from collab.models import FollowupState, InboxEntry, Job, JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def reconcile() -> dict:
     from collab.services.followup import deliver_owed
 
     interrupted = []
-    for job in Job.objects.filter(status__in=ACTIVE_STATUSES, lease_expires_at__lt=Now()).select_related("branch"):
+    for job in Job.objects.running().filter(lease_expires_at__lt=Now()).select_related("branch"):
         stopping = job.status == JobStatus.STOPPING
         status = JobStatus.CANCELLED if stopping else JobStatus.INTERRUPTED
         reason = "the worker running it stopped" + (" after a cancel was requested" if stopping else "")
@@ -52,7 +52,7 @@ def reconcile() -> dict:
 
     handed_before = Now() - timedelta(seconds=settings.TRELLIS_LEASE_SECONDS)
     not_handed_since = Q(heartbeat_at__lt=handed_before) | Q(heartbeat_at__isnull=True, created_at__lt=handed_before)
-    busy = Job.objects.filter(branch=OuterRef("branch"), status__in=ACTIVE_STATUSES)
+    busy = Job.objects.running().filter(branch=OuterRef("branch"))
     earlier = Job.objects.filter(branch=OuterRef("branch"), status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at"))
     stale = []
     for pk in list(
@@ -73,7 +73,7 @@ def reconcile() -> dict:
     for branch_id in owed_branches:
         if branch_id:
             settled += [j.pk for j in deliver_owed(branch_id)]
-    running = Job.objects.filter(branch=OuterRef("target_branch"), status__in=ACTIVE_STATUSES)
+    running = Job.objects.running().filter(branch=OuterRef("target_branch"))
     drained = []
     for branch_id in set(InboxEntry.objects.filter(~Exists(running)).values_list("target_branch_id", flat=True)):
         drained += [j.pk for j in drain_idle_inbox(branch_id)]

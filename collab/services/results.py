@@ -1,23 +1,10 @@
-"""The one bounded summary of a result (SPEC §9): tool results, job_output,
-inline follow-ups and API answers all go through ``bound_text``."""
+"""How much of a result a model may read (SPEC §9): tool results, job_output, inline follow-ups
+and API answers are all cut by ``collab.text.bound_text`` to ``result_limit_for`` the reader."""
 
-RESULT_LIMIT = 30_000
+from collab.text import RESULT_LIMIT
+
 CHARS_PER_TOKEN = 4  # the estimate used wherever a size in tokens is needed without a tokenizer
 MIN_RESULT_LIMIT = 2_000
-MARKER = "\n\n[… {omitted} characters omitted …]\n\n"
-
-
-def bound_text(text: str, limit: int = RESULT_LIMIT) -> tuple[str, bool]:
-    """``text`` if it fits in ``limit`` characters, else its head and tail around a marker
-    (the whole stays within ``limit``). Returns ``(summary, truncated)``."""
-    if len(text) <= limit:
-        return text, False
-    marker_room = len(MARKER.format(omitted=len(text)))
-    keep = max(limit - marker_room, 0)
-    head = keep * 2 // 3
-    tail = keep - head
-    omitted = len(text) - head - tail
-    return text[:head] + MARKER.format(omitted=omitted) + (text[-tail:] if tail else ""), True
 
 
 def estimate_tokens(text: str) -> int:

@@ -1,8 +1,9 @@
 from django.db import transaction
 
-from collab.errors import Invalid, NotFound
+from collab.errors import Invalid
 from collab.events import send_event_on_commit
-from collab.models import AgentSpec, Branch, NameStage, Session
+from collab.models import Branch, NameStage, Session
+from collab.selectors.specs import spec_by_agent_id
 from collab.text import clean_text
 
 MAIN_BRANCH = "main"
@@ -16,9 +17,7 @@ def do_create_session(user, project, *, title: str = "", agent_id: str = "") -> 
         raise Invalid(f"title is longer than {TITLE_CHARS} characters", code="title_too_long")
     spec = None
     if agent_id:
-        spec = AgentSpec.objects.filter(project=project, agent_id=agent_id).first()
-        if spec is None:
-            raise NotFound(f"no agent spec {agent_id!r} in this project", code="unknown_agent_id")
+        spec = spec_by_agent_id(project.pk, agent_id)
     with transaction.atomic():
         session = Session.objects.create(project=project, title=title, agent_spec=spec, created_by=user)
         branch = Branch.objects.create(

@@ -11,13 +11,14 @@ no service imports the runtime (issue 14 item 5).
 from django.db import transaction
 
 from collab.access import access_message, parse_address
-from collab.errors import Invalid, NotFound
+from collab.errors import Invalid
 from collab.events import send_event_on_commit
-from collab.models import AgentSpec, Job, JobKind, MessageKind, MessageRole
+from collab.models import Job, JobKind, MessageKind, MessageRole, effective_spec
+from collab.selectors.specs import spec_by_agent_id
 from collab.services.acting import Actor, task_header
 from collab.services.admission import admit_job
 from collab.services.branches import create_branch, name_for
-from collab.services.limits import check_topology, lock_caller
+from collab.services.budgets import check_topology, lock_caller
 from collab.services.locking import lock_sessions
 from collab.services.messages import append_message
 from collab.services.turns import check_prompt
@@ -52,11 +53,8 @@ def resolve_start_from(actor: Actor, start_from: str):
 
 def pick_spec(actor: Actor, session, agent_id: str):
     if agent_id:
-        spec = AgentSpec.objects.filter(project_id=session.project_id, agent_id=agent_id).first()
-        if spec is None:
-            raise NotFound(f"no saved agent {agent_id!r} in this project", code="unknown_agent_id")
-        return spec
-    return actor.branch.agent_spec or actor.session.agent_spec  # forks stay in the project
+        return spec_by_agent_id(session.project_id, agent_id)
+    return effective_spec(actor.branch, actor.session)  # forks stay in the project
 
 
 def do_spawn(actor: Actor, *, prompt: str, description: str = "", agent_id: str = "", start_from: str = "clean",

@@ -22,15 +22,7 @@ from django.db import IntegrityError, transaction
 from accounts.limits import effective_limit
 from collab.errors import Conflict, DomainError
 from collab.events import send_event_on_commit
-from collab.models import (
-    OPEN_STATUSES,
-    AgentRole,
-    Branch,
-    Job,
-    JobKind,
-    NameStage,
-    Session,
-)
+from collab.models import AgentRole, Branch, Job, JobKind, NameStage, Session, effective_spec, is_occupied
 from collab.selectors.children import children_of
 from collab.selectors.jobs import sessions_owing_results
 from collab.services.acting import Actor
@@ -76,7 +68,7 @@ def find_child(actor: Actor, task_name: str) -> Branch:
 
 
 def active_child_turns(root: Session) -> int:
-    return Job.objects.filter(session__parent_session=root, status__in=OPEN_STATUSES).count()
+    return Job.objects.open().filter(session__parent_session=root).count()
 
 
 def _lock_root(actor: Actor) -> Session:
@@ -119,7 +111,7 @@ def do_spawn_child(actor: Actor, *, task_name: str, message: str) -> Job:
     check_prompt(message)
     if actor.session.parent_session_id:
         raise ow_error("agent_start_failed", "a sub-agent cannot start sub-agents (one level only)")
-    spec = actor.branch.agent_spec or actor.session.agent_spec
+    spec = effective_spec(actor.branch, actor.session)
     try:
         with transaction.atomic():
             root = _lock_root(actor)
@@ -164,7 +156,7 @@ def do_followup_child(actor: Actor, *, task_name: str, message: str) -> Job:
     try:
         with transaction.atomic():
             root = _lock_root(actor)
-            if Job.objects.filter(branch=child, status__in=OPEN_STATUSES).exists():
+            if is_occupied(child):
                 raise ow_error("agent_turn_start_failed", f"{task_name!r} is still running; wait_agent for its result first")
             _take_slot(root)
             job = admit_job(session=child.session, branch=child, kind=JobKind.TASK, prompt=message,
@@ -184,7 +176,7 @@ def do_interrupt_child(actor: Actor, *, task_name: str) -> Job:
     child = find_child(actor, task_name)
     command_id = f"interrupt_agent:{uuid.uuid4().hex}"
     for _ in range(3):
-        job = Job.objects.filter(branch=child, status__in=OPEN_STATUSES).order_by("-created_at").first()
+        job = Job.objects.open().filter(branch=child).order_by("-created_at").first()
         if job is None:
             raise ow_error("agent_interrupt_failed", f"{task_name!r} has no running turn to interrupt")
         try:

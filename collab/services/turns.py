@@ -1,7 +1,7 @@
 """A person's turn on a session (SPEC §11.1 ``POST /api/sessions/{sid}/turns``).
 
 Double-texting (issue 16 item 2; LangGraph Agent Server's ``multitask_strategy``): a turn
-posted while its branch is busy — it has a running or stopping job (``is_busy``, the one
+posted while its branch is busy — it has a running or stopping job (``collab.models.is_busy``, the one
 definition the branch rows' ``busy`` flag uses) — follows a strategy chosen per request,
 else the branch's agent spec's default (``AgentSpec.limits["multitask_strategy"]``), else
 ``enqueue``:
@@ -30,7 +30,8 @@ from django.db import transaction
 
 from collab.access import Caller, access_branch, require_can_archive
 from collab.errors import Conflict, Invalid, NotFound
-from collab.models import ACTIVE_STATUSES, TERMINAL_STATUSES, AgentSpec, Branch, Job, JobKind, Session
+from collab.models import TERMINAL_STATUSES, Branch, Job, JobKind, Session, effective_spec
+from collab.selectors.specs import spec_by_agent_id
 from collab.services.admission import admit_job
 from collab.services.locking import lock_branch, lock_sessions
 from collab.services.retry import retry_on_deadlock
@@ -90,8 +91,8 @@ def spec_strategy(spec) -> str:
 
 
 def running_job(branch: Branch) -> Job | None:
-    """The branch's running or stopping job — what makes it busy (``selectors.agents.is_busy``)."""
-    return Job.objects.filter(branch_id=branch.pk, status__in=ACTIVE_STATUSES).order_by("created_at", "pk").first()
+    """The branch's running or stopping job — what makes it busy (``collab.models.is_busy``)."""
+    return Job.objects.running().filter(branch_id=branch.pk).order_by("created_at", "pk").first()
 
 
 def do_start_user_turn(user, session: Session, prompt: str, *, branch: str | None = None, agent_id: str | None = None,
@@ -103,12 +104,10 @@ def do_start_user_turn(user, session: Session, prompt: str, *, branch: str | Non
     strategy = check_strategy(multitask_strategy)
     spec = None
     if agent_id:
-        spec = AgentSpec.objects.filter(project_id=session.project_id, agent_id=agent_id).first()
-        if spec is None:
-            raise NotFound(f"no agent spec {agent_id!r} in this project", code="unknown_agent_id")
+        spec = spec_by_agent_id(session.project_id, agent_id)
     target = target_branch(user, session, branch)
     if strategy is None:
-        strategy = spec_strategy(spec or target.agent_spec or session.agent_spec)
+        strategy = spec_strategy(spec or effective_spec(target, session))
     if strategy in (INTERRUPT, ROLLBACK):
         current = running_job(target)
         if current is not None:
@@ -182,7 +181,7 @@ def rollback_and_start(user, session: Session, old: Branch, rolled: Job, prompt:
         fork_at = rolled.prompt_msg.predecessor if rolled.prompt_msg_id else locked.tip
         name, stage = name_for("", prompt)
         fork = create_branch(session, name=name, name_stage=stage, forked_from=fork_at,
-                             agent_spec=locked.agent_spec or session.agent_spec, created_by=user)
+                             agent_spec=effective_spec(locked, session), created_by=user)
         job = admit_job(session=session, branch=fork, kind=JobKind.USER, prompt=prompt, started_by=user, agent_spec=spec)
         do_archive_branch(locked, user=user, reason=ROLLED_BACK)
         Session.objects.filter(pk=session.pk).update(head=job.prompt_msg)
@@ -207,6 +206,6 @@ def do_fork_and_start(user, session: Session, message, prompt: str, *, name: str
         name, stage = name_for(name, prompt)
         branch = create_branch(
             session, name=name, name_stage=stage, forked_from=message,
-            agent_spec=message.branch.agent_spec or session.agent_spec, created_by=user,
+            agent_spec=effective_spec(message.branch, session), created_by=user,
         )
         return admit_job(session=session, branch=branch, kind=JobKind.USER, prompt=prompt, started_by=user)

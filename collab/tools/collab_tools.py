@@ -11,15 +11,17 @@ from pydantic import Field
 
 from collab.access import access_branch, access_owned_job, access_session, require_can_archive
 from collab.errors import Invalid, NotFound
-from collab.models import TERMINAL_STATUSES, HeldDelivery, Job, Todo
+from collab.models import TERMINAL_STATUSES, HeldDelivery, Job, Todo, format_address
 from collab.selectors.agents import list_agents as select_agents
 from collab.selectors.agents import render_agents
 from collab.selectors.jobs import jobs_dispatched_by
 from collab.selectors.pages import shown_branch
+from collab.selectors.shapes import job_summary
 from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MAX_CHARS, render_transcript
 from collab.services.archive import do_archive_branch
 from collab.services.deliver import do_delegate, do_send_message
-from collab.services.results import bound_text, result_limit_for
+from collab.services.results import result_limit_for
+from collab.text import bound_text
 from collab.services.spawn import do_spawn
 from collab.services.todos import do_create_todo, do_update_todo
 from collab.services.waiting import wait_for_change
@@ -86,13 +88,13 @@ def agent(ctx, p: AgentParams) -> ToolResult:
         # function-level: collab.runtime.loop imports this module (through the tool surface) at start-up
         from collab.runtime.loop import run_foreground
 
-        run_foreground(job, ctx.job)
+        run_foreground(job, ctx.turn)
     branch = job.branch
     if p.run_in_background:
         return ToolResult(
             text=f"started agent {branch.display_name!r} in the background: execution {job.pk}; its result will come back to you automatically.",
             details={"execution_id": job.pk, "status": job.status, "name": branch.display_name,
-                     "address": f"{branch.session_id}:{job.prompt_msg_id}", "session_id": branch.session_id},
+                     "address": format_address(branch.session_id, job.prompt_msg_id), "session_id": branch.session_id},
         )
     branch.refresh_from_db()
     summary, truncated = bound_text(job.result_text, result_limit_for(reading_spec(ctx)))
@@ -284,8 +286,7 @@ def list_jobs(ctx, p: ListJobsParams) -> ToolResult:
     jobs = jobs_dispatched_by(ctx.session, user=ctx.user, status=p.status, limit=p.limit)
     return ToolResult(
         text="\n".join(_job_line(j) for j in jobs) or "no jobs",
-        details={"jobs": [{"job_id": j.pk, "kind": j.kind, "status": j.status, "version": j.version,
-                           "is_error": j.is_error, "branch": j.branch.display_name} for j in jobs]},
+        details={"jobs": [{**job_summary(j), "branch": j.branch.display_name} for j in jobs]},
     )
 
 
@@ -324,6 +325,5 @@ def job_output(ctx, p: JobOutputParams) -> ToolResult:
         text = summary
     return ToolResult(
         text=text,
-        details={"job_id": job.pk, "status": job.status, "version": job.version, "done": done, "is_error": job.is_error,
-                 "error_code": job.error_code, "truncated": truncated},
+        details={**job_summary(job), "done": done, "truncated": truncated},
     )

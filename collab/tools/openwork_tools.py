@@ -14,19 +14,10 @@ from pydantic import Field, field_validator
 from collab.errors import DomainError
 from collab.selectors.children import list_children
 from collab.services import subagents
-from collab.services.workspace import Workspace, WorkspaceError, run_bash
+from collab.workspace import Workspace, WorkspaceError, run_bash
 from collab.tools.registry import ToolParams, ToolResult, register
 
 OPENWORK = ("openwork",)
-
-
-class _Message(ToolParams):
-    @field_validator("message", check_fields=False)
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("message must not be blank")
-        return value
 
 
 # The pattern is advertised in the schema; the service checks it so that a bad name answers
@@ -34,9 +25,18 @@ class _Message(ToolParams):
 TASK_NAME_SCHEMA = {"pattern": subagents.TASK_NAME.pattern, "maxLength": 48}
 
 
-class SpawnParams(_Message):
+class TaskMessageParams(ToolParams):
+    """A sub-agent's task name and a message for it: ``spawn_agent`` and ``followup_task``."""
+
     task_name: str = Field(json_schema_extra=TASK_NAME_SCHEMA)
     message: str = Field(min_length=1)
+
+    @field_validator("message")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("message must not be blank")
+        return value
 
 
 class WaitParams(ToolParams):
@@ -47,16 +47,11 @@ class NoParams(ToolParams):
     pass
 
 
-class FollowupParams(_Message):
-    task_name: str = Field(json_schema_extra=TASK_NAME_SCHEMA)
-    message: str = Field(min_length=1)
-
-
 class InterruptParams(ToolParams):
     task_name: str = Field(json_schema_extra=TASK_NAME_SCHEMA)
 
 
-@register("spawn_agent", toolsets=OPENWORK, params=SpawnParams, description="""
+@register("spawn_agent", toolsets=OPENWORK, params=TaskMessageParams, description="""
 Start a read-only explorer sub-agent on one specific, bounded question and return at once; its
 final answer arrives later in your conversation as an <agent_message> (before your next model
 call). task_name names it for followup_task / interrupt_agent / list_agents (lowercase, digits,
@@ -64,7 +59,7 @@ underscores; unique among your sub-agents). Use it for independent codebase ques
 research should stay out of your context; at most max_active_turns (default 3) sub-agent turns
 run at once. Do not use it for a single small question, for critical-path research your next
 step depends on, or to repeat a question already delegated.""")
-def spawn_agent(ctx, p: SpawnParams) -> ToolResult:
+def spawn_agent(ctx, p: TaskMessageParams) -> ToolResult:
     job = subagents.do_spawn_child(ctx, task_name=p.task_name, message=p.message)
     return ToolResult(text=json.dumps({"task_name": p.task_name}), details={"task_name": p.task_name, "execution_id": job.pk})
 
@@ -91,12 +86,12 @@ def list_agents(ctx, p: NoParams) -> ToolResult:
     return ToolResult(text=json.dumps(rows), details={"agents": rows})
 
 
-@register("followup_task", toolsets=OPENWORK, params=FollowupParams, description="""
+@register("followup_task", toolsets=OPENWORK, params=TaskMessageParams, description="""
 Give an idle sub-agent a new task (a new turn with its existing context); its answer arrives as
 an <agent_message> like the first one. Fails with agent_turn_start_failed while it is still
 running. Shares the limit of max_active_turns (default 3) concurrent sub-agent turns. Reuse an
 explorer when its context helps; do not re-ask a question it could not answer.""")
-def followup_task(ctx, p: FollowupParams) -> ToolResult:
+def followup_task(ctx, p: TaskMessageParams) -> ToolResult:
     job = subagents.do_followup_child(ctx, task_name=p.task_name, message=p.message)
     return ToolResult(text="Follow-up task started", details={"task_name": p.task_name, "execution_id": job.pk})
 

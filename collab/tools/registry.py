@@ -18,9 +18,10 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from collab.errors import DomainError
+from collab.models import effective_spec
 from collab.services.acting import Actor
-from collab.services.results import bound_text, result_limit_for
-from collab.text import clean_data, clean_text
+from collab.services.results import result_limit_for
+from collab.text import bound_text, clean_data, clean_text
 
 
 DETAIL_FIELD_CHARS = 2_000  # a detail field larger than this is left out of an over-long result
@@ -124,7 +125,9 @@ def reading_spec(ctx: ToolContext):
     """The spec of the model that reads a tool's result (bounds it to its context window)."""
     branch = getattr(ctx, "branch", None)
     session = getattr(ctx, "session", None)
-    return (getattr(branch, "agent_spec", None) if branch is not None else None) or getattr(session, "agent_spec", None)
+    if branch is None:
+        return getattr(session, "agent_spec", None)
+    return effective_spec(branch, session)
 
 
 def _run_tool(ctx: ToolContext, name: str, arguments: Any, *, tools: list[Tool]) -> ToolResult:

@@ -6,27 +6,28 @@ never more than its parent branch; workspace tools need the project's workspace,
 ``bash`` also a working bubblewrap (never unsandboxed).
 """
 
-from collab.models import AgentRole, Branch
-from collab.services.workspace import sandbox_status
+from collab.models import AgentRole, Branch, effective_spec
+from collab.workspace import sandbox_status
 from collab.tools.registry import Tool, tools_for
 
 EXPLORER_TOOLS = frozenset({"read", "grep", "glob", "list", "bash"})
 
 
-def spec_of(branch: Branch):
-    return branch.agent_spec or branch.session.agent_spec
-
-
-def role_of(branch: Branch) -> str:
-    """A child session's role (set at spawn) wins over the spec's."""
+def agent_role_of(branch: Branch) -> str:
+    """The agent's role (``AgentRole``; not a person's membership role, ``accounts.policy.role_of``):
+    a child session's role (set at spawn) wins over the spec's."""
     session = branch.session
     if session.agent_role:
         return session.agent_role
-    return getattr(spec_of(branch), "role", "") or AgentRole.GENERAL
+    return getattr(effective_spec(branch), "role", "") or AgentRole.GENERAL
+
+
+def spec_toolset(spec) -> str:
+    return getattr(spec, "toolset", "") or "collab"
 
 
 def toolset_of(branch: Branch) -> str:
-    return getattr(spec_of(branch), "toolset", "") or "collab"
+    return spec_toolset(effective_spec(branch))
 
 
 def withheld_tools(project) -> dict[str, str]:
@@ -46,11 +47,11 @@ def withheld_tools(project) -> dict[str, str]:
 
 
 def branch_tools(branch: Branch) -> list[Tool]:
-    spec = spec_of(branch)
+    spec = effective_spec(branch)
     tools = tools_for(toolset_of(branch), list(getattr(spec, "tools", None) or []))
     withheld = withheld_tools(branch.session.project) if any(t.needs for t in tools) else {}
     tools = [t for t in tools if t.name not in withheld]
-    if role_of(branch) == AgentRole.EXPLORER:
+    if agent_role_of(branch) == AgentRole.EXPLORER:
         tools = [t for t in tools if t.name in EXPLORER_TOOLS]
         if branch.parent_branch_id:  # never wider than the parent that spawned it
             parent = {t.name for t in branch_tools(branch.parent_branch)}

@@ -389,6 +389,17 @@ def test_prices_match_the_longest_listed_model_prefix(settings):
     assert model_cost("unlisted", 10**9, 10**9) == 0
 
 
+def test_the_operators_prices_add_to_and_override_the_built_in_table(settings):
+    from collab.runtime.providers.remote import BUILTIN_PRICES, model_cost, price_table
+
+    settings.TRELLIS_MODEL_PRICES = {"my-model": (1.0, 2.0), "gpt-4o": (9.0, 9.5)}
+    table = price_table()
+    assert table["my-model"] == (1.0, 2.0) and table["gpt-4o"] == (9.0, 9.5)
+    assert table["claude-sonnet-4"] == BUILTIN_PRICES["claude-sonnet-4"]
+    # one table: the longest listed prefix wins whichever list it came from
+    assert model_cost("gpt-4o-mini-2024-07-18", 1_000_000, 0) == Decimal("0.15")
+
+
 def _prices_from_env(tmp_path, value: str):
     code = "import config.settings as s; import json; print(json.dumps(s.TRELLIS_MODEL_PRICES))"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "TRELLIS_", "DATABASE_URL", "REDIS_URL"))}
@@ -400,7 +411,7 @@ def test_the_price_table_is_overridable_by_env_json_and_a_bad_value_stops_the_pr
     r = _prices_from_env(tmp_path, '{"my-model": [1, 2], "gpt-4o": [9, 9.5]}')
     assert r.returncode == 0, r.stderr
     prices = json.loads(r.stdout)
-    assert prices["my-model"] == [1, 2] and prices["gpt-4o"] == [9, 9.5] and "claude-sonnet-4" in prices
+    assert prices == {"my-model": [1, 2], "gpt-4o": [9, 9.5]}
     r = _prices_from_env(tmp_path, '{"my-model": [1]}')
     assert r.returncode != 0 and "ImproperlyConfigured" in r.stderr and "TRELLIS_MODEL_PRICES" in r.stderr
 

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from collab.services import workspace as ws
-from collab.services.workspace import MAX_OUTPUT_CHARS, MAX_READ_BYTES, Workspace, WorkspaceError, open_workspace, run_bash
+from collab import workspace as ws
+from collab.workspace import MAX_OUTPUT_CHARS, MAX_READ_BYTES, Workspace, WorkspaceError, open_workspace, run_bash
 from tests.conftest import make_git_repo
 
 

@@ -1,4 +1,4 @@
-"""Model providers behind one interface: ``complete(ctx) -> ModelResponse``."""
+"""Model providers behind one interface: ``complete(turn) -> ModelResponse``."""
 
 from collab.provider_specs import IMPLEMENTED_PROVIDERS
 from collab.runtime.providers.base import ModelResponse, ProviderError, ToolCall

@@ -34,30 +34,30 @@ class AnthropicProvider(RemoteProvider):
         return anthropic.Anthropic(api_key=key, base_url=self.base_url, timeout=self.timeout, max_retries=0,
                              http_client=http_client)
 
-    def request(self, ctx) -> dict:
+    def request(self, turn) -> dict:
         """The Messages API request for this model call (without ``stream``)."""
         kwargs = {
             "model": self.model,
             "max_tokens": self.max_tokens or settings.TRELLIS_MODEL_MAX_TOKENS,
-            "messages": anthropic_messages(ctx.history(), fallback_user_text=ctx.prompt),
+            "messages": anthropic_messages(turn.history(), fallback_user_text=turn.prompt),
         }
-        system = ctx.system_prompt
+        system = turn.system_prompt
         if system:
             kwargs["system"] = system
-        tools = anthropic_tools(ctx.available_tools())
+        tools = anthropic_tools(turn.available_tools())
         if tools:
             kwargs["tools"] = tools
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
         return kwargs
 
-    def _complete(self, client, ctx) -> ModelResponse:
-        kwargs = self.request(ctx)
+    def _complete(self, client, turn) -> ModelResponse:
+        kwargs = self.request(turn)
         if not self.stream:
             return self._answer(client.messages.create(**kwargs))
         stream = client.messages.create(**kwargs, stream=True)
         try:
-            return self._assemble(stream, ctx)
+            return self._assemble(stream, turn)
         finally:
             stream.close()
 
@@ -74,14 +74,14 @@ class AnthropicProvider(RemoteProvider):
             cost=self.cost(tokens_in, tokens_out),
         )
 
-    def _assemble(self, stream, ctx) -> ModelResponse:
+    def _assemble(self, stream, turn) -> ModelResponse:
         blocks: dict[int, dict] = {}
         order: list[int] = []
         tokens_in = tokens_out = 0
-        on_delta = getattr(ctx, "on_text_delta", None)
+        on_delta = getattr(turn, "on_text_delta", None)
         for event in stream:
-            ctx.check_stop()
-            ctx.progressed()
+            turn.check_stop()
+            turn.progressed()
             kind = event.type
             if kind == "message_start":
                 tokens_in = _input_tokens(event.message.usage)

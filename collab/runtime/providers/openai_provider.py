@@ -28,17 +28,17 @@ class OpenAIProvider(RemoteProvider):
         return openai.OpenAI(api_key=key, base_url=self.base_url, timeout=self.timeout, max_retries=0,
                              http_client=http_client)
 
-    def request(self, ctx) -> dict:
+    def request(self, turn) -> dict:
         """The Chat Completions request for this model call (without ``stream``)."""
         kwargs = {
             "model": self.model,
-            "messages": openai_messages(ctx.history(), ctx.system_prompt, fallback_user_text=ctx.prompt),
+            "messages": openai_messages(turn.history(), turn.system_prompt, fallback_user_text=turn.prompt),
         }
-        tools = openai_tools(ctx.available_tools())
+        tools = openai_tools(turn.available_tools())
         if tools:
             kwargs["tools"] = tools
             kwargs["parallel_tool_calls"] = True
-            choice = self.tool_choice(ctx, tools)
+            choice = self.tool_choice(turn, tools)
             if choice is not None:
                 kwargs["tool_choice"] = choice
         if self.max_tokens:
@@ -47,16 +47,16 @@ class OpenAIProvider(RemoteProvider):
             kwargs["temperature"] = self.temperature
         return kwargs
 
-    def tool_choice(self, ctx, tools: list[dict]):
+    def tool_choice(self, turn, tools: list[dict]):
         """``limits.tool_choice`` ("auto", "required" or a tool's name) for the first model call of
         a turn, later calls left to the model; after ``limits.tool_rounds`` model calls the model
         must answer in text ("none"). Small local models need both: forced, they call tools
         well (llama.cpp's chatml-function-calling format); unforced, they call them forever."""
         rounds = self.option("tool_rounds", None, int)
-        if rounds is not None and ctx.model_calls >= rounds:
+        if rounds is not None and turn.model_calls >= rounds:
             return "none"
         wanted = self.option("tool_choice", None)
-        if wanted is None or ctx.model_calls > 0:
+        if wanted is None or turn.model_calls > 0:
             return None
         if wanted in ("auto", "required", "none"):
             return wanted
@@ -64,13 +64,13 @@ class OpenAIProvider(RemoteProvider):
             return {"type": "function", "function": {"name": wanted}}
         raise ProviderError(f"limits.tool_choice names {wanted!r}, which this agent is not offered", code="provider_config")
 
-    def _complete(self, client, ctx) -> ModelResponse:
-        kwargs = self.request(ctx)
+    def _complete(self, client, turn) -> ModelResponse:
+        kwargs = self.request(turn)
         if not self.stream:
             return self._answer(client.chat.completions.create(**kwargs))
         stream = client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
         with stream:
-            return self._assemble(stream, ctx)
+            return self._assemble(stream, turn)
 
     def _answer(self, completion) -> ModelResponse:
         choice = completion.choices[0] if completion.choices else None
@@ -91,15 +91,15 @@ class OpenAIProvider(RemoteProvider):
             tokens_in=tokens_in, tokens_out=tokens_out, cost=self.cost(tokens_in, tokens_out),
         )
 
-    def _assemble(self, stream, ctx) -> ModelResponse:
+    def _assemble(self, stream, turn) -> ModelResponse:
         text: list[str] = []
         slots: list[dict] = []  # one per tool call, in the order the model opened them
         by_index: dict[int, dict] = {}
         tokens_in = tokens_out = 0
-        on_delta = getattr(ctx, "on_text_delta", None)
+        on_delta = getattr(turn, "on_text_delta", None)
         for chunk in stream:
-            ctx.check_stop()
-            ctx.progressed()
+            turn.check_stop()
+            turn.progressed()
             if chunk.usage:
                 tokens_in = chunk.usage.prompt_tokens or 0
                 tokens_out = chunk.usage.completion_tokens or 0

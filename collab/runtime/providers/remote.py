@@ -16,7 +16,7 @@ Per-spec model options live in ``AgentSpec.limits`` (all optional):
 ``stream`` (default true), ``max_tokens``, ``temperature``, ``timeout_seconds``,
 ``max_retries``. Defaults come from settings (``TRELLIS_MODEL_*``).
 
-While streaming, each text fragment is also handed to ``ctx.on_text_delta(text)``
+While streaming, each text fragment is also handed to ``turn.on_text_delta(text)``
 when the turn context has one (the hook for streaming tokens to the page). A
 call retried after a broken stream starts its text over.
 """
@@ -63,7 +63,7 @@ class Failure:
 
 class RemoteProvider:
     """Base of the SDK providers. Subclasses set ``name``, ``sdk`` (the SDK module) and
-    ``official_base_url``, and implement ``_client(key, http_client)``, ``_complete(client, ctx)``
+    ``official_base_url``, and implement ``_client(key, http_client)``, ``_complete(client, turn)``
     and ``_title(client, messages)``."""
 
     name = ""
@@ -183,8 +183,8 @@ class RemoteProvider:
 
     # --- the interface -------------------------------------------------------------------
 
-    def complete(self, ctx):
-        return self.call(lambda client: self._complete(client, ctx), ctx=ctx, retries=self.max_retries)
+    def complete(self, turn):
+        return self.call(lambda client: self._complete(client, turn), turn=turn, retries=self.max_retries)
 
     def title(self, messages) -> str:
         """A short title (≤ 8 words) for branch naming stage 2; any failure is a ``ProviderError``
@@ -192,7 +192,7 @@ class RemoteProvider:
         from collab.runtime.providers.mapping import clean_title
 
         try:
-            answer = self.call(lambda client: self._title(client, messages), ctx=None,
+            answer = self.call(lambda client: self._title(client, messages), turn=None,
                                retries=min(self.max_retries, TITLE_RETRIES))
         except ProviderError:
             raise
@@ -202,11 +202,11 @@ class RemoteProvider:
 
     # --- retries -------------------------------------------------------------------------
 
-    def call(self, attempt, *, ctx, retries: int):
+    def call(self, attempt, *, turn, retries: int):
         """Run ``attempt(client)`` with up to ``retries`` retries on 429, 5xx, timeouts and
         connection errors (exponential backoff with jitter, honouring ``Retry-After``).
         Each retry is logged and, in a turn, recorded as a ``model.retry`` event. A stop
-        request during the backoff ends the wait at once (``ctx.sleep``)."""
+        request during the backoff ends the wait at once (``turn.sleep``)."""
         self.connect()
         key = self.api_key()
         tries = 0
@@ -225,9 +225,9 @@ class RemoteProvider:
             tries += 1
             delay = self.backoff(tries, failure.retry_after)
             log.warning("%s model call failed (%s); retry %d of %d in %.2fs", self.name, failure.reason, tries, retries, delay)
-            if ctx is not None:
-                record_retry(ctx, provider=self.name, attempt=tries, retries=retries, failure=failure, delay=delay)
-                ctx.sleep(delay)
+            if turn is not None:
+                record_retry(turn, provider=self.name, attempt=tries, retries=retries, failure=failure, delay=delay)
+                turn.sleep(delay)
             else:
                 time.sleep(delay)
 
@@ -308,12 +308,12 @@ def retry_after(exc) -> float | None:
     return None
 
 
-def record_retry(ctx, *, provider: str, attempt: int, retries: int, failure: Failure, delay: float) -> None:
+def record_retry(turn, *, provider: str, attempt: int, retries: int, failure: Failure, delay: float) -> None:
     from collab.events import send_event_on_commit
 
     payload = {
-        "job": ctx.job.pk,
-        "branch": ctx.branch.pk,
+        "job": turn.job.pk,
+        "branch": turn.branch.pk,
         "provider": provider,
         "attempt": attempt,
         "max_retries": retries,
@@ -323,14 +323,36 @@ def record_retry(ctx, *, provider: str, attempt: int, retries: int, failure: Fai
         "delay_ms": int(delay * 1000),
     }
     with transaction.atomic():
-        send_event_on_commit(ctx.job.session_id, "model.retry", payload)
+        send_event_on_commit(turn.job.session_id, "model.retry", payload)
+
+
+# Model → (input $/Mtok, output $/Mtok); the operator's ``TRELLIS_MODEL_PRICES`` adds to and
+# overrides these (``price_table``).
+BUILTIN_PRICES = {
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4.1-nano": (0.10, 0.40),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "gpt-4.1": (2.00, 8.00),
+    "o4-mini": (1.10, 4.40),
+    "claude-3-5-haiku": (0.80, 4.00),
+    "claude-haiku-4": (1.00, 5.00),
+    "claude-sonnet-4": (3.00, 15.00),
+    "claude-opus-4": (15.00, 75.00),
+    "claude-opus-4-5": (5.00, 25.00),
+}
+
+
+def price_table() -> dict:
+    """The built-in prices with the operator's (``settings.TRELLIS_MODEL_PRICES``) over them."""
+    return {**BUILTIN_PRICES, **(getattr(settings, "TRELLIS_MODEL_PRICES", {}) or {})}
 
 
 def model_price(model: str, overrides: dict | None = None) -> tuple[Decimal, Decimal] | None:
     """(input, output) $ per million tokens: from the connection's ``prices`` if it lists the
-    model, else settings.TRELLIS_MODEL_PRICES; in each, the exact model, else the longest name
-    the model starts with (``gpt-4o-2024-08-06`` → ``gpt-4o``); None if unknown."""
-    for prices in (overrides or {}, getattr(settings, "TRELLIS_MODEL_PRICES", {}) or {}):
+    model, else ``price_table()``; in each, the exact model, else the longest name the model
+    starts with (``gpt-4o-2024-08-06`` → ``gpt-4o``); None if unknown."""
+    for prices in (overrides or {}, price_table()):
         if model in prices:
             found = prices[model]
         else:

@@ -28,14 +28,14 @@ FALLBACK_PREFIX = "ok: "
 _PLACEHOLDER = re.compile(r"\{\{\s*(prompt|address|mailbox|last\.text|last\.details(?:\.[A-Za-z0-9_\-]+)+)\s*\}\}")
 
 
-def _lookup(name: str, ctx) -> Any:
+def _lookup(name: str, turn) -> Any:
     if name == "prompt":
-        return ctx.prompt
+        return turn.prompt
     if name == "address":
-        return ctx.address
+        return turn.address
     if name == "mailbox":
-        return ctx.mailbox_text
-    last = ctx.last_result
+        return turn.mailbox_text
+    last = turn.last_result
     if name == "last.text":
         return last.text if last else ""
     value: Any = last.details if last else {}
@@ -53,18 +53,18 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def substitute(value: Any, ctx) -> Any:
+def substitute(value: Any, turn) -> Any:
     """Fill placeholders in every string of ``value``. A string that is exactly one
     placeholder takes the raw value (so ``"{{last.details.id}}"`` can stay a number)."""
     if isinstance(value, str):
         whole = _PLACEHOLDER.fullmatch(value.strip())
         if whole:
-            return _lookup(whole.group(1), ctx)
-        return _PLACEHOLDER.sub(lambda m: _as_text(_lookup(m.group(1), ctx)), value)
+            return _lookup(whole.group(1), turn)
+        return _PLACEHOLDER.sub(lambda m: _as_text(_lookup(m.group(1), turn)), value)
     if isinstance(value, list):
-        return [substitute(v, ctx) for v in value]
+        return [substitute(v, turn) for v in value]
     if isinstance(value, dict):
-        return {k: substitute(v, ctx) for k, v in value.items()}
+        return {k: substitute(v, turn) for k, v in value.items()}
     return value
 
 
@@ -84,29 +84,29 @@ class ScriptedProvider:
             return self.script.get(kind) or []
         return []
 
-    def complete(self, ctx) -> ModelResponse:
-        steps = self.steps_for(ctx.job.kind)
-        state = ctx.provider_state
+    def complete(self, turn) -> ModelResponse:
+        steps = self.steps_for(turn.job.kind)
+        state = turn.provider_state
         while state.get("cursor", 0) < len(steps):
             index = state.get("cursor", 0)
             step = steps[index]
             state["cursor"] = index + 1
             if step.get("sleep_ms"):
-                ctx.sleep(step["sleep_ms"] / 1000)
+                turn.sleep(step["sleep_ms"] / 1000)
             if step.get("text") is not None:
-                return ModelResponse(text=_as_text(substitute(step["text"], ctx)))
+                return ModelResponse(text=_as_text(substitute(step["text"], turn)))
             if step.get("tool_calls"):
                 calls = [
                     ToolCall(
                         id=f"call_{index}_{n}",
                         name=call["name"],
-                        arguments=substitute(call.get("arguments") or {}, ctx),
+                        arguments=substitute(call.get("arguments") or {}, turn),
                     )
                     for n, call in enumerate(step["tool_calls"])
                 ]
                 return ModelResponse(tool_calls=calls)
             # a pure sleep step: carry on with the next one in the same model call
-        return ModelResponse(text=FALLBACK_PREFIX + ctx.prompt[:200])
+        return ModelResponse(text=FALLBACK_PREFIX + turn.prompt[:200])
 
 
 def _title_from(messages) -> str:

@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 import re2
 from django.conf import settings
 
-from collab.text import clean_text
+from collab.text import BoundedStream, clean_text
 
 MAX_READ_BYTES = 5 * 1024 * 1024
 MAX_OUTPUT_CHARS = 30_000
@@ -288,7 +288,9 @@ def _text_lines(file: Path, shown: str) -> list[str]:
 
 
 def _bounded(lines: list[str], total: int) -> str:
-    """Join ``lines`` (the first of ``total``) within MAX_OUTPUT_CHARS, noting how many were left out."""
+    """Join ``lines`` (the first of ``total``) within MAX_OUTPUT_CHARS, noting how many were left out.
+    A listing is cut at whole entries with a count the model can page on, not head+tail like free
+    text (``collab.text.bound_text``, which bounds the tool's whole answer after this)."""
     out: list[str] = []
     size = 0
     for line in lines:
@@ -553,7 +555,7 @@ def run_bash(workspace: Workspace, command: str, timeout_ms: int = 30_000) -> Ba
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=functools.partial(_limit_resources, cgroup, nproc),
         )
-        output = _HeadTail((MAX_OUTPUT_CHARS - 100) // 2)
+        output = _DecodedOutput(MAX_OUTPUT_CHARS - 100)  # room for the status line within the tool bound
         finished = _pump(process, output, time.monotonic() + timeout_ms / 1000)
         if not finished:
             # bwrap is the group leader; --die-with-parent takes the sandbox's pid namespace down with it.
@@ -571,7 +573,7 @@ def run_bash(workspace: Workspace, command: str, timeout_ms: int = 30_000) -> Ba
     )
 
 
-def _pump(process: subprocess.Popen, output: _HeadTail, deadline: float) -> bool:
+def _pump(process: subprocess.Popen, output: _DecodedOutput, deadline: float) -> bool:
     """Copy the process's output into ``output`` until EOF (True) or the deadline (False)."""
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ)
@@ -586,31 +588,15 @@ def _pump(process: subprocess.Popen, output: _HeadTail, deadline: float) -> bool
     return False
 
 
-class _HeadTail:
-    """Decoded output keeping only the first and last ``keep`` characters, counting what falls between."""
+class _DecodedOutput(BoundedStream):
+    """A command's output bytes, decoded as UTF-8 as they come and bounded head+tail (``collab.text``)."""
 
-    def __init__(self, keep: int):
-        self.keep = keep
-        self.head = ""
-        self.tail = ""
-        self.omitted = 0
+    def __init__(self, limit: int):
+        super().__init__(limit)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def feed(self, data: bytes) -> None:
-        self._add(self.decoder.decode(data))
+        self.add(self.decoder.decode(data))
 
     def finish(self) -> None:
-        self._add(self.decoder.decode(b"", final=True))
-
-    def _add(self, text: str) -> None:
-        room = self.keep - len(self.head)
-        self.head += text[:room]
-        self.tail += text[room:] if room > 0 else text
-        if len(self.tail) > self.keep:
-            self.omitted += len(self.tail) - self.keep
-            self.tail = self.tail[-self.keep :]
-
-    def text(self) -> str:
-        if not self.omitted:
-            return self.head + self.tail
-        return f"{self.head}\n[… {self.omitted} characters omitted …]\n{self.tail}"
+        self.add(self.decoder.decode(b"", final=True))

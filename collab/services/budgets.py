@@ -9,7 +9,7 @@ with the session row locked, so concurrent admissions cannot overshoot.
 from accounts.limits import effective_limit
 from accounts.models import Project
 from collab.errors import DomainError
-from collab.models import OPEN_STATUSES, Job, JobKind, JobStatus, Session
+from collab.models import Job, JobKind, JobStatus, Session
 from collab.services.locking import lock_branch, lock_session
 
 DELEGATION_TOOLS = frozenset({"agent", "send_message", "spawn_agent", "followup_task"})
@@ -100,9 +100,9 @@ def live_slots_free(session_id: str, project: Project) -> bool:
     limit = effective_limit(project, "max_live_per_session")
     if not limit:
         return True
-    running = Job.objects.filter(session_id=session_id, status__in=(JobStatus.RUNNING, JobStatus.STOPPING)).count()
+    running = Job.objects.running().filter(session_id=session_id).count()
     return running < limit
 
 
 def open_jobs(session) -> int:
-    return Job.objects.filter(session=session, status__in=OPEN_STATUSES).count()
+    return Job.objects.open().filter(session=session).count()
