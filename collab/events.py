@@ -24,14 +24,22 @@ def session_group(session_id: str) -> str:
     return f"session.{session_id}"
 
 
-def _next_seq(session_id: str) -> tuple[int, int]:
-    """(seq, project id) for the session's next event; row-locks the session until commit."""
+def _next_seq(session_id: str, touch=None) -> tuple[int, int]:
+    """(seq, project id) for the session's next event; row-locks the session until commit.
+    ``touch``: a time that becomes the session's ``last_active_at`` in the same statement."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE collab_session SET last_event_seq = last_event_seq + 1 WHERE id = %s "
-            "RETURNING last_event_seq, project_id",
-            [session_id],
-        )
+        if touch is None:
+            cursor.execute(
+                "UPDATE collab_session SET last_event_seq = last_event_seq + 1 WHERE id = %s "
+                "RETURNING last_event_seq, project_id",
+                [session_id],
+            )
+        else:
+            cursor.execute(
+                "UPDATE collab_session SET last_event_seq = last_event_seq + 1, last_active_at = %s WHERE id = %s "
+                "RETURNING last_event_seq, project_id",
+                [connection.ops.adapt_datetimefield_value(touch), session_id],
+            )
         row = cursor.fetchone()
     if row is None:
         raise LookupError(f"session {session_id} does not exist")
@@ -47,17 +55,18 @@ def _next_project_seq(project_id: int) -> int:
         return cursor.fetchone()[0]
 
 
-def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None) -> Event:
+def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, *, touch=None) -> Event:
     """Append an event to the session's log now; push it to live listeners after commit.
 
     Must be called inside ``transaction.atomic``: the event commits or rolls back
-    with the change it describes.
+    with the change it describes. ``touch`` (a time) also sets the session's last activity,
+    in the statement that takes the event's number (no query or commit of its own).
     """
     if not connection.in_atomic_block:
         raise RuntimeError("send_event_on_commit must run inside transaction.atomic")
     actor_id = getattr(actor, "pk", actor)
     payload = clean_data(payload)
-    seq, project_id = _next_seq(session_id)
+    seq, project_id = _next_seq(session_id, touch)
     event = Event.objects.create(
         project_id=project_id, session_id=session_id, seq=seq, type=type, payload=payload, actor_id=actor_id
     )

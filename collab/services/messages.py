@@ -1,18 +1,13 @@
 """Appending nodes to a branch. Messages are immutable once written."""
 
-import logging
-
-from django.db import DatabaseError, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from collab.events import clip, send_event_on_commit
-from collab.models import Branch, Message, MessageKind, Session
+from collab.models import Branch, Message, MessageKind
 from collab.services.locking import lock_session
 from collab.text import clean_data, clean_text
-
-log = logging.getLogger(__name__)
 
 
 def append_message(
@@ -71,9 +66,8 @@ def append_message(
         branch.tip = message
         branch.chars += len(text)
         branch.last_active_at = now
-    # after commit, on its own: a row lock on the session taken here, after the branch's,
-    # would invert the lock order (collab/services/locking.py)
-    transaction.on_commit(lambda: touch_session(branch.session_id, now))
+    # the session's last activity rides on the event's own UPDATE of the session row (locked
+    # first above, or by that UPDATE: the event locks it either way), not a commit of its own
     send_event_on_commit(
         branch.session_id,
         "message.created",
@@ -89,14 +83,6 @@ def append_message(
             **clip(text),
         },
         actor=actor,
+        touch=now,
     )
     return message
-
-
-def touch_session(session_id: str, now) -> None:
-    """Best effort, after commit: a session's last activity is a display hint, and a write that
-    already committed must not fail because this one lost a lock race."""
-    try:
-        Session.objects.filter(pk=session_id).update(last_active_at=now)
-    except DatabaseError:
-        log.warning("could not touch session %s", session_id, exc_info=True)
