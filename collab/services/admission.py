@@ -11,10 +11,11 @@ The job is handed to the worker queue only after commit.
 """
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 
 from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
-from collab.models import OPEN_STATUSES, Branch, Job, JobKind, JobStatus, MessageKind, MessageRole, Session
+from collab.models import OPEN_STATUSES, Branch, Job, JobKind, JobStatus, Message, MessageKind, MessageRole, Session
 from collab.services.limits import check_admission_quota
 from collab.services.locking import lock_branch, lock_job, lock_sessions
 from collab.services.messages import append_message
@@ -154,9 +155,8 @@ def prompt_metadata(job: Job) -> dict:
 
 def follow_head(session_id: str, branch_id: str, message) -> None:
     """A person's own turn moves the selected HEAD along the branch they are on; agents' turns never do."""
-    session = Session.objects.select_related("head").get(pk=session_id)
-    if session.head is None or session.head.branch_id == branch_id:
-        Session.objects.filter(pk=session_id).update(head=message)
+    on_branch = Exists(Message.objects.filter(pk=OuterRef("head_id"), branch_id=branch_id))
+    Session.objects.filter(Q(head__isnull=True) | Q(on_branch), pk=session_id).update(head=message)  # one statement
 
 
 def enqueue_job(job_id: str) -> None:
