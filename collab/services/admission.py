@@ -123,7 +123,8 @@ def check_caller_not_stopping(caller: Job) -> None:
 
 
 def write_prompt_node(job: Job, branch: Branch):
-    """The user-role node that opens the job's turn, at the branch's current tip."""
+    """The user-role node that opens the job's turn, at the branch's current tip.
+    Precondition: the job's session and ``branch`` are locked in this transaction."""
     text = f"{job.prompt_header}\n\n{job.prompt}" if job.prompt_header else job.prompt
     message = append_message(
         branch,
@@ -134,6 +135,7 @@ def write_prompt_node(job: Job, branch: Branch):
         metadata=prompt_metadata(job),
         starts_turn=True,
         actor=job.started_by_id if job.kind == JobKind.USER else None,
+        session_locked=True,  # by the admission or the claim, before the branch
     )
     job.prompt_msg = message
     Job.objects.filter(pk=job.pk).update(prompt_msg=message)

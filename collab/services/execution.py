@@ -219,7 +219,7 @@ def finish_job(
         if final_text is not None:
             final = append_message(
                 branch, role=MessageRole.ASSISTANT, text=final_text, job=job,
-                metadata={"job": job.pk, "final": True, "is_error": is_error},
+                metadata={"job": job.pk, "final": True, "is_error": is_error}, session_locked=True,
             )
             if job.kind == JobKind.USER:
                 follow_head(job.session_id, branch.pk, final)
@@ -281,6 +281,7 @@ def close_dangling_calls(job: Job, branch: Branch, status: str) -> list:
         written.append(append_message(
             branch, role=MessageRole.TOOL, text=text, tool_call_id=call_id, job=job,
             metadata={"tool": call.get("name"), "details": {}, "is_error": True, "cancelled": True, "synthetic": True},
+            session_locked=True,
         ))
     return written
 

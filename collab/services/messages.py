@@ -25,6 +25,7 @@ def append_message(
     starts_turn: bool = False,
     move_tip: bool = True,
     actor=None,
+    session_locked: bool = False,
 ) -> Message:
     """Write a node after ``predecessor`` (default: the branch tip, or its fork point)
     and, unless ``move_tip`` is False (side nodes such as attach pointers), make it the tip.
@@ -33,8 +34,10 @@ def append_message(
     write side — it holds the branch row lock or runs the branch's active job.
     Cost is O(1) in history length: only the predecessor's depth and turn are read.
     Text, tool calls and metadata pass the text boundary (``collab.text``) here, whoever wrote them.
+    ``session_locked``: the caller holds the session's row lock already (taken first, in the
+    lock order), so it is not taken again here.
     """
-    if move_tip:
+    if move_tip and not session_locked:
         # the session's row first (its event log is written below): lock order session →
         # branch → job (collab/services/locking.py); a no-op if the caller holds it already
         lock_session(branch.session_id)
