@@ -89,7 +89,7 @@ def admit_job(
         project_id=session.project_id,
         session=session,
         branch=locked,
-        agent_spec=agent_spec or locked.agent_spec or session.agent_spec,
+        agent_spec_id=getattr(agent_spec, "pk", None) or locked.agent_spec_id or session.agent_spec_id,  # no reads
         kind=kind,
         status=JobStatus.QUEUED,
         prompt=prompt,
