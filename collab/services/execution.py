@@ -24,7 +24,7 @@ from collab.services.deliver import drain_inbox_locked
 from collab.services.fair_share import take_running_slot, wake_waiting_in_project
 from collab.services.followup import deliver_owed_after_commit, deliver_owed_locked, owes_followup
 from collab.services.limits import live_slots_free
-from collab.services.locking import lock_branch, lock_job, lock_session_family
+from collab.services.locking import lock_branch, lock_job, lock_session_family, lock_sessions
 from collab.services.messages import append_message
 from collab.services.naming import schedule_naming
 from collab.services.retry import retry_on_deadlock
@@ -54,10 +54,12 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     ``cancelled`` never starts: it ends ``cancelled`` here (the fence, SPEC §7), even if
     the cancel's cascade has not reached it yet. A queued job whose branch was archived
     meanwhile is refused instead (``refuse_start``): nothing is written on the branch."""
-    job = Job.objects.select_related("project").filter(pk=job_id).first()
+    # a first look, no lock (everything is read again below, after its lock): the branch and
+    # session come with it, for the archived check and the session's parent (set once, at creation)
+    job = Job.objects.select_related("project", "branch", "session").filter(pk=job_id).first()
     if job is None or job.status != JobStatus.QUEUED:
         return None
-    if not inline and Branch.objects.filter(pk=job.branch_id, archived=True).exists():
+    if not inline and job.branch.archived:
         refuse_start(job)
         return None
     if not inline and not live_slots_free(job.session_id, job.project):
@@ -70,7 +72,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
         with transaction.atomic():
             if not inline and not take_running_slot(job.project_id):
                 return None  # stays queued; woken when a job of its project ends (fair_share)
-            lock_session_family(job.session_id)
+            lock_sessions(job.session_id, job.session.parent_session_id)  # lock_session_family, parent known
             branch = lock_branch(job.branch_id)
             if branch.archived and not inline:
                 raise _Archived  # archived since the check above: refused, nothing written
@@ -92,6 +94,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
                 return None
             job = Job.objects.select_related("project", "session", "agent_spec").get(pk=job_id)
             job.branch = branch  # locked above; its tip is read now, after the lock
+            _share_reads(job, branch)
             if job.prompt_msg_id is None:
                 write_prompt_node(job, branch)
             limit = effective_limit(job.project, "max_live_per_session")
@@ -110,6 +113,15 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     except IntegrityError:
         # the one-active-job-per-branch index: another claim on this branch won the race
         return None
+
+
+def _share_reads(job: Job, branch: Branch) -> None:
+    """The turn reads the branch's session and spec (its tool surface, its role): hand it the
+    rows the claim has just read with the job (after the locks) instead of reading them again."""
+    branch.session = job.session
+    for holder in (branch, job.session):
+        if holder.agent_spec_id is not None and holder.agent_spec_id == job.agent_spec_id:
+            holder.agent_spec = job.agent_spec
 
 
 def _caller_fenced(job: Job) -> bool:
