@@ -24,7 +24,7 @@ from collab.services.deliver import drain_inbox_locked
 from collab.services.fair_share import take_running_slot, wake_waiting_in_project
 from collab.services.followup import deliver_owed_after_commit, deliver_owed_locked, owes_followup
 from collab.services.limits import live_slots_free
-from collab.services.locking import lock_branch, lock_job, lock_session_family, lock_sessions
+from collab.services.locking import lock_branch, lock_job, lock_sessions
 from collab.services.messages import append_message
 from collab.services.naming import schedule_naming
 from collab.services.retry import retry_on_deadlock
@@ -193,13 +193,15 @@ def finish_job(
     owed = owes_followup(job, refused=refused)
     with transaction.atomic():
         # lock order session(s) → branch → job; every row read after its lock
-        session_id = Branch.objects.filter(pk=job.branch_id).values_list("session_id", flat=True).first()
-        if session_id is None:  # its session was deleted while the turn ran: nothing is left to finish
+        ids = Branch.objects.filter(pk=job.branch_id).values_list("session_id", "session__parent_session_id").first()
+        if ids is None:  # its session was deleted while the turn ran: nothing is left to finish
             return job
-        lock_session_family(session_id)
+        session_id, parent_id = ids
+        session = lock_sessions(session_id, parent_id).get(session_id)  # lock_session_family, in one read less
         branch = Branch.objects.select_for_update(no_key=True).filter(pk=job.branch_id).first()  # lock_branch, or gone
-        if branch is None:
+        if branch is None or session is None:
             return job
+        branch.session = session
         guard = Q(status__in=from_statuses)
         if lease_expired:
             guard &= Q(lease_expires_at__lt=Now())
@@ -226,7 +228,8 @@ def finish_job(
             followup_state=FollowupState.OWED if owed else FollowupState.NONE,
             **{k: usage[k] for k in ("model_calls", "tool_calls", "tokens_in", "tokens_out", "cost") if k in usage},
         )
-        if ran:
+        if ran and status != JobStatus.SUCCEEDED:
+            # a turn that answered wrote every result before its last model call: nothing dangles
             close_dangling_calls(job, branch, status)
         if final_text is not None:
             final = append_message(
@@ -238,6 +241,7 @@ def finish_job(
         if ran:
             Branch.objects.filter(pk=branch.pk).update(turns=F("turns") + 1)
             branch.turns += 1
+        project = job.project  # loaded with the claimed job (refresh_from_db drops it)
         job.refresh_from_db()
         send_job_event(job, f"job.{status}", branch.session)
         if job.archive_when_done:
@@ -250,10 +254,10 @@ def finish_job(
             deliver_owed_locked(branch)
             schedule_naming(branch.pk, branch.turns, branch.name_stage)
         enqueue_next_on_branch(branch.pk)
-        if ran and effective_limit(branch.session.project, "max_live_per_session"):
+        if ran and effective_limit(project, "max_live_per_session"):
             enqueue_next_in_session(branch.session_id)
         if ran and job.run_in_background:
-            wake_waiting_in_project(job.project_id, ended_branch_id=branch.pk)
+            wake_waiting_in_project(project, ended_branch_id=branch.pk)
         if owed:
             deliver_owed_after_commit(job.caller_branch_id)
     return job
