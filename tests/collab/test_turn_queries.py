@@ -35,7 +35,9 @@ class Counted:
         return self
 
     def _record(self, execute, sql, params, many, context):
-        if "django_q_" in sql:  # the ORM broker's queue (SQLite); with Redis it is no query
+        if "django_q_" in sql or sql.lstrip().upper().startswith("BEGIN"):
+            # the ORM broker's queue (a scaled deployment's is Redis); SQLite's explicit BEGIN
+            # IMMEDIATE (a transaction's start, which PostgreSQL's driver does not show)
             return execute(sql, params, many, context)
         self.queries.append(sql)
         if sql.lstrip().split(None, 1)[0].upper() in WRITES:
