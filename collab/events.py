@@ -6,10 +6,14 @@ session until commit, so a session's events commit in ``seq`` order and a
 client resuming with ``?after=SEQ`` can never skip one.
 """
 
+import itertools
 import logging
+import os
+import socket
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import connection, transaction
 
 from collab.models import Event
@@ -24,14 +28,22 @@ def session_group(session_id: str) -> str:
     return f"session.{session_id}"
 
 
-def _next_seq(session_id: str) -> tuple[int, int]:
-    """(seq, project id) for the session's next event; row-locks the session until commit."""
+def _next_seq(session_id: str, touch=None) -> tuple[int, int]:
+    """(seq, project id) for the session's next event; row-locks the session until commit.
+    ``touch``: a time that becomes the session's ``last_active_at`` in the same statement."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE collab_session SET last_event_seq = last_event_seq + 1 WHERE id = %s "
-            "RETURNING last_event_seq, project_id",
-            [session_id],
-        )
+        if touch is None:
+            cursor.execute(
+                "UPDATE collab_session SET last_event_seq = last_event_seq + 1 WHERE id = %s "
+                "RETURNING last_event_seq, project_id",
+                [session_id],
+            )
+        else:
+            cursor.execute(
+                "UPDATE collab_session SET last_event_seq = last_event_seq + 1, last_active_at = %s WHERE id = %s "
+                "RETURNING last_event_seq, project_id",
+                [connection.ops.adapt_datetimefield_value(touch), session_id],
+            )
         row = cursor.fetchone()
     if row is None:
         raise LookupError(f"session {session_id} does not exist")
@@ -47,17 +59,18 @@ def _next_project_seq(project_id: int) -> int:
         return cursor.fetchone()[0]
 
 
-def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None) -> Event:
+def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, *, touch=None) -> Event:
     """Append an event to the session's log now; push it to live listeners after commit.
 
     Must be called inside ``transaction.atomic``: the event commits or rolls back
-    with the change it describes.
+    with the change it describes. ``touch`` (a time) also sets the session's last activity,
+    in the statement that takes the event's number (no query or commit of its own).
     """
     if not connection.in_atomic_block:
         raise RuntimeError("send_event_on_commit must run inside transaction.atomic")
     actor_id = getattr(actor, "pk", actor)
     payload = clean_data(payload)
-    seq, project_id = _next_seq(session_id)
+    seq, project_id = _next_seq(session_id, touch)
     event = Event.objects.create(
         project_id=project_id, session_id=session_id, seq=seq, type=type, payload=payload, actor_id=actor_id
     )
@@ -75,6 +88,88 @@ def push_event(session_id: str, wire: dict) -> None:
         async_to_sync(layer.group_send)(session_group(session_id), {"type": "collab.event", "event": wire})
     except Exception:  # the log has it; listeners recover on the next event or reconnect
         log.warning("could not push event %s/%s", session_id, wire.get("seq"), exc_info=True)
+    wake_relays()
+
+
+# --- waking the embedded relays (collab/live.py) across processes --------------------------------
+#
+# Without a shared channel layer a worker's push reaches only its own process. Every web
+# process's relay (one per event loop) binds a Unix datagram socket in ``VAR_DIR/relay/``;
+# a process that committed events sends each of the others' sockets one byte after commit, and
+# the relay, woken, reads the watched sessions' ``last_event_seq`` at once instead of at its next
+# poll. Best effort: a full queue or a stale socket drops the byte — a dropped byte is harmless
+# while the relay has any other byte queued (it reads the database after draining them all), and
+# the relay's slower poll covers processes that cannot reach these sockets (another machine,
+# another VAR_DIR).
+
+_relay_seq = itertools.count()
+_own_relay_paths: set[str] = set()
+_sender: tuple[int, socket.socket] | None = None
+
+
+def relay_dir() -> str:
+    return str(settings.VAR_DIR / "relay")
+
+
+def wake_relays() -> None:
+    """After a commit (the push): wake every other process's relay. A no-op with a shared layer."""
+    global _sender
+    if not (settings.TRELLIS_EVENT_POLL and settings.TRELLIS_EVENT_NOTIFY):
+        return
+    directory = relay_dir()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    if _sender is None or _sender[0] != os.getpid():  # one per process, made again after a fork
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        _sender = (os.getpid(), sock)
+    sock = _sender[1]
+    for name in names:
+        path = os.path.join(directory, name)
+        if not name.endswith(".sock") or path in _own_relay_paths:
+            continue  # this process's relays: its own in-memory layer had the push
+        try:
+            sock.sendto(b"1", path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            try:
+                os.unlink(path)  # nobody is bound to it: a process that died without cleaning up
+            except OSError:
+                pass
+        except OSError:  # a full queue (the relay is about to wake anyway), a path too long …
+            pass
+
+
+def open_relay_socket() -> socket.socket | None:
+    """A relay's wake-up socket (non-blocking, bound in ``relay_dir()``), or None when waking is
+    off or the socket cannot be made here (then the relay polls at the short interval)."""
+    if not settings.TRELLIS_EVENT_NOTIFY:
+        return None
+    path = os.path.join(relay_dir(), f"{os.getpid()}-{next(_relay_seq)}.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        os.makedirs(relay_dir(), exist_ok=True)
+        if os.path.exists(path):
+            os.unlink(path)
+        sock.bind(path)
+    except OSError:
+        log.warning("the event relay cannot bind %s: it polls instead", path, exc_info=True)
+        sock.close()
+        return None
+    sock.setblocking(False)
+    _own_relay_paths.add(path)
+    return sock
+
+
+def close_relay_socket(sock: socket.socket) -> None:
+    path = sock.getsockname()
+    _own_relay_paths.discard(path)
+    sock.close()
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def clip(text: str, limit: int = MAX_TEXT_IN_EVENT) -> dict:

@@ -4,8 +4,17 @@ On the embedded default the worker is another process with its own in-memory
 channel layer, so its pushes never reach the web process. Each web process
 therefore runs one relay per event loop that watches ``Session.last_event_seq``
 for the sessions its sockets follow and pokes their group when it grows; the
-consumers then read the new events from the log. One cheap query per interval
+consumers then read the new events from the log. One cheap query per wake-up
 however many sockets are open.
+
+It does not wait out a poll interval per event: a process that commits events
+wakes the relays of the other processes on the machine right after the commit
+(``collab.events.wake_relays``, a datagram on the relay's socket), and the relay
+reads at once — one query for however many wake-ups queued meanwhile. The poll
+stays as the safety net, every ``TRELLIS_EVENT_NOTIFY_POLL_MS`` (1 s), or every
+``TRELLIS_EVENT_POLL_MS`` (150 ms) where the socket cannot be made or waking is
+off (``TRELLIS_EVENT_NOTIFY=0``). Events committed in the web process itself
+reach its sockets through its in-memory layer directly.
 """
 
 import asyncio
@@ -16,7 +25,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from collab.events import session_group
+from collab.events import close_relay_socket, open_relay_socket, session_group
 from collab.selectors.events import event_seqs
 
 _current_seqs = database_sync_to_async(event_seqs)
@@ -42,16 +51,43 @@ class EventRelay:
 
     async def run(self) -> None:
         layer = get_channel_layer()
-        while self.watchers:
-            await asyncio.sleep(settings.TRELLIS_EVENT_POLL_INTERVAL)
-            try:
-                rows = await _current_seqs(list(self.watchers))
-            except Exception:  # a locked or restarting database: try again next tick
-                continue
-            for session_id, seq in rows.items():
-                if seq > self.known.get(session_id, 0):
-                    self.known[session_id] = seq
-                    await layer.group_send(session_group(session_id), {"type": "collab.poke", "seq": seq})
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+        sock = open_relay_socket()
+        interval = settings.TRELLIS_EVENT_POLL_INTERVAL
+        if sock is not None:
+            interval = max(interval, settings.TRELLIS_EVENT_NOTIFY_POLL_INTERVAL)
+            loop.add_reader(sock.fileno(), _drain, sock, woken)
+            woken.set()  # read once now: what committed before the socket was bound sent it nothing
+        try:
+            while self.watchers:
+                try:
+                    await asyncio.wait_for(woken.wait(), interval)
+                except TimeoutError:
+                    pass
+                woken.clear()  # a wake-up that arrives during the read below wakes the next one
+                try:
+                    rows = await _current_seqs(list(self.watchers))
+                except Exception:  # a locked or restarting database: try again next tick
+                    continue
+                for session_id, seq in rows.items():
+                    if seq > self.known.get(session_id, 0):
+                        self.known[session_id] = seq
+                        await layer.group_send(session_group(session_id), {"type": "collab.poke", "seq": seq})
+        finally:
+            if sock is not None:
+                loop.remove_reader(sock.fileno())
+                close_relay_socket(sock)
+
+
+def _drain(sock, woken: asyncio.Event) -> None:
+    """The relay's socket is readable: take every queued wake-up, then wake the relay once."""
+    while True:
+        try:
+            sock.recv(64)
+        except OSError:  # BlockingIOError: drained
+            break
+    woken.set()
 
 
 _relays: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EventRelay]" = weakref.WeakKeyDictionary()

@@ -212,6 +212,11 @@ else:
 # the sessions its sockets watch (collab/live.py).
 TRELLIS_EVENT_POLL = env_bool("TRELLIS_EVENT_POLL", not REDIS_URL)
 TRELLIS_EVENT_POLL_INTERVAL = env_int("TRELLIS_EVENT_POLL_MS", 150, minimum=10) / 1000
+# ... unless woken: a process that commits events sends each web process's relay a datagram
+# (Unix sockets in VAR_DIR/relay/, so processes on one machine), and the relay reads at once;
+# its poll then only covers what cannot reach it, every TRELLIS_EVENT_NOTIFY_POLL_MS.
+TRELLIS_EVENT_NOTIFY = env_bool("TRELLIS_EVENT_NOTIFY", True)
+TRELLIS_EVENT_NOTIFY_POLL_INTERVAL = env_int("TRELLIS_EVENT_NOTIFY_POLL_MS", 1000, minimum=10) / 1000
 
 # --- worker (django-q2) ----------------------------------------------------
 Q_TIMEOUT = env_int("TRELLIS_TASK_TIMEOUT", 3600, minimum=1)

@@ -1,5 +1,5 @@
 from collab.models.artifacts import Artifact
-from collab.models.branches import Branch, NameStage, effective_spec, format_address
+from collab.models.branches import Branch, NameStage, effective_spec, effective_spec_id, format_address
 from collab.models.connections import ConnectionProvider, ConnectionSource, ModelConnection
 from collab.models.events import Event
 from collab.models.holds import HeldDelivery, HoldStatus
@@ -54,6 +54,7 @@ __all__ = [
     "Toolset",
     "Visibility",
     "effective_spec",
+    "effective_spec_id",
     "format_address",
     "is_busy",
     "is_occupied",

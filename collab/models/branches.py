@@ -24,6 +24,11 @@ def effective_spec(branch, session=None):
     return branch.agent_spec or (session if session is not None else branch.session).agent_spec
 
 
+def effective_spec_id(branch, session=None):
+    """``effective_spec``'s id, read from the rows' foreign keys alone (no query)."""
+    return branch.agent_spec_id or (session if session is not None else branch.session).agent_spec_id
+
+
 class NameStage(models.IntegerChoices):
     """How a branch got its name (OP §2.4); only LABEL names may be replaced automatically."""
 

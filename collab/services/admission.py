@@ -11,6 +11,7 @@ The job is handed to the worker queue only after commit.
 """
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 
 from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
@@ -19,10 +20,11 @@ from collab.models import (
     Job,
     JobKind,
     JobStatus,
+    Message,
     MessageKind,
     MessageRole,
     Session,
-    effective_spec,
+    effective_spec_id,
     format_address,
 )
 from collab.services.budgets import check_admission_quota
@@ -98,7 +100,7 @@ def admit_job(
         project_id=session.project_id,
         session=session,
         branch=locked,
-        agent_spec=agent_spec or effective_spec(locked, session),
+        agent_spec_id=getattr(agent_spec, "pk", None) or effective_spec_id(locked, session),  # no reads
         kind=kind,
         status=JobStatus.QUEUED,
         prompt=prompt,
@@ -132,7 +134,8 @@ def check_caller_not_stopping(caller: Job) -> None:
 
 
 def write_prompt_node(job: Job, branch: Branch):
-    """The user-role node that opens the job's turn, at the branch's current tip."""
+    """The user-role node that opens the job's turn, at the branch's current tip.
+    Precondition: the job's session and ``branch`` are locked in this transaction."""
     text = f"{job.prompt_header}\n\n{job.prompt}" if job.prompt_header else job.prompt
     message = append_message(
         branch,
@@ -143,6 +146,7 @@ def write_prompt_node(job: Job, branch: Branch):
         metadata=prompt_metadata(job),
         starts_turn=True,
         actor=job.started_by_id if job.kind == JobKind.USER else None,
+        session_locked=True,  # by the admission or the claim, before the branch
     )
     job.prompt_msg = message
     Job.objects.filter(pk=job.pk).update(prompt_msg=message)
@@ -164,9 +168,8 @@ def prompt_metadata(job: Job) -> dict:
 
 def follow_head(session_id: str, branch_id: str, message) -> None:
     """A person's own turn moves the selected HEAD along the branch they are on; agents' turns never do."""
-    session = Session.objects.select_related("head").get(pk=session_id)
-    if session.head is None or session.head.branch_id == branch_id:
-        Session.objects.filter(pk=session_id).update(head=message)
+    on_branch = Exists(Message.objects.filter(pk=OuterRef("head_id"), branch_id=branch_id))
+    Session.objects.filter(Q(head__isnull=True) | Q(on_branch), pk=session_id).update(head=message)  # one statement
 
 
 def enqueue_job(job_id: str) -> None:

@@ -24,7 +24,7 @@ from collab.services.deliver import drain_inbox_locked
 from collab.services.fair_share import take_running_slot, wake_waiting_in_project
 from collab.services.followup import deliver_owed_after_commit, deliver_owed_locked, owes_followup
 from collab.services.budgets import live_slots_free
-from collab.services.locking import lock_branch, lock_job, lock_session_family
+from collab.services.locking import lock_branch, lock_job, lock_sessions
 from collab.services.messages import append_message
 from collab.services.naming import schedule_naming
 from collab.services.retry import retry_on_deadlock
@@ -54,10 +54,12 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     ``cancelled`` never starts: it ends ``cancelled`` here (the fence, SPEC §7), even if
     the cancel's cascade has not reached it yet. A queued job whose branch was archived
     meanwhile is refused instead (``refuse_start``): nothing is written on the branch."""
-    job = Job.objects.select_related("project").filter(pk=job_id).first()
+    # a first look, no lock (everything is read again below, after its lock): the branch and
+    # session come with it, for the archived check and the session's parent (set once, at creation)
+    job = Job.objects.select_related("project", "branch", "session").filter(pk=job_id).first()
     if job is None or job.status != JobStatus.QUEUED:
         return None
-    if not inline and Branch.objects.filter(pk=job.branch_id, archived=True).exists():
+    if not inline and job.branch.archived:
         refuse_start(job)
         return None
     if not inline and not live_slots_free(job.session_id, job.project):
@@ -70,7 +72,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
         with transaction.atomic():
             if not inline and not take_running_slot(job.project_id):
                 return None  # stays queued; woken when a job of its project ends (fair_share)
-            lock_session_family(job.session_id)
+            lock_sessions(job.session_id, job.session.parent_session_id)  # lock_session_family, parent known
             branch = lock_branch(job.branch_id)
             if branch.archived and not inline:
                 raise _Archived  # archived since the check above: refused, nothing written
@@ -92,6 +94,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
                 return None
             job = Job.objects.select_related("project", "session", "agent_spec").get(pk=job_id)
             job.branch = branch  # locked above; its tip is read now, after the lock
+            _share_reads(job, branch)
             if job.prompt_msg_id is None:
                 write_prompt_node(job, branch)
             limit = effective_limit(job.project, "max_live_per_session")
@@ -110,6 +113,15 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     except IntegrityError:
         # the one-active-job-per-branch index: another claim on this branch won the race
         return None
+
+
+def _share_reads(job: Job, branch: Branch) -> None:
+    """The turn reads the branch's session and spec (its tool surface, its role): hand it the
+    rows the claim has just read with the job (after the locks) instead of reading them again."""
+    branch.session = job.session
+    for holder in (branch, job.session):
+        if holder.agent_spec_id is not None and holder.agent_spec_id == job.agent_spec_id:
+            holder.agent_spec = job.agent_spec
 
 
 def _caller_fenced(job: Job) -> bool:
@@ -181,13 +193,15 @@ def finish_job(
     owed = owes_followup(job, refused=refused)
     with transaction.atomic():
         # lock order session(s) → branch → job; every row read after its lock
-        session_id = Branch.objects.filter(pk=job.branch_id).values_list("session_id", flat=True).first()
-        if session_id is None:  # its session was deleted while the turn ran: nothing is left to finish
+        ids = Branch.objects.filter(pk=job.branch_id).values_list("session_id", "session__parent_session_id").first()
+        if ids is None:  # its session was deleted while the turn ran: nothing is left to finish
             return job
-        lock_session_family(session_id)
+        session_id, parent_id = ids
+        session = lock_sessions(session_id, parent_id).get(session_id)  # lock_session_family, in one read less
         branch = Branch.objects.select_for_update(no_key=True).filter(pk=job.branch_id).first()  # lock_branch, or gone
-        if branch is None:
+        if branch is None or session is None:
             return job
+        branch.session = session
         guard = Q(status__in=from_statuses)
         if lease_expired:
             guard &= Q(lease_expires_at__lt=Now())
@@ -214,18 +228,20 @@ def finish_job(
             followup_state=FollowupState.OWED if owed else FollowupState.NONE,
             **{k: usage[k] for k in ("model_calls", "tool_calls", "tokens_in", "tokens_out", "cost") if k in usage},
         )
-        if ran:
+        if ran and status != JobStatus.SUCCEEDED:
+            # a turn that answered wrote every result before its last model call: nothing dangles
             close_dangling_calls(job, branch, status)
         if final_text is not None:
             final = append_message(
                 branch, role=MessageRole.ASSISTANT, text=final_text, job=job,
-                metadata={"job": job.pk, "final": True, "is_error": is_error},
+                metadata={"job": job.pk, "final": True, "is_error": is_error}, session_locked=True,
             )
             if job.kind == JobKind.USER:
                 follow_head(job.session_id, branch.pk, final)
         if ran:
             Branch.objects.filter(pk=branch.pk).update(turns=F("turns") + 1)
             branch.turns += 1
+        project = job.project  # loaded with the claimed job (refresh_from_db drops it)
         job.refresh_from_db()
         send_job_event(job, f"job.{status}", branch.session)
         if job.archive_when_done:
@@ -238,10 +254,10 @@ def finish_job(
             deliver_owed_locked(branch)
             schedule_naming(branch.pk, branch.turns, branch.name_stage)
         enqueue_next_on_branch(branch.pk)
-        if ran and effective_limit(branch.session.project, "max_live_per_session"):
+        if ran and effective_limit(project, "max_live_per_session"):
             enqueue_next_in_session(branch.session_id)
         if ran and job.run_in_background:
-            wake_waiting_in_project(job.project_id, ended_branch_id=branch.pk)
+            wake_waiting_in_project(project, ended_branch_id=branch.pk)
         if owed:
             deliver_owed_after_commit(job.caller_branch_id)
     return job
@@ -281,6 +297,7 @@ def close_dangling_calls(job: Job, branch: Branch, status: str) -> list:
         written.append(append_message(
             branch, role=MessageRole.TOOL, text=text, tool_call_id=call_id, job=job,
             metadata={"tool": call.get("name"), "details": {}, "is_error": True, "cancelled": True, "synthetic": True},
+            session_locked=True,
         ))
     return written
 

@@ -35,13 +35,13 @@ def take_running_slot(project_id: int) -> bool:
     return _in_worker_slots(project_id).count() < effective_limit(project, "max_running_jobs")
 
 
-def wake_waiting_in_project(project_id: int, *, ended_branch_id: str) -> None:
+def wake_waiting_in_project(project: Project, *, ended_branch_id: str) -> None:
     """A worker slot of the project was freed: hand its oldest waiting jobs back to the queue,
     as many as it has free slots (a claim that loses again is harmless).
 
     Precondition: inside the completion transaction of the job that ended (enqueued on commit).
     The ended job's own branch is woken by its own rule (``enqueue_next_on_branch``)."""
-    project = Project.objects.get(pk=project_id)
+    project_id = project.pk
     free = effective_limit(project, "max_running_jobs") - _in_worker_slots(project_id).count()
     if free <= 0:
         return

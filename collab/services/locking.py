@@ -38,6 +38,9 @@ def lock_sessions(*session_ids) -> dict:
     ids = {sid for sid in session_ids if sid}
     if not ids:
         return {}
+    if len(ids) == 1:  # nothing to order: no query for the parents
+        rows = list(Session.objects.select_for_update(no_key=True).filter(pk__in=ids))
+        return {row.pk: row for row in rows}
     parents = dict(Session.objects.filter(pk__in=ids).values_list("pk", "parent_session_id"))
     ordered = sorted(parents, key=lambda sid: (parents[sid] is not None, sid))
     return {sid: lock_session(sid) for sid in ordered}

@@ -1,18 +1,13 @@
 """Appending nodes to a branch. Messages are immutable once written."""
 
-import logging
-
-from django.db import DatabaseError, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from collab.events import clip, send_event_on_commit
-from collab.models import Branch, Message, MessageKind, Session
+from collab.models import Branch, Message, MessageKind
 from collab.services.locking import lock_session
 from collab.text import clean_data, clean_text
-
-log = logging.getLogger(__name__)
 
 
 def append_message(
@@ -30,6 +25,7 @@ def append_message(
     starts_turn: bool = False,
     move_tip: bool = True,
     actor=None,
+    session_locked: bool = False,
 ) -> Message:
     """Write a node after ``predecessor`` (default: the branch tip, or its fork point)
     and, unless ``move_tip`` is False (side nodes such as attach pointers), make it the tip.
@@ -38,8 +34,10 @@ def append_message(
     write side — it holds the branch row lock or runs the branch's active job.
     Cost is O(1) in history length: only the predecessor's depth and turn are read.
     Text, tool calls and metadata pass the text boundary (``collab.text``) here, whoever wrote them.
+    ``session_locked``: the caller holds the session's row lock already (taken first, in the
+    lock order), so it is not taken again here.
     """
-    if move_tip:
+    if move_tip and not session_locked:
         # the session's row first (its event log is written below): lock order session →
         # branch → job (collab/services/locking.py); a no-op if the caller holds it already
         lock_session(branch.session_id)
@@ -71,9 +69,8 @@ def append_message(
         branch.tip = message
         branch.chars += len(text)
         branch.last_active_at = now
-    # after commit, on its own: a row lock on the session taken here, after the branch's,
-    # would invert the lock order (collab/services/locking.py)
-    transaction.on_commit(lambda: touch_session(branch.session_id, now))
+    # the session's last activity rides on the event's own UPDATE of the session row (locked
+    # first above, or by that UPDATE: the event locks it either way), not a commit of its own
     send_event_on_commit(
         branch.session_id,
         "message.created",
@@ -89,14 +86,6 @@ def append_message(
             **clip(text),
         },
         actor=actor,
+        touch=now,
     )
     return message
-
-
-def touch_session(session_id: str, now) -> None:
-    """Best effort, after commit: a session's last activity is a display hint, and a write that
-    already committed must not fail because this one lost a lock race."""
-    try:
-        Session.objects.filter(pk=session_id).update(last_active_at=now)
-    except DatabaseError:
-        log.warning("could not touch session %s", session_id, exc_info=True)

@@ -27,10 +27,11 @@ branch every strategy admits the turn like ``enqueue``.
 import uuid
 
 from django.db import transaction
+from django.db.models import Subquery
 
 from collab.access import Caller, access_branch, require_can_archive
 from collab.errors import Conflict, Invalid, NotFound
-from collab.models import TERMINAL_STATUSES, Branch, Job, JobKind, Session, effective_spec
+from collab.models import TERMINAL_STATUSES, Branch, Job, JobKind, Message, Session, effective_spec
 from collab.selectors.specs import spec_by_agent_id
 from collab.services.admission import admit_job
 from collab.services.locking import lock_branch, lock_sessions
@@ -64,8 +65,8 @@ def check_not_child(session: Session) -> None:
 
 def selected_branch(session: Session) -> Branch:
     """The branch a person's turn goes to by default: the selected HEAD's, else the first one."""
-    if session.head_id:
-        return Branch.objects.get(pk=session.head.branch_id)
+    if session.head_id:  # one query: the branch of the head node
+        return Branch.objects.get(pk=Subquery(Message.objects.filter(pk=session.head_id).values("branch_id")))
     branch = session.branches.order_by("created_at").first()
     if branch is None:  # sessions are created with a main branch; be robust to old rows
         branch = Branch.objects.create(session=session, name="main", name_stage=3)

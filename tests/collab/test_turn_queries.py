@@ -1,0 +1,100 @@
+"""What one scripted turn costs the database (SPEC §13 "Turn overhead", issue 15 item 1): queries
+and commits of a session's second turn — the admission the API makes (``do_start_user_turn``)
+and what a worker does with it (``runtime.loop.run_job``: the claim, the turn, the completion) —
+counted in-process on real transactions, so the count cannot creep back up unnoticed.
+``bench/turns.py`` prints the same figures beside the targets (≤ 20 queries; commits: the
+physical minimum is 3 — the admission, the claim, the completion)."""
+
+import pytest
+from django.db import connection
+
+from collab.models import Job, Session
+
+# measured after issue 15's cuts (the two figures are what a turn costs today; lower them when
+# a cut lands, never raise them without saying why in the commit)
+ADMISSION_QUERIES = 16
+WORKER_QUERIES = 32
+ADMISSION_COMMITS = 1
+WORKER_COMMITS = 2
+
+
+WRITES = ("INSERT", "UPDATE", "DELETE")
+
+
+class Counted:
+    """Queries, and commits that wrote a Trellis row, on the default connection: a transaction
+    (``connection.commit``, which ``transaction.atomic`` calls) with a write in it, or a write
+    in autocommit. The ORM broker's queue is not counted (a scaled deployment's broker is Redis)."""
+
+    def __enter__(self):
+        self.queries, self.commits, self._wrote = [], 0, False
+        self._commit = connection.commit
+        connection.commit = self._counting_commit
+        self._wrapper = connection.execute_wrapper(self._record)
+        self._wrapper.__enter__()
+        return self
+
+    def _record(self, execute, sql, params, many, context):
+        if "django_q_" in sql or sql.lstrip().upper().startswith("BEGIN"):
+            # the ORM broker's queue (a scaled deployment's is Redis); SQLite's explicit BEGIN
+            # IMMEDIATE (a transaction's start, which PostgreSQL's driver does not show)
+            return execute(sql, params, many, context)
+        self.queries.append(sql)
+        if sql.lstrip().split(None, 1)[0].upper() in WRITES:
+            if connection.in_atomic_block:
+                self._wrote = True
+            else:
+                self.commits += 1
+        return execute(sql, params, many, context)
+
+    def _counting_commit(self, *args, **kwargs):
+        self.commits += self._wrote
+        self._wrote = False
+        return self._commit(*args, **kwargs)
+
+    def __exit__(self, *exc):
+        self._wrapper.__exit__(*exc)
+        del connection.commit
+
+    def __len__(self):
+        return len(self.queries)
+
+    def listing(self) -> str:
+        return "\n".join(" ".join(q.split())[:160] for q in self.queries)
+
+
+@pytest.fixture
+def second_turn(transactional_db, team):
+    """A scripted agent's session with one turn behind it; returns (user, session)."""
+    from collab.models import AgentSpec
+    from collab.runtime.loop import run_job
+    from collab.services.sessions import do_create_session
+    from collab.services.turns import do_start_user_turn
+
+    AgentSpec.objects.create(project=team.alpha, agent_id="echo", provider="scripted", script=[{"text": "ok {{prompt}}"}])
+    session = do_create_session(team.member, team.alpha, title="queries", agent_id="echo")
+    run_job(do_start_user_turn(team.member, session, "first").pk)
+    return team.member, Session.objects.get(pk=session.pk)
+
+
+def test_spec_13_a_scripted_turn_costs_a_bounded_number_of_queries(second_turn):
+    """SPEC §13: a scripted turn's queries, admission and worker side, stay within the counts
+    measured when they were cut (issue 15); the turn's result is what it was."""
+    from collab.runtime.loop import run_job
+    from collab.services.turns import do_start_user_turn
+
+    user, session = second_turn
+    with Counted() as admission:
+        job = do_start_user_turn(user, session, "second")
+    with Counted() as worker:
+        assert run_job(job.pk) == "succeeded"
+    job = Job.objects.get(pk=job.pk)
+    assert job.status == "succeeded" and job.result_text == "ok second"
+    # the person's selection followed their turn to its answer, the branch's tip
+    assert job.prompt_msg.text == "second" and Session.objects.get(pk=session.pk).head_id == job.branch.tip_id
+    print(f"admission {len(admission)} queries / {admission.commits} commits, "
+          f"worker {len(worker)} queries / {worker.commits} commits")
+    assert len(admission) <= ADMISSION_QUERIES, admission.listing()
+    assert len(worker) <= WORKER_QUERIES, worker.listing()
+    # the physical minimum (SPEC §13): the admission; the claim and the completion
+    assert (admission.commits, worker.commits) == (ADMISSION_COMMITS, WORKER_COMMITS)
