@@ -17,6 +17,7 @@ from collab.models.jobs import (
 from collab.models.sessions import Message, MessageKind, MessageRole, Session, SessionShare, Visibility
 from collab.models.specs import AgentRole, AgentSpec, FollowupMode, Provider, Toolset
 from collab.models.todos import Todo, TodoStatus
+from collab.models.webhooks import DeliveryEvent, DeliveryStatus, Webhook, WebhookDelivery
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -28,6 +29,8 @@ __all__ = [
     "Branch",
     "ConnectionProvider",
     "ConnectionSource",
+    "DeliveryEvent",
+    "DeliveryStatus",
     "Event",
     "ExecutionCommand",
     "FollowupMode",
@@ -51,4 +54,6 @@ __all__ = [
     "TodoStatus",
     "Toolset",
     "Visibility",
+    "Webhook",
+    "WebhookDelivery",
 ]
