@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -187,9 +187,10 @@ def owe_webhook_deliveries(job: Job) -> list[str]:
     written and read back (``finish_job``). Costs one indexed read when the project has no
     webhook. Handed to the queue after commit; the unique (webhook, job, event) index makes
     a second call for the same job write nothing."""
-    webhooks = list(Webhook.objects.filter(project_id=job.project_id, active=True).select_related("project"))
+    webhooks = active_webhooks_key_shared(job.project_id)
     if not webhooks:
         return []
+    project = Project.objects.get(pk=job.project_id)
     title = Session.objects.filter(pk=job.session_id).values_list("title", flat=True).first() or ""
     created = []
     for webhook in webhooks:
@@ -198,12 +199,28 @@ def owe_webhook_deliveries(job: Job) -> list[str]:
         delivery = WebhookDelivery(webhook=webhook, project_id=job.project_id, job_id=job.pk,
                                    max_attempts=settings.TRELLIS_WEBHOOK_MAX_ATTEMPTS,
                                    next_attempt_at=Now(), handed_off_at=Now())
-        delivery.payload = delivery_payload(delivery.pk, job, webhook.project, title)
+        delivery.payload = delivery_payload(delivery.pk, job, project, title)
         delivery.save(force_insert=True)
         created.append(delivery.pk)
     for pk in created:
         enqueue_delivery(pk)
     return created
+
+
+def active_webhooks_key_shared(project_id: int) -> list[Webhook]:
+    """The project's active webhooks, each held against deletion until this transaction ends.
+
+    On PostgreSQL ``FOR KEY SHARE``: the lock the deliveries' foreign key check takes at
+    commit, taken now, so a webhook deleted meanwhile cannot fail the completion transaction
+    that owes it a delivery. It never waits for, nor blocks, another completion or an edit of
+    the webhook (only its deletion waits). On SQLite the transaction holds the database."""
+    rows = Webhook.objects.filter(project_id=project_id, active=True).order_by("created_at", "id")
+    if connection.vendor != "postgresql":
+        return list(rows)
+    table = Webhook._meta.db_table
+    return list(Webhook.objects.raw(
+        f'SELECT * FROM "{table}" WHERE project_id = %s AND active ORDER BY created_at, id FOR KEY SHARE',
+        [project_id]))
 
 
 def enqueue_delivery(delivery_id: str) -> None:

@@ -329,3 +329,14 @@ def test_the_project_page_offers_webhooks_to_maintainers_and_shows_a_new_secret_
     assert 'id="webhooks"' not in member_page and "page-hook" not in member_page
     assert browser_of(team.member).post("/p/alpha/webhooks", {"action": "add", "url": "http://127.0.0.1:9/m"}
                                         ).status_code == 403
+
+
+def test_a_change_to_an_unapproved_url_is_refused_and_changes_nothing(team, api_as):
+    api = api_as(team.maintainer)
+    hook = register(api, "http://127.0.0.1:9/hook")
+    r = api.patch(f"/api/webhooks/{hook['id']}", {"url": "https://evil.example.com/hook", "active": False})
+    assert r.status_code == 400 and r.json()["code"] == "webhook_host_not_allowed"
+    after = api.get(f"/api/webhooks/{hook['id']}").json()
+    assert after["url"] == "http://127.0.0.1:9/hook" and after["active"] is True
+    r = api.patch(f"/api/webhooks/{hook['id']}", {"url": "http://127.0.0.1:9/hook\tx"})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_webhook_url"
