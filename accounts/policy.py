@@ -24,6 +24,7 @@ CAPABILITIES = {
     "branch.internal": Role.MAINTAINER,  # mark a branch internal: hidden from agents (issue 14 item 6)
     "session.see_all": Role.MAINTAINER,  # see private and shared sessions, change any session's visibility
     "project.audit": Role.MAINTAINER,
+    "project.webhooks": Role.MAINTAINER,  # register, change, delete webhooks, rotate their secrets, read deliveries
     "project.members": Role.OWNER,
     "project.settings": Role.OWNER,
 }

@@ -33,7 +33,7 @@ from accounts.policy import (
     role_of,
 )
 from collab.errors import Forbidden, Invalid, NotFound
-from collab.models import Artifact, Branch, HeldDelivery, Job, Message, Session, SessionShare, Visibility
+from collab.models import Artifact, Branch, HeldDelivery, Job, Message, Session, SessionShare, Visibility, Webhook
 
 
 def _open_to(user, root: str) -> Q:
@@ -472,3 +472,18 @@ def access_token(user, token_id: int):
     if token is None:
         raise NotFound()
     return token
+
+
+def access_webhook(user, webhook_id: str, capability: str = "project.webhooks") -> Webhook:
+    """A project webhook, for maintainers and owners of its project (issue 16 item 4): its URL
+    may itself be a credential (a chat service's incoming-webhook URL), so members and viewers
+    get ``Forbidden`` even to read it; anyone outside the project the ``NotFound`` of a missing
+    id. The membership check is part of the lookup."""
+    if not user or not user.is_authenticated:
+        raise NotFound()
+    webhook = (Webhook.objects.select_related("project")
+               .filter(pk=webhook_id, project_id__in=member_project_ids(user)).first())
+    if webhook is None:
+        raise NotFound()
+    require_in_project(user, webhook.project_id, capability)
+    return webhook

@@ -12,6 +12,7 @@ from collab.scopes import request_token, token_scope
 from collab.errors import Conflict, Invalid
 from collab.awaiting import in_thread, parse_wait, until_terminal
 from collab.gateway import call_tool
+from collab.models import DeliveryStatus
 from collab.schemas import (
     AgentSpecIn,
     ArchiveIn,
@@ -47,6 +48,11 @@ from collab.schemas import (
     ShareOut,
     TurnIn,
     TurnOut,
+    NewWebhookSecretOut,
+    WebhookDeliveryOut,
+    WebhookIn,
+    WebhookOut,
+    WebhookPatch,
 )
 from collab.selectors.events import PAGE, events_after
 from collab.selectors.redact import hidden_among, redact_executions
@@ -69,6 +75,13 @@ from collab.services.members import (
     do_remove_member,
 )
 from collab.selectors.members import invitations_of, members_of
+from collab.selectors.webhooks import deliveries_of, delivery_shape, webhook_shape, webhooks_of
+from collab.services.webhooks import (
+    do_create_webhook,
+    do_delete_webhook,
+    do_rotate_webhook_secret,
+    do_update_webhook,
+)
 from collab.services.tokens import do_issue_token, do_revoke_token
 from collab.selectors.tokens import tokens_of
 from collab.services.sessions import do_create_session
@@ -429,3 +442,59 @@ def approve_hold(request: HttpRequest, hold_id: int):
 @token_scope(TokenScope.HOLDS)
 def reject_hold(request: HttpRequest, hold_id: int):
     return _holds_out(request.auth, [do_decide_hold(request.auth, access.access_hold(request.auth, hold_id), approve=False)])[0]
+
+
+# --- webhooks (issue 16 item 4): maintainers and owners; members 403, outsiders 404 ----------
+
+
+@router.get("projects/{slug}/webhooks", response={200: list[WebhookOut], **ERRORS}, tags=["webhooks"])
+def list_webhooks(request: HttpRequest, slug: str):
+    project = access.access_project(request.auth, slug, "project.webhooks")
+    return [webhook_shape(w) for w in webhooks_of(project)]
+
+
+@router.post("projects/{slug}/webhooks", response={201: NewWebhookSecretOut, **ERRORS}, tags=["webhooks"])
+def post_webhook(request: HttpRequest, slug: str, payload: WebhookIn):
+    """Register a URL called when an execution of the project ends. The answer's ``secret``
+    (it signs every request) is shown this once; ``POST /api/webhooks/{id}/rotate-secret``
+    makes a new one."""
+    project = access.access_project(request.auth, slug, "project.webhooks")
+    webhook, secret = do_create_webhook(request.auth, project, url=payload.url, description=payload.description,
+                                        active=payload.active)
+    return Status(201, {**webhook_shape(webhook), "secret": secret})
+
+
+@router.get("webhooks/{webhook_id}", response={200: WebhookOut, **ERRORS}, tags=["webhooks"])
+def get_webhook(request: HttpRequest, webhook_id: str):
+    webhook = access.access_webhook(request.auth, webhook_id)
+    return webhook_shape(webhooks_of(webhook.project).get(pk=webhook.pk))
+
+
+@router.patch("webhooks/{webhook_id}", response={200: WebhookOut, **ERRORS}, tags=["webhooks"])
+def patch_webhook(request: HttpRequest, webhook_id: str, payload: WebhookPatch):
+    webhook = access.access_webhook(request.auth, webhook_id)
+    do_update_webhook(request.auth, webhook, url=payload.url, description=payload.description, active=payload.active)
+    return webhook_shape(webhooks_of(webhook.project).get(pk=webhook.pk))
+
+
+@router.delete("webhooks/{webhook_id}", response={204: None, **ERRORS}, tags=["webhooks"])
+def delete_webhook(request: HttpRequest, webhook_id: str):
+    do_delete_webhook(request.auth, access.access_webhook(request.auth, webhook_id))
+    return Status(204, None)
+
+
+@router.post("webhooks/{webhook_id}/rotate-secret", response={200: NewWebhookSecretOut, **ERRORS}, tags=["webhooks"])
+def rotate_webhook_secret(request: HttpRequest, webhook_id: str):
+    """A new signing secret, shown in this answer only; the old one signs nothing from now on."""
+    webhook, secret = do_rotate_webhook_secret(request.auth, access.access_webhook(request.auth, webhook_id))
+    return {**webhook_shape(webhooks_of(webhook.project).get(pk=webhook.pk)), "secret": secret}
+
+
+@router.get("webhooks/{webhook_id}/deliveries", response={200: list[WebhookDeliveryOut], **ERRORS}, tags=["webhooks"])
+def list_webhook_deliveries(request: HttpRequest, webhook_id: str, status: str | None = None, limit: int = 50):
+    """The webhook's deliveries, newest first: status, attempts, next attempt, the last HTTP
+    status and Trellis's reason (never the receiver's answer text), the body sent."""
+    webhook = access.access_webhook(request.auth, webhook_id)
+    if status and status not in DeliveryStatus.values:
+        raise Invalid(f"status must be one of {', '.join(DeliveryStatus.values)}", code="invalid_status")
+    return [delivery_shape(d) for d in deliveries_of(webhook, status=status, limit=limit)]

@@ -357,3 +357,55 @@ class HoldOut(Schema):
     created_at: Any
     decided_by: str | None
     execution_id: str | None
+
+
+class WebhookIn(StrictIn):
+    """A project webhook (issue 16 item 4): the URL's host must be on the operator's list."""
+
+    url: str = Field(max_length=2000)
+    description: str = Field(default="", max_length=200)
+    active: bool = True
+
+
+class WebhookPatch(StrictIn):
+    url: str | None = Field(default=None, max_length=2000)
+    description: str | None = Field(default=None, max_length=200)
+    active: bool | None = None
+
+
+class WebhookOut(Schema):
+    id: str
+    project: str
+    url: str
+    description: str
+    active: bool
+    created_at: Any
+    updated_at: Any
+    secret_rotated_at: Any | None
+    last_status: str | None = None
+    last_delivery_at: Any | None = None
+
+
+class NewWebhookSecretOut(WebhookOut):
+    """The create and rotate answers: ``secret`` is shown here only."""
+
+    secret: str
+
+
+class WebhookDeliveryOut(Schema):
+    id: str
+    webhook: str
+    event: str
+    execution: str
+    status: str
+    attempts: int
+    max_attempts: int
+    next_attempt_at: Any | None
+    last_attempt_at: Any | None
+    last_status_code: int | None
+    last_error_code: str
+    last_error: str
+    history: list[dict[str, Any]]
+    delivered_at: Any | None
+    created_at: Any
+    payload: dict[str, Any]

@@ -31,3 +31,13 @@ def reconcile() -> dict:
         return run()
     finally:
         close_old_connections()
+
+
+def deliver_webhook(delivery_id: str) -> str | None:
+    from collab.runtime.webhooks import deliver
+
+    close_old_connections()
+    try:
+        return deliver(delivery_id)
+    finally:
+        close_old_connections()

@@ -14,6 +14,7 @@ urlpatterns = [
     path("p/<slug:slug>/members", views.project_members, name="project_members"),
     path("p/<slug:slug>/audit", views.audit, name="audit"),
     path("p/<slug:slug>/settings", views.project_settings, name="project_settings"),
+    path("p/<slug:slug>/webhooks", views.project_webhooks, name="project_webhooks"),
     path("p/<slug:slug>/specs", views.specs, name="specs"),
     path("p/<slug:slug>/specs/<str:agent_id>", views.spec, name="spec"),
     path("s/<str:sid>/holds/<int:hold_id>", views.decide_hold, name="decide_hold"),

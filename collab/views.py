@@ -1,6 +1,7 @@
 """HTMX pages. Each view: authorize through ``collab.access``, call one service or selector, render.
 htmx requests get the partial, plain requests the whole page."""
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -49,6 +50,8 @@ from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import event_record, project_events
 from collab.services.projects import do_set_limits, do_update_project
 from collab.services.watch import do_decide_hold
+from collab.services.webhooks import do_create_webhook, do_delete_webhook, do_rotate_webhook_secret, do_update_webhook
+from collab.selectors.webhooks import webhooks_of
 from collab.services.sessions import do_create_session
 from collab.services.visibility import do_set_shares, do_set_visibility, parse_share_lines, visibility_context
 from collab.services.turns import do_fork_and_start, do_start_user_turn, spec_strategy
@@ -91,7 +94,48 @@ def _project_context(request, project, errors=None):
         "withheld_tools": withheld_tools(project) if project.workspace else {},
         "stats": project_stats(project, request.user),
         "specs": specs_of(project),
+        **_webhooks_context(request, project),
     }
+
+
+def _webhooks_context(request, project) -> dict:
+    may = access.can(request.user, project.pk, "project.webhooks")
+    return {"can_manage_webhooks": may, "webhooks": list(webhooks_of(project)) if may else [],
+            "webhook_hosts_configured": bool(settings.TRELLIS_WEBHOOK_HOSTS)}
+
+
+@login_required
+@require_POST
+def project_webhooks(request, slug):
+    """The project page's webhook forms (maintainers and owners): add, turn on/off, rotate the
+    secret, delete. A new secret is shown on the page this once, never again."""
+    project = access.access_project(request.user, slug, "project.webhooks")
+    action = request.POST.get("action")
+    context = {}
+    try:
+        if action == "add":
+            webhook, secret = do_create_webhook(request.user, project, url=request.POST.get("url", "").strip(),
+                                                description=request.POST.get("description", ""))
+            context = {"new_secret": secret, "new_secret_for": webhook.pk}
+        else:
+            webhook = access.access_webhook(request.user, request.POST.get("webhook", ""))
+            if webhook.project_id != project.pk:
+                raise NotFound()
+            if action == "rotate":
+                _, secret = do_rotate_webhook_secret(request.user, webhook)
+                context = {"new_secret": secret, "new_secret_for": webhook.pk}
+            elif action == "toggle":
+                do_update_webhook(request.user, webhook, active=request.POST.get("active") == "1")
+            elif action == "delete":
+                do_delete_webhook(request.user, webhook)
+            else:
+                raise Invalid("unknown action", code="invalid_action")
+    except DomainError as exc:
+        return render(request, "collab/project.html",
+                      {**_project_context(request, project), "webhook_error": exc.detail}, status=exc.status)
+    if context:  # the secret goes in this answer only: rendered, not redirected to
+        return render(request, "collab/project.html", {**_project_context(request, project), **context})
+    return redirect(f"{reverse('collab:project', args=[slug])}#webhooks")
 
 
 @login_required

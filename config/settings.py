@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_decimal, env_int, env_list, env_str
 from config.model_connections import model_connections_from_env
+from config.webhook_hosts import webhook_hosts_from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("TRELLIS_VAR_DIR", str(BASE_DIR / "var")))
@@ -333,6 +334,17 @@ TRELLIS_MODEL_PRICES = _model_prices()
 # the admin, a JSON list mirrored into the table on use (config/model_connections.py).
 # Give every process (web and workers) the same value.
 TRELLIS_MODEL_CONNECTIONS = model_connections_from_env("TRELLIS_MODEL_CONNECTIONS")
+
+# --- project webhooks (issue 16 item 4) ---------------------------------------------------
+# The hosts a project's webhook URL may name (config/webhook_hosts.py; empty = none). Give web
+# and workers the same value: the workers check it again before every attempt.
+TRELLIS_WEBHOOK_HOSTS = webhook_hosts_from_env("TRELLIS_WEBHOOK_HOSTS")
+TRELLIS_WEBHOOK_TIMEOUT = env_int("TRELLIS_WEBHOOK_TIMEOUT", 10, minimum=1)  # per socket operation; 2x per attempt
+TRELLIS_WEBHOOK_MAX_ATTEMPTS = env_int("TRELLIS_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
+# the first retry's delay; each next one doubles, at most an hour (retries go out on the reconcile timer)
+TRELLIS_WEBHOOK_RETRY_BASE_SECONDS = env_int("TRELLIS_WEBHOOK_RETRY_BASE_SECONDS", 30, minimum=1)
+if TRELLIS_WEBHOOK_MAX_ATTEMPTS > 50:
+    raise ImproperlyConfigured(f"TRELLIS_WEBHOOK_MAX_ATTEMPTS must be at most 50, got {TRELLIS_WEBHOOK_MAX_ATTEMPTS}")
 
 LOGGING = {
     "version": 1,

@@ -281,6 +281,9 @@ def _database_url() -> str:
     return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
+WEBHOOK_TEST_HOSTS = "127.0.0.1:*,localhost:*"
+
+
 @pytest.fixture(scope="session")
 def process_env(django_db_setup, django_db_blocker):
     """Environment for child processes: the *test* database and this run's queue and layer."""
@@ -295,6 +298,10 @@ def process_env(django_db_setup, django_db_blocker):
         TRELLIS_WORKERS="2",
         TRELLIS_FAST_PASSWORD_HASHER="1",
         PYTHONUNBUFFERED="1",
+        # the webhook tests' receivers listen on loopback (tests/collab/test_webhooks.py); their
+        # retries go out on the first reconcile pass after a failure
+        TRELLIS_WEBHOOK_HOSTS=WEBHOOK_TEST_HOSTS,
+        TRELLIS_WEBHOOK_RETRY_BASE_SECONDS="1",
     )
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     if settings.REDIS_URL:

@@ -42,6 +42,10 @@ def test_p_run_2_database_and_redis_urls_switch_to_the_scaled_deployment(tmp_pat
         ({"DJANGO_ALLOWED_HOSTS": "*"}, "only allowed with DJANGO_DEBUG=1"),
         ({"DATABASE_URL": "postgres://u@h/db"}, "DJANGO_SECRET_KEY must be set"),
         ({"DATABASE_URL": "mysql://u@h/db", "DJANGO_SECRET_KEY": "x"}, "unsupported database engine"),
+        ({"TRELLIS_WEBHOOK_HOSTS": "https://hooks.example.com"}, "TRELLIS_WEBHOOK_HOSTS entry"),
+        ({"TRELLIS_WEBHOOK_HOSTS": "ci.example.com,*.example.com"}, "wildcards are not supported"),
+        ({"TRELLIS_WEBHOOK_HOSTS": "ci.example.com:0"}, "the port must be 1-65535 or *"),
+        ({"TRELLIS_WEBHOOK_HOSTS": "fd00::7"}, "IPv6 address in brackets"),
     ],
 )
 def test_bad_settings_stop_the_process_with_a_message_naming_the_problem(tmp_path, env, message):

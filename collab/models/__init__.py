@@ -19,6 +19,7 @@ from collab.models.jobs import (
 from collab.models.sessions import Message, MessageKind, MessageRole, Session, SessionShare, Visibility
 from collab.models.specs import AgentRole, AgentSpec, FollowupMode, Provider, Toolset
 from collab.models.todos import Todo, TodoStatus
+from collab.models.webhooks import DeliveryEvent, DeliveryStatus, Webhook, WebhookDelivery
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -30,6 +31,8 @@ __all__ = [
     "Branch",
     "ConnectionProvider",
     "ConnectionSource",
+    "DeliveryEvent",
+    "DeliveryStatus",
     "Event",
     "ExecutionCommand",
     "FollowupMode",
@@ -58,4 +61,6 @@ __all__ = [
     "format_address",
     "is_busy",
     "is_occupied",
+    "Webhook",
+    "WebhookDelivery",
 ]

@@ -28,6 +28,7 @@ from collab.services.locking import lock_branch, lock_job, lock_sessions
 from collab.services.messages import append_message
 from collab.services.naming import schedule_naming
 from collab.services.retry import retry_on_deadlock
+from collab.services.webhooks import owe_webhook_deliveries
 from collab.text import clean_text
 
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
@@ -178,7 +179,7 @@ def finish_job(
 ) -> Job:
     """The completion transaction (SPEC §13: one commit): the final node, the terminal
     state, the bounded result (full text as an Artifact), the follow-up owed to the
-    caller, the branch's inbox turned into turns, results owed to this branch settled,
+    caller, the project's webhook deliveries, the branch's inbox turned into turns, results owed to this branch settled,
     archive-when-done, naming, the next job.
 
     Only a job whose status is in ``from_statuses`` (running or stopping, or queued for
@@ -244,6 +245,7 @@ def finish_job(
         project = job.project  # loaded with the claimed job (refresh_from_db drops it)
         job.refresh_from_db()
         send_job_event(job, f"job.{status}", branch.session)
+        owe_webhook_deliveries(job)  # the project's webhooks hear of it after commit (issue 16 item 4)
         if job.archive_when_done:
             do_archive_branch(branch, user=job.started_by, reason=AUTOMATIC_REASON, automatic=True)
         if ran or not is_busy(branch):

@@ -11,6 +11,9 @@ The order, everywhere:
   events to *first*, not halfway through.
 - **branches** after their sessions; **jobs** last, an ancestor (the calling job)
   before its descendants.
+- **webhooks**: a completion takes ``FOR KEY SHARE`` on its project's active webhooks
+  (``collab.services.webhooks.active_webhooks_key_shared``), which conflicts only with
+  deleting one; a deletion locks the project, then the webhook, and nothing after it.
 
 Each helper locks one row alone — ``SELECT … FOR NO KEY UPDATE`` with no join — and
 returns it freshly read after the lock is held; whatever hangs off it (a branch's

@@ -15,6 +15,8 @@
   owed to the mailbox of an archived branch: they go back to their senders, once.
 - Every branch with no running job whose inbox still holds messages is drained (OP §5.4),
   whatever left them waiting.
+- Webhook deliveries whose retry is due are handed to the queue, and attempts whose worker
+  died mid-send are taken back (``collab.services.webhooks.hand_off_due_deliveries``).
 
 It runs in every worker process every ``TRELLIS_RECONCILE_SECONDS``, at worker start,
 and from ``manage.py reconcile``. All times are the database's.
@@ -29,6 +31,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 
 from collab.models import FollowupState, InboxEntry, Job, JobStatus
+from collab.services.webhooks import hand_off_due_deliveries
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +80,8 @@ def reconcile() -> dict:
     drained = []
     for branch_id in set(InboxEntry.objects.filter(~Exists(running)).values_list("target_branch_id", flat=True)):
         drained += [j.pk for j in drain_idle_inbox(branch_id)]
-    result = {"interrupted": interrupted, "requeued": stale, "followups": settled, "drained": drained}
+    result = {"interrupted": interrupted, "requeued": stale, "followups": settled, "drained": drained,
+              **hand_off_due_deliveries()}
     if any(result.values()):
         log.info("reconciled: %s", result)
     return result

@@ -50,15 +50,18 @@ from collab.models import (
     Message,
     Session,
     Todo,
+    Webhook,
+    WebhookDelivery,
 )
 from collab.models.ids import new_id
+from config.webhook_hosts import parse_webhook_hosts
 
 PASSWORD = "pw-secret-123"
 ROOT = Path(__file__).resolve().parents[2]
 ORIGIN = (b"origin", b"http://127.0.0.1")
 ROW_MODELS = (
     Project, Membership, ApiToken, AgentSpec, Session, Branch, Message, Job, Event,
-    InboxEntry, Todo, Artifact, ExecutionCommand, HeldDelivery,
+    InboxEntry, Todo, Artifact, ExecutionCommand, HeldDelivery, Webhook, WebhookDelivery,
 )
 SECRET_BITS = ("alpha secret", "alpha-secret-plans", "alpha_secret", "Alpha")
 
@@ -118,6 +121,7 @@ class Alpha:
     branch_id: str  # the uniquely named branch (``name``), by id
     ow_sid: str  # alpha's OpenWork session
     child_sid: str  # its sub-agent's session (``task_name``)
+    webhook_id: str  # alpha's webhook (its URL holds a secret bit)
 
 
 def openwork_branch(api, sid) -> str:
@@ -134,7 +138,7 @@ def give_workspace(slug: str, root) -> None:
 
 
 @pytest.fixture
-def alpha(team, api_as, scripted_session, tmp_path, make_user) -> Alpha:
+def alpha(team, api_as, scripted_session, tmp_path, make_user, settings) -> Alpha:
     secret_file = tmp_path / "alpha-ws" / "alpha-secret-notes.txt"
     give_workspace("alpha", secret_file.parent)
     secret_file.write_text("alpha secret workspace text\n")
@@ -167,6 +171,9 @@ def alpha(team, api_as, scripted_session, tmp_path, make_user) -> Alpha:
     held = tool("send_message", to=named["address"], message="alpha secret held message")
     assert owner_api.patch("/api/projects/alpha", {"watch_policy": "off"}).status_code == 200
     token, _ = ApiToken.issue(team.member, name="alpha member's laptop")
+    settings.TRELLIS_WEBHOOK_HOSTS = parse_webhook_hosts("127.0.0.1:*")
+    hook = owner_api.post("/api/projects/alpha/webhooks", {"url": "http://127.0.0.1:9/alpha_secret_hook"})
+    assert hook.status_code == 201, hook.content
     team.invitee = make_user("invitee")
     invited = owner_api.post("/api/projects/alpha/members", {"username": "invitee", "role": "viewer"})
     assert invited.status_code == 201 and invited.json()["status"] == "pending", invited.content
@@ -178,6 +185,7 @@ def alpha(team, api_as, scripted_session, tmp_path, make_user) -> Alpha:
         invitation_id=Membership.objects.get(user=team.invitee).pk,
         branch_id=Branch.objects.get(session_id=sid, name="alpha-secret-plans").pk,
         ow_sid=ow_sid, child_sid=Session.objects.get(parent_session_id=ow_sid).pk,
+        webhook_id=hook.json()["id"],
     )
 
 
@@ -224,6 +232,7 @@ ROW_PARAMS = {
     "invitation_id": lambda a: [(str(a.invitation_id), str(a.invitation_id + 100_000))],
     "branch_id": lambda a: [(a.branch_id, new_id())],
     "agent_id": lambda a: [("bot", "no-such-spec")],  # the spec alpha's session runs
+    "webhook_id": lambda a: [(a.webhook_id, new_id())],
 }
 # Pages whose rows must belong together: their parameters' values, overriding ROW_PARAMS.
 PAGE_ROW_PARAMS = {
@@ -252,6 +261,9 @@ API_BODIES = {
     ("PATCH", "/api/sessions/{sid}"): lambda a: {"visibility": "private"},
     ("PUT", "/api/sessions/{sid}/shares"): lambda a: [{"username": "viewer", "role": "viewer"}],
     ("POST", "/api/sessions/{sid}/shares"): lambda a: {"username": "viewer", "role": "viewer"},
+    # alpha's webhooks (issue 16 item 4): an outsider registers or redirects one
+    ("POST", "/api/projects/{slug}/webhooks"): lambda a: {"url": "http://127.0.0.1:9/probe"},
+    ("PATCH", "/api/webhooks/{webhook_id}"): lambda a: {"url": "http://127.0.0.1:9/probe"},
 }
 # Who in alpha may do it (the positive control); default: the owner.
 API_AUTHORIZED = {
@@ -431,6 +443,7 @@ PAGES = {
     "project_limits": ("POST", lambda a: {"max_messages": "3"}),
     "project_members": ("POST", lambda a: {"action": "add", "username": "outsider", "role": "owner"}),
     "project_settings": ("POST", lambda a: {"watch_policy": "confirm_deliveries"}),
+    "project_webhooks": ("POST", lambda a: {"action": "add", "url": "http://127.0.0.1:9/probe"}),
     "decide_hold": ("POST", lambda a: {"decision": "approve"}),
     "revoke_token": ("POST", lambda a: {}),
     "post_turn": ("POST", lambda a: {"prompt": "probe"}),
