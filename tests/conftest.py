@@ -19,10 +19,6 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-# Playwright's sync API keeps an event loop on the main thread; the ORM refuses to
-# run there unless told it is safe (it is: nothing else runs on that loop).
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"succeeded", "failed", "cancelled", "interrupted"}
 
@@ -132,9 +128,12 @@ class ApiClient:
     def delete(self, path):
         return off_the_loop(self.client.delete, path, **self.headers)
 
-    def wait(self, execution_id, statuses=TERMINAL, timeout=30.0):
+    def wait(self, execution_id, statuses=TERMINAL, timeout=None):
         """Poll ``GET /api/executions/{id}`` until its status is one of ``statuses``."""
+        timeout = WAIT if timeout is None else timeout
         deadline = time.monotonic() + timeout
+        if _inline_worker:
+            _inline_worker[-1]()  # no worker process: the queued work runs here first
         while True:
             body = self.get(f"/api/executions/{execution_id}").json()
             if body.get("status") in statuses:
@@ -157,8 +156,15 @@ def make_git_repo(root: Path, text: str, message: str) -> Path:
     return root
 
 
-def poll(fn, *, timeout=20.0, interval=0.05, what="condition"):
+# Generous for a loaded machine (two suites side by side on two cores); never reached when
+# things work: every wait below returns as soon as its condition holds.
+WAIT = 60.0
+
+
+def poll(fn, *, timeout=WAIT, interval=0.05, what="condition"):
     """Call ``fn`` until it returns something truthy; fail with the last value after ``timeout``."""
+    if _inline_worker:
+        _inline_worker[-1]()
     deadline = time.monotonic() + timeout
     while True:
         value = fn()
@@ -169,9 +175,12 @@ def poll(fn, *, timeout=20.0, interval=0.05, what="condition"):
         time.sleep(interval)
 
 
-def executions(api, sid) -> list[dict]:
-    """Every execution of a session, through ``GET /api/executions``."""
-    r = api.get("/api/executions", session=sid, limit=500)
+def executions(api, sid, status=None) -> list[dict]:
+    """Every execution of a session (optionally in one status), through ``GET /api/executions``."""
+    params = {"session": sid, "limit": 500}
+    if status:
+        params["status"] = status
+    r = api.get("/api/executions", **params)
     assert r.status_code == 200, r.content
     return r.json()
 
@@ -196,6 +205,8 @@ def settle_session(api, *sids, quiet: float = 0.1, timeout: float = 60.0, interv
     """Wait until the sessions are at rest and return their jobs (``GET /api/executions``):
     every job terminal and no result waiting to come back to one of their branches (which
     would admit a follow-up), the same for ``quiet`` seconds (two reads at least)."""
+    if _inline_worker:
+        _inline_worker[-1]()
     deadline = time.monotonic() + timeout
     last, since = None, time.monotonic()
     while True:
@@ -207,6 +218,185 @@ def settle_session(api, *sids, quiet: float = 0.1, timeout: float = 60.0, interv
             return jobs
         assert time.monotonic() < deadline, f"sessions {sids} did not settle: {key}"
         time.sleep(interval)
+
+
+# --- scenario helpers: the public API as a test drives it ------------------------------------
+
+
+def make_spec(api, agent_id, script=(), project="alpha", **fields) -> dict:
+    """``POST /api/projects/{project}/agent-specs``: a scripted agent (SPEC §11.2) named ``agent_id``."""
+    body = {"agent_id": agent_id, "provider": "scripted",
+            "script": script if isinstance(script, dict) else list(script), **fields}
+    r = api.post(f"/api/projects/{project}/agent-specs", body)
+    assert r.status_code == 201, r.content
+    return r.json()
+
+
+def open_session(api, agent_id, title="s", project="alpha") -> str:
+    """``POST /api/projects/{project}/sessions`` with the saved agent ``agent_id``: the session id."""
+    r = api.post(f"/api/projects/{project}/sessions", {"title": title, "agent_id": agent_id})
+    assert r.status_code == 201, r.content
+    return r.json()["id"]
+
+
+def start_turn(api, sid, prompt="go", **extra):
+    """``POST /api/sessions/{sid}/turns``: the response, whatever it is."""
+    return api.post(f"/api/sessions/{sid}/turns", {"prompt": prompt, **extra})
+
+
+def turn(api, sid, prompt="go", **extra) -> str:
+    """A user turn that must be accepted: its execution id."""
+    r = start_turn(api, sid, prompt, **extra)
+    assert r.status_code == 202, r.content
+    return r.json()["execution_id"]
+
+
+def execution(api, eid) -> dict:
+    r = api.get(f"/api/executions/{eid}")
+    assert r.status_code == 200, r.content
+    return r.json()
+
+
+def cancel(api, eid, version=None, command_id=None, **overrides):
+    """``POST /api/executions/{id}/commands`` with ``execution.cancel`` (version read now if not
+    given): the response."""
+    import uuid
+
+    if version is None:
+        version = execution(api, eid)["version"]
+    body = {"command_id": command_id or f"cmd-{uuid.uuid4().hex}", "action": "execution.cancel",
+            "expected_version": version, "payload": {}}
+    body.update(overrides)
+    return api.post(f"/api/executions/{eid}/commands", body)
+
+
+def tool(api, address, name, **arguments) -> dict:
+    """Run a collab tool as the branch at ``address`` through the tool gateway: its result."""
+    r = api.post(f"/api/branches/{address}/tools/{name}", {"arguments": arguments})
+    assert r.status_code == 200, (name, r.status_code, r.content)
+    return r.json()
+
+
+def agent_call(prompt, agent_id="", background=True, **extra) -> dict:
+    """A scripted ``agent`` tool call (a background one unless ``background=False``)."""
+    arguments = {"prompt": prompt, **extra}
+    if agent_id:
+        arguments["agent_id"] = agent_id
+    if background:
+        arguments["run_in_background"] = True
+    return {"name": "agent", "arguments": arguments}
+
+
+def step(*calls) -> dict:
+    """A scripted step making these tool calls."""
+    return {"tool_calls": list(calls)}
+
+
+def address_of(job: dict) -> str:
+    """``SID:HEAD`` of the branch an execution ran on (a stale head still finds the branch)."""
+    assert job["prompt_msg"], job
+    return f"{job['session']}:{job['prompt_msg']}"
+
+
+def transcript_messages(api, address) -> list[dict]:
+    """Every message of a branch's transcript, in order, unabridged."""
+    r = api.get(f"/api/branches/{address}/transcript", max_chars=10_000_000)
+    assert r.status_code == 200, r.content
+    return [m for t in r.json()["turns"] for m in t["messages"]]
+
+
+def tool_results(job_id) -> list[dict]:
+    """The tool-result nodes a turn wrote, in order: ``{"tool", "is_error", "code", "details", "text"}``."""
+    from collab.models import Message
+
+    out = []
+    for m in Message.objects.filter(job_id=job_id, role="tool").order_by("depth"):
+        meta = m.metadata or {}
+        details = meta.get("details") or {}
+        out.append({"tool": meta.get("tool"), "is_error": meta.get("is_error"), "code": details.get("code"),
+                    "details": details, "text": m.text})
+    return out
+
+
+def set_limits(owner_api, project="alpha", **limits) -> dict:
+    """``PATCH /api/projects/{project}/limits`` as its owner: the limits now in force."""
+    r = owner_api.patch(f"/api/projects/{project}/limits", limits)
+    assert r.status_code == 200, r.content
+    return r.json()
+
+
+def events(api, sid, after=0) -> list[dict]:
+    """Every event of a session after ``after``, following the API's pages."""
+    out = []
+    while True:
+        r = api.get(f"/api/sessions/{sid}/events", after=after)
+        assert r.status_code == 200, r.content
+        page = r.json()["events"]
+        if not page:
+            return out
+        out += page
+        after = page[-1]["seq"]
+
+
+def branches(api, sid, scope="session") -> list[dict]:
+    r = api.get(f"/api/sessions/{sid}/branches", scope=scope)
+    assert r.status_code == 200, r.content
+    return r.json()
+
+
+def settle(api, *sids, timeout=WAIT) -> list[dict]:
+    """Every job of these sessions once they are at rest (``settle_session``)."""
+    return settle_session(api, *sids, timeout=timeout)
+
+
+_inline_worker: list = []  # the running test's ``run_queued``, if it asked for one
+
+
+@pytest.fixture
+def run_queued(db, django_capture_on_commit_callbacks):
+    """The worker's part, in this process and in the test's transaction (no worker process, no
+    flush): ``run_queued()`` runs every queued job to its end with ``run_job``, exactly as a
+    worker would, one at a time, oldest first, and then the jobs those created (a background
+    child, a follow-up turn, a message's delivery), until none is left; it returns their ids in
+    the order they ran. What commits during a job (a result owed to an idle caller becomes its
+    follow-up turn) runs when that job's transaction would have committed. One job at a time is
+    one legal schedule of a worker: a test that needs two turns running side by side (a cancel
+    landing mid-turn, a ``wait_agent`` on a running child) needs the ``worker`` process.
+
+    While it is in use, ``ApiClient.wait`` and ``settle_session`` call it before they look, so a
+    test written against the ``worker`` process reads the same with this fixture instead."""
+    from collab.models import Job, JobStatus
+    from collab.runtime.loop import run_job
+
+    def run(limit: int = 200) -> list[str]:
+        ran: list[str] = []
+        refused: set[str] = set()
+        while True:
+            queued = (Job.objects.filter(status=JobStatus.QUEUED).exclude(pk__in=refused)
+                      .order_by("created_at", "pk").values_list("pk", flat=True).first())
+            if queued is None:
+                forget_handed_over_tasks()
+                return ran
+            assert len(ran) < limit, f"more than {limit} jobs ran: a loop? {ran[-10:]}"
+            with django_capture_on_commit_callbacks(execute=True):
+                status = run_job(queued)
+            if status is None:
+                refused.add(queued)  # not claimable now (its caller fenced it, no free slot, …)
+            else:
+                ran.append(queued)
+                refused.clear()  # what ended may have freed a slot or a branch
+
+    def forget_handed_over_tasks() -> None:
+        # What those commits handed to the broker has run here already: left there, it would keep
+        # ``queued_tasks`` above zero, and in Redis (outside the test's transaction) name rows that
+        # a worker process of a later test never sees. (The ORM broker's rows are the test's own.)
+        from django_q.brokers import get_broker
+
+        get_broker().purge_queue()
+
+    _inline_worker.append(run)
+    yield run
+    _inline_worker.remove(run)
 
 
 _handlers: dict = {}
@@ -486,8 +676,21 @@ def _playwright():
 
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium chromium-driver")
-    with sync_playwright() as p:
-        yield p
+    # While Playwright's driver is open, its (idle) event loop counts as running on this thread,
+    # so Django takes the browser test's own synchronous ORM calls — and pytest-django's flush
+    # between tests — for ORM use inside async code. Only here is that check off: every other
+    # module, and every in-process consumer, stream and async route they drive, runs with it on
+    # (the web and worker processes never have it off: process_env).
+    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as p:
+            yield p
+    finally:
+        if before is None:
+            del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
 
 
 @pytest.fixture(scope="module")

@@ -729,13 +729,25 @@ async def until_closed(comm, timeout=WS_TIMEOUT) -> int | None:
             return out.get("code")
 
 
-async def still_open(comm, quiet=0.5) -> bool:
-    """Drain frames until the socket stays quiet; False if the server closed it.
-    (``receive_nothing``, because a timed-out ``receive_output`` cancels the application.)"""
-    while not await comm.receive_nothing(timeout=quiet):
-        if (await comm.receive_output(timeout=WS_TIMEOUT))["type"] == "websocket.close":
+def _mark(sid: str, text: str) -> int:
+    """Append a ``todo.created`` event naming ``text`` to the session's log: its seq."""
+    from collab.events import send_event_on_commit
+
+    with transaction.atomic():
+        return send_event_on_commit(sid, "todo.created", {"todo": 0, "subject": text}).seq
+
+
+async def still_live(comm, sid: str) -> bool:
+    """The socket still delivers: a fresh event written now reaches it (frames before it are
+    read past); False if the server closes it first. Proves "open" by a delivery, not by a
+    quiet interval."""
+    seq = await sync_to_async(_mark)(sid, f"still live {id(comm)}")
+    while True:
+        out = await comm.receive_output(timeout=WS_TIMEOUT)
+        if out["type"] == "websocket.close":
             return False
-    return True
+        if out["type"] == "websocket.send" and json.loads(out["text"]).get("seq") == seq:
+            return True
 
 
 def test_p_sec_op_c8_the_socket_refuses_an_outsider_exactly_like_a_missing_session(transactional_db, team, scripted_session):
@@ -941,14 +953,14 @@ def test_p_sec_removing_a_member_closes_their_open_socket_and_their_token_finds_
         assert (await member_ws.connect(timeout=WS_TIMEOUT))[0]
         assert (await viewer_ws.connect(timeout=WS_TIMEOUT))[0]
         try:
-            assert await still_open(member_ws) and await still_open(viewer_ws)
+            assert await still_live(member_ws, sid) and await still_live(viewer_ws, sid)
             # a role change re-checks the socket and keeps it: a viewer may still read
             r = await sync_to_async(owner.patch)("/api/projects/alpha/members/viewer", {"role": "viewer"})
             assert r.status_code == 200, r.content
             r = await sync_to_async(owner.delete)("/api/projects/alpha/members/member")
             assert r.status_code == 204, r.content
             code = await until_closed(member_ws)
-            assert await still_open(viewer_ws, quiet=1.0)
+            assert await still_live(viewer_ws, sid)
             refused = await handshake(sid, [ORIGIN, auth_header(member_token)])
             missing = await handshake(new_id(), [ORIGIN, auth_header(member_token)])
             return code, refused, missing
@@ -1290,11 +1302,11 @@ def test_p_sec_revoking_a_token_closes_the_sockets_opened_with_it(transactional_
         assert (await doomed_ws.connect(timeout=WS_TIMEOUT))[0]
         assert (await kept_ws.connect(timeout=WS_TIMEOUT))[0]
         try:
-            assert await still_open(doomed_ws) and await still_open(kept_ws)
+            assert await still_live(doomed_ws, sid) and await still_live(kept_ws, sid)
             r = await sync_to_async(member.delete)(f"/api/tokens/{doomed['id']}")
             assert r.status_code == 204, r.content
             code = await until_closed(doomed_ws)
-            assert await still_open(kept_ws, quiet=1.0)
+            assert await still_live(kept_ws, sid)
             return code, await handshake(sid, [ORIGIN, auth_header(doomed["token"])])
         finally:
             await safe_disconnect(doomed_ws)

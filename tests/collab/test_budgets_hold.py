@@ -10,20 +10,20 @@ import threading
 import pytest
 from django.db import connection
 
-from tests.collab.test_governed_execution import (  # noqa: F401 (autouse fixtures)
+from tests.conftest import (
+    TERMINAL,
     WAIT,
-    _fast_password_hashing,
-    _stop_leftovers,
     address_of,
     executions,
     make_spec,
     open_session,
+    poll,
     set_limits,
     settle,
     tool,
     turn,
+    undelivered_results,
 )
-from tests.conftest import TERMINAL, poll, undelivered_results
 
 pytestmark = pytest.mark.slow
 

@@ -2,41 +2,22 @@
 
 Everything is driven through public entry points — the tool gateway
 (``POST /api/branches/{address}/tools/{tool}``), user turns of scripted agents,
-and the REST API — against a real django-q2 worker process. Waiting is always
-polling with a timeout (``poll``), never a fixed sleep used as an assertion.
+and the REST API. A scenario whose turns must run side by side (a busy branch, a cancel
+landing mid-turn) runs against a real django-q2 worker process; one that only needs its
+turns run, one after another, runs them in this process (``run_queued``, tests/conftest.py),
+as a single worker would. Waiting is always polling with a timeout (``poll``), never a
+fixed sleep used as an assertion.
 """
 
 import re
 
 import pytest
 
-from tests.conftest import poll as _poll
-
-from tests.conftest import settle_session, wait_at_rest
+from tests.conftest import WAIT, branches, cancel, events, make_spec, open_session, poll, settle, tool, wait_at_rest
 
 pytestmark = pytest.mark.slow
 
-WAIT = 60.0  # seconds; generous for slow CI machines, never hit when things work
-
-
 # --- helpers -----------------------------------------------------------------------------------
-
-
-def poll(fn, *, timeout=WAIT, interval=0.05, what="condition"):
-    return _poll(fn, timeout=timeout, interval=interval, what=what)
-
-
-def events(api, sid, after=0):
-    """All of a session's events after ``after`` (following the API's pages)."""
-    out = []
-    while True:
-        r = api.get(f"/api/sessions/{sid}/events", after=after)
-        assert r.status_code == 200, r.content
-        page = r.json()["events"]
-        out += page
-        if not page:
-            return out
-        after = page[-1]["seq"]
 
 
 def jobs_of(api, *sids) -> dict:
@@ -53,6 +34,12 @@ def jobs_of(api, *sids) -> dict:
     return jobs
 
 
+def settled_jobs(api, *sids) -> dict:
+    """``jobs_of`` these sessions once they are at rest."""
+    settle(api, *sids)
+    return jobs_of(api, *sids)
+
+
 def job_count() -> int:
     """Cross-check for "creates nothing": every job row in the database."""
     from collab.models import Job
@@ -66,51 +53,9 @@ def branch_count() -> int:
     return Branch.objects.count()
 
 
-def settle(api, *sids, timeout=WAIT):
-    """``jobs_of`` these sessions once they are at rest (tests/conftest.py ``settle_session``)."""
-    settle_session(api, *sids, timeout=timeout)
-    return jobs_of(api, *sids)
-
-
-def tool(api, address, name, **arguments):
-    """Run a collab tool as the branch at ``address`` through the tool gateway."""
-    r = api.post(f"/api/branches/{address}/tools/{name}", {"arguments": arguments})
-    assert r.status_code == 200, (name, r.status_code, r.content)
-    return r.json()
-
-
-def cancel(api, execution_id):
-    """``execution.cancel`` through the executions API (SPEC §7)."""
-    version = api.get(f"/api/executions/{execution_id}").json()["version"]
-    r = api.post(f"/api/executions/{execution_id}/commands", {
-        "command_id": f"cancel-{execution_id}-{version}", "action": "execution.cancel",
-        "expected_version": version, "payload": {}})
-    assert r.status_code == 202, r.content
-    return r.json()
-
-
 def ok(result):
     assert not result["is_error"], result
     return result
-
-
-def make_spec(api, agent_id, script, project="alpha", **fields):
-    r = api.post(f"/api/projects/{project}/agent-specs",
-                 {"agent_id": agent_id, "provider": "scripted", "script": script, **fields})
-    assert r.status_code == 201, r.content
-    return r.json()
-
-
-def open_session(api, agent_id, title="s", project="alpha"):
-    r = api.post(f"/api/projects/{project}/sessions", {"title": title, "agent_id": agent_id})
-    assert r.status_code == 201, r.content
-    return r.json()["id"]
-
-
-def branches(api, sid, scope="session"):
-    r = api.get(f"/api/sessions/{sid}/branches", scope=scope)
-    assert r.status_code == 200, r.content
-    return r.json()
 
 
 def branch_named(api, sid, name, scope="session"):
@@ -224,7 +169,7 @@ def test_op_scene1_batch_of_five_background_tasks_with_todos(team, api_as, worke
         return t if len(notices) >= 5 else None
 
     poll(all_results_back, what="five results back on the caller branch")
-    jobs = settle(api, sid)
+    jobs = settled_jobs(api, sid)
     t = transcript(api, me)
     for todo, _eid in dispatched.items():
         assert t["text"].count(f"DONE<todo-{todo}>") == 1, (todo, t["text"])
@@ -245,7 +190,7 @@ def test_op_scene1_batch_of_five_background_tasks_with_todos(team, api_as, worke
 # --- scene 2: find an existing agent, then message it or give it a task ----------------------------
 
 
-def test_op_scene2_find_agent_then_send_message_or_delegate_task(team, api_as, worker):
+def test_op_scene2_find_agent_then_send_message_or_delegate_task(team, api_as, run_queued):
     """OP tool page §06 scene 2 and §03: list_agents(scope="all") finds an agent in another session;
     send_message to an idle target returns a delivery_id naming the message turn's execution and
     brings nothing back; agent(to=…) returns an execution_id whose final reply comes back to the
@@ -289,7 +234,7 @@ def test_op_scene2_find_agent_then_send_message_or_delegate_task(team, api_as, w
     assert task_job["status"] == "succeeded" and task_job["kind"] == "task", task_job
     poll(lambda: any(is_notice(m) and "TASKRESULT for fix the tokenizer" in m["text"]
                      for m in messages_of(transcript(api, me))), what="the task result back at the caller")
-    jobs = settle(api, sid, expert_sid)
+    jobs = settled_jobs(api, sid, expert_sid)
 
     # the recipient's headers, read with the transcript API
     tt = transcript(api, target)
@@ -316,7 +261,7 @@ def test_op_scene2_find_agent_then_send_message_or_delegate_task(team, api_as, w
 # --- scene 3: read the end of an old conversation without running anything -----------------------
 
 
-def test_op_scene3_read_last_ten_turns_never_runs_anything(team, api_as, worker):
+def test_op_scene3_read_last_ten_turns_never_runs_anything(team, api_as, run_queued):
     """OP tool page §06 scene 3 and SPEC §4 read_conversation: with the SID:HEAD that list_agents
     gives, start_turn=-10 on a 12-turn branch returns exactly turns 2..11; include_function_calls
     and max_chars shape the text; reading never starts a run (no new job anywhere)."""
@@ -392,7 +337,7 @@ def test_op_c10_p_flw_2_eight_children_one_serial_chain_of_followups(team, api_a
 
     poll(lambda: sum(is_notice(m) for m in messages_of(transcript(api, me))) >= 8,
          what="eight results back on the caller branch")
-    jobs = settle(api, sid)
+    jobs = settled_jobs(api, sid)
     t = transcript(api, me)
     for i in range(8):
         assert t["text"].count(f"RESULT[part-{i}]") == 1, (i, t["text"])
@@ -441,7 +386,7 @@ def test_op_5_4_message_to_busy_branch_waits_and_runs_after_in_order(team, api_a
     queued_events = [e for e in events(api, target_sid) if e["type"] == "inbox.queued"]
     assert len(queued_events) == 3
 
-    cancel(api, busy)  # the slow turn ends (a cancel is an end like any other, OP §5.4)
+    assert cancel(api, busy).status_code == 202  # the slow turn ends (a cancel is an end like any other, OP §5.4)
     assert api.wait(busy, timeout=WAIT)["status"] == "cancelled"
 
     def three_message_turns():
@@ -450,7 +395,7 @@ def test_op_5_4_message_to_busy_branch_waits_and_runs_after_in_order(team, api_a
         return len(done) == 3
 
     poll(three_message_turns, what="three message turns on the target")
-    jobs = settle(api, target_sid, sid)
+    jobs = settled_jobs(api, target_sid, sid)
     t = transcript(api, target)
     kinds = [turn["messages"][0]["kind"] for turn in t["turns"]]
     assert kinds == ["normal", "message", "message", "message"], kinds
@@ -520,7 +465,7 @@ def test_op_5_4_inbox_cap_drops_oldest_with_notice_and_rejects_duplicates(team, 
     # Archive the target while its 50 deliveries wait, then end its turn (a cancel is an end like any
     # other, SPEC §6): the queued deliveries are refused with a reason, none silently lost.
     assert api.post(f"/api/branches/{target}/archive", {"reason": "enough"}).status_code == 200
-    cancel(api, busy)
+    assert cancel(api, busy).status_code == 202
     assert api.wait(busy, timeout=WAIT)["status"] == "cancelled"
 
     def rejected(sid):
@@ -549,7 +494,7 @@ def test_op_5_4_inbox_cap_drops_oldest_with_notice_and_rejects_duplicates(team, 
 # --- OP §2.6 / C3: archived targets -----------------------------------------------------------------
 
 
-def test_op_c3_archived_agent_rejects_deliveries_but_history_stays_readable_and_forkable(team, api_as, worker):
+def test_op_c3_archived_agent_rejects_deliveries_but_history_stays_readable_and_forkable(team, api_as, run_queued):
     """OP §2.6, tool page §05, C3: archive is global (archived by one person, hidden in another's
     ordinary listings); both delivery paths (agent(to=…), send_message) refuse an archived target
     with code "archived" and create nothing — also through a stale SID:HEAD; history stays readable
@@ -628,7 +573,7 @@ def test_op_c3_archived_agent_rejects_deliveries_but_history_stays_readable_and_
 # --- OP C2: fork and run in one call; `to` never creates -------------------------------------------
 
 
-def test_op_c2_fork_and_run_in_one_call_and_missing_to_creates_nothing(team, api_as, worker):
+def test_op_c2_fork_and_run_in_one_call_and_missing_to_creates_nothing(team, api_as, run_queued):
     """OP §1 `agent` modes and C2: one agent(start_from="T:M", prompt, description) call creates a
     branch at exactly node M of session T, names it, and runs the prompt there (foreground: the
     final text comes back). With `to` naming a missing target — an unknown SID:HEAD, an unknown
@@ -751,7 +696,7 @@ def test_op_c7_cross_session_spawn_stores_attach_in_caller_session_and_moves_no_
 # --- OP §5.5 / C10: failures come back too, once, and nothing loops --------------------------------
 
 
-def test_op_5_5_c10_failed_and_empty_results_come_back_once_without_loops(team, api_as, worker):
+def test_op_5_5_c10_failed_and_empty_results_come_back_once_without_loops(team, api_as, run_queued):
     """OP §5.5 and C10: a background child whose turn fails (51 tool calls in one step hit the
     50-call cap: error_code tool_call_limit), a child that answers with an empty reply, and a
     delegated task that fails all come back to the caller exactly once — the failures as
@@ -788,7 +733,7 @@ def test_op_5_5_c10_failed_and_empty_results_come_back_once_without_loops(team, 
     assert finished[quiet]["result"] == ""
 
     poll(lambda: sum(is_notice(m) for m in messages_of(transcript(api, me))) >= 3, what="three notices")
-    jobs = settle(api, sid, other)
+    jobs = settled_jobs(api, sid, other)
     t = transcript(api, me)
     notices = [m for m in messages_of(t) if is_notice(m)]
     assert len(notices) == 3, notices

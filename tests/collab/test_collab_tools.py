@@ -1024,7 +1024,7 @@ def test_op_2_1_foreground_agent_returns_the_final_text_and_is_an_admitted_job(t
 
 
 @pytest.mark.slow
-def test_p_spec_10_nested_foreground_agents_run_inline_without_deadlock(team, api_as, scripted_session, worker):
+def test_p_spec_10_nested_foreground_agents_run_inline_without_deadlock(team, api_as, scripted_session, run_queued):
     """SPEC §10 / OP §2.1: a foreground ``agent`` runs its child inline in the calling worker,
     still admitted as a Job. A chain user turn → child → grandchild → great-grandchild, all
     foreground, completes on the default 2-worker pool (it would deadlock if every level needed

@@ -4,7 +4,9 @@ Admission, topology budgets, resource quotas, the versioned ``execution.cancel``
 command, crash recovery and bounded results, driven through public entry points
 — user turns, executions and commands over the REST API, the tool gateway
 (``POST /api/branches/{address}/tools/{tool}``), scripted agents' own tool
-calls, ``manage.py`` commands — against real django-q2 worker processes.
+calls, ``manage.py`` commands — against real django-q2 worker processes where turns must
+run side by side (cancels, races, quotas on running jobs), and in this process
+(``run_queued``, tests/conftest.py) where one turn after another is all a rule needs.
 
 Waiting is always polling with a timeout; no fixed sleep is an assertion. Rows
 are read directly only to observe what the API does not show (message nodes,
@@ -24,22 +26,42 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import poll as _poll
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from tests.conftest import ROOT, TERMINAL, ApiClient, _wait_for_output, settle_session
+from tests.conftest import (
+    ROOT,
+    TERMINAL,
+    WAIT,
+    ApiClient,
+    _wait_for_output,
+    address_of,
+    agent_call,
+    branches,
+    cancel,
+    execution,
+    executions,
+    make_spec,
+    open_session,
+    poll,
+    set_limits,
+    settle,
+    start_turn,
+    step,
+    tool,
+    tool_results,
+    transcript_messages,
+    turn,
+)
 
 pytestmark = pytest.mark.slow
 
-WAIT = 60.0  # seconds; generous for loaded machines, never reached when things work
 LONG_MS = 30_000  # a model call that is always cancelled long before it ends
 # a model call that cannot end by itself within any wait of a test (the scripted provider's
 # longest sleep, SPEC §11.2): a job with this step that reaches a terminal state within WAIT was
@@ -48,102 +70,7 @@ LONG_MS = 30_000  # a model call that is always cancelled long before it ends
 UNENDING_MS = 600_000
 
 
-# --- fixtures ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    """``team`` creates five users; nothing here logs in with a password."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture(autouse=True)
-def _stop_leftovers(transactional_db):
-    """Worker processes see committed rows only, so every test is transactional. Afterwards
-    (tests/conftest.py ``transactional_db``) whatever is still open is cancelled, and the test
-    waits until the workers are at rest, so the database flush that ends the test does not race
-    a worker's last transaction (PostgreSQL would report a deadlock)."""
-    yield
-
-
 # --- helpers ----------------------------------------------------------------------------------
-
-
-def poll(fn, *, timeout=WAIT, interval=0.05, what="condition"):
-    return _poll(fn, timeout=timeout, interval=interval, what=what)
-
-
-def make_spec(api, agent_id, script, project="alpha", **fields):
-    r = api.post(f"/api/projects/{project}/agent-specs",
-                 {"agent_id": agent_id, "provider": "scripted", "script": script, **fields})
-    assert r.status_code == 201, r.content
-    return r.json()
-
-
-def open_session(api, agent_id, title="s", project="alpha") -> str:
-    r = api.post(f"/api/projects/{project}/sessions", {"title": title, "agent_id": agent_id})
-    assert r.status_code == 201, r.content
-    return r.json()["id"]
-
-
-def start_turn(api, sid, prompt="go", **extra):
-    return api.post(f"/api/sessions/{sid}/turns", {"prompt": prompt, **extra})
-
-
-def turn(api, sid, prompt="go", **extra) -> str:
-    r = start_turn(api, sid, prompt, **extra)
-    assert r.status_code == 202, r.content
-    return r.json()["execution_id"]
-
-
-def execution(api, eid) -> dict:
-    r = api.get(f"/api/executions/{eid}")
-    assert r.status_code == 200, r.content
-    return r.json()
-
-
-def executions(api, sid, status=None) -> list[dict]:
-    params = {"session": sid, "limit": 500}
-    if status:
-        params["status"] = status
-    r = api.get("/api/executions", **params)
-    assert r.status_code == 200, r.content
-    return r.json()
-
-
-def cancel(api, eid, version=None, command_id=None, **overrides):
-    """``POST /api/executions/{id}/commands`` with ``execution.cancel`` (version read now if not given)."""
-    if version is None:
-        version = execution(api, eid)["version"]
-    body = {"command_id": command_id or f"cmd-{uuid.uuid4().hex}", "action": "execution.cancel",
-            "expected_version": version, "payload": {}}
-    body.update(overrides)
-    return api.post(f"/api/executions/{eid}/commands", body)
-
-
-def tool(api, address, name, **arguments) -> dict:
-    """Run a collab tool as the branch at ``address`` through the tool gateway."""
-    r = api.post(f"/api/branches/{address}/tools/{name}", {"arguments": arguments})
-    assert r.status_code == 200, (name, r.status_code, r.content)
-    return r.json()
-
-
-def branches(api, sid, scope="session") -> list[dict]:
-    r = api.get(f"/api/sessions/{sid}/branches", scope=scope)
-    assert r.status_code == 200, r.content
-    return r.json()
-
-
-def transcript_messages(api, address) -> list[dict]:
-    r = api.get(f"/api/branches/{address}/transcript", max_chars=10_000_000)
-    assert r.status_code == 200, r.content
-    return [m for t in r.json()["turns"] for m in t["messages"]]
-
-
-def address_of(job: dict) -> str:
-    """``SID:HEAD`` of the branch an execution ran on (a stale head still finds the branch)."""
-    assert job["prompt_msg"], job
-    return f"{job['session']}:{job['prompt_msg']}"
 
 
 def sender_and_busy_target(team, api_as, nap_ms: int, quiet_text: str = "quiet"):
@@ -162,24 +89,6 @@ def sender_and_busy_target(team, api_as, nap_ms: int, quiet_text: str = "quiet")
     return api, ssid, sender, tsid, busy, target
 
 
-def agent_call(prompt, agent_id="", background=True, **extra) -> dict:
-    arguments = {"prompt": prompt, **extra}
-    if agent_id:
-        arguments["agent_id"] = agent_id
-    if background:
-        arguments["run_in_background"] = True
-    return {"name": "agent", "arguments": arguments}
-
-
-def step(*calls) -> dict:
-    return {"tool_calls": list(calls)}
-
-
-def settle(api, *sids, timeout=WAIT) -> list[dict]:
-    """Every job of these sessions once they are at rest (tests/conftest.py ``settle_session``)."""
-    return settle_session(api, *sids, timeout=timeout)
-
-
 def children(parent_id, agent_id=None):
     """Jobs whose parent is ``parent_id`` (optionally run by the saved agent ``agent_id``)."""
     from collab.models import Job
@@ -188,24 +97,6 @@ def children(parent_id, agent_id=None):
     if agent_id:
         qs = qs.filter(agent_spec__agent_id=agent_id)
     return list(qs)
-
-
-def tool_results(job_id) -> list[dict]:
-    """The tool-result nodes a turn wrote, in order: ``{"tool", "is_error", "code", "text"}``."""
-    from collab.models import Message
-
-    out = []
-    for m in Message.objects.filter(job_id=job_id, role="tool").order_by("depth"):
-        meta = m.metadata or {}
-        out.append({"tool": meta.get("tool"), "is_error": meta.get("is_error"),
-                    "code": (meta.get("details") or {}).get("code"), "text": m.text})
-    return out
-
-
-def set_limits(owner_api, **limits) -> dict:
-    r = owner_api.patch("/api/projects/alpha/limits", limits)
-    assert r.status_code == 200, r.content
-    return r.json()
 
 
 def job_count(**filters) -> int:
@@ -244,7 +135,7 @@ def event_types(api, sid) -> list[tuple[str, dict]]:
 # --- OP C1: both agent modes admit Jobs; cancel is the versioned execution command -------------
 
 
-def test_op_c1_background_and_foreground_agent_calls_both_admit_jobs(team, api_as, worker):
+def test_op_c1_background_and_foreground_agent_calls_both_admit_jobs(team, api_as, run_queued):
     owner = api_as(team.owner)
     make_spec(owner, "child", [{"text": "child says {{prompt}}"}])
     make_spec(owner, "boss", {"user": [
@@ -696,7 +587,7 @@ def test_op_c5_messages_exhausted_refuses_delegation_but_not_reads_or_running_wo
     assert api.wait(sleeper.pk)["status"] == "cancelled"
 
 
-def test_op_c5_depth_exhausted_refuses_spawning_but_not_delivering(team, api_as, worker):
+def test_op_c5_depth_exhausted_refuses_spawning_but_not_delivering(team, api_as, run_queued):
     owner = api_as(team.owner)
     set_limits(owner, max_spawn_depth=1)
     api = api_as(team.member)
@@ -998,7 +889,7 @@ def test_op_c9_long_results_are_bounded_and_the_full_text_is_an_authorized_artif
     assert "deleted 0 " in out.getvalue()
 
 
-def test_op_c9_a_failed_artifact_write_never_yields_a_reference(team, api_as, worker, monkeypatch):
+def test_op_c9_a_failed_artifact_write_never_yields_a_reference(team, api_as, run_queued, monkeypatch):
     """The foreground gateway call runs its child in this process, where the write is made to fail."""
     import collab.services.artifacts as artifacts
 
@@ -1029,7 +920,7 @@ def test_op_c9_a_failed_artifact_write_never_yields_a_reference(team, api_as, wo
 # --- OP C4: archive_when_done -----------------------------------------------------------------
 
 
-def test_op_c4_archive_when_done_applies_to_background_and_foreground_runs(team, api_as, worker):
+def test_op_c4_archive_when_done_applies_to_background_and_foreground_runs(team, api_as, run_queued):
     owner = api_as(team.owner)
     make_spec(owner, "quick", [{"text": "finished"}])
     make_spec(owner, "boss", {"user": [

@@ -30,8 +30,16 @@ from django.core.management import call_command
 
 from tests.collab.fake_llm import OpenAIDialect
 from tests.collab.test_providers import operator_connection
-from tests.collab.test_governed_execution import (
-    agent_call, cancel, execution, executions, make_spec, open_session, poll, step, turn,
+from tests.conftest import (
+    agent_call,
+    cancel,
+    execution,
+    executions,
+    make_spec,
+    open_session,
+    poll,
+    step,
+    turn,
 )
 from tests.conftest import ROOT, _wait_for_output, settle_worker
 
@@ -95,11 +103,6 @@ def _own_queue(transactional_db, queue_name, monkeypatch):
     monkeypatch.setattr(Conf, "CLUSTER_NAME", queue_name)
     yield
     settle_worker(timeout=30)
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def reconcile_from_outside() -> str:

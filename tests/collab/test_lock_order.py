@@ -20,26 +20,12 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from tests.conftest import ApiClient, settle_session
+from tests.conftest import ApiClient, make_spec, settle
 
 pytestmark = pytest.mark.slow
 
 WAIT = 90.0
 REQUESTS = 50
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def make_spec(api, agent_id, script):
-    r = api.post("/api/projects/alpha/agent-specs", {"agent_id": agent_id, "provider": "scripted", "script": script})
-    assert r.status_code == 201, r.content
-
-
-def settle(api, sid) -> list[dict]:
-    return settle_session(api, sid, timeout=WAIT)
 
 
 def test_op_c1_fifty_concurrent_forks_turns_deliveries_and_cancels_keep_one_chain_per_branch(team, api_as, worker):
@@ -120,7 +106,7 @@ def test_op_c1_fifty_concurrent_forks_turns_deliveries_and_cancels_keep_one_chai
     expected = {"fork": {302}, "turn": {202}, "agent_fork": {200}, "cancel": {0, 202, 409}}
     assert [a for a in answers if a[1] not in expected[a[0]]] == [], answers
 
-    jobs = settle(api, sid)
+    jobs = settle(api, sid, timeout=WAIT)
     assert any(j["kind"] == "followup" for j in jobs), "no delivery raced the turns"
     nodes = list(Message.objects.filter(session_id=sid).exclude(kind="attach").values_list("branch_id", "predecessor_id"))
     shared = [k for k, n in Counter(nodes).items() if n > 1]

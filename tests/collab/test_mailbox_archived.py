@@ -16,18 +16,26 @@ import io
 import pytest
 from django.core.management import call_command
 
-from tests.collab.test_governed_execution import settle
 from tests.collab.test_openwork import (
-    TERMINAL, WAIT, address_of, agent_message_rows, execution, make_spec, open_session, poll, spawn_call, step,
-    tool_results, transcript_messages, user_turn,
+    agent_message_rows,
+    openwork_spec,
+    spawn_call,
+    user_turn,
+)
+from tests.conftest import (
+    TERMINAL,
+    WAIT,
+    address_of,
+    execution,
+    open_session,
+    poll,
+    settle,
+    step,
+    tool_results,
+    transcript_messages,
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def script(sleep_ms):
@@ -41,7 +49,7 @@ def script(sleep_ms):
 
 def spawn_and_answer(api, owner, agent_id, sleep_ms):
     """The root's first turn (spawning the explorer) and the explorer's execution."""
-    make_spec(owner, agent_id, script(sleep_ms))
+    openwork_spec(owner, agent_id, script(sleep_ms))
     sid = open_session(api, agent_id)
     first = user_turn(api, sid, "start")
     (spawned,) = tool_results(first["id"])

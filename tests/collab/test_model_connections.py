@@ -169,7 +169,7 @@ def test_p_sec_1_no_spec_a_tenant_can_type_names_a_host_or_variable_the_operator
 @pytest.mark.slow
 @pytest.mark.parametrize("change", ["unbound", "model-no-longer-allowed", "disabled", "moved-to-other-provider"])
 def test_p_sec_1_a_connection_taken_away_later_fails_the_turn_before_any_request(
-        team, api_as, worker, connections, listed, elsewhere, change):
+        team, api_as, run_queued, connections, listed, elsewhere, change):
     """P-SEC-1: the worker checks the binding again at call time; a spec whose connection was
     unbound, narrowed or disabled after it was saved fails with ``provider_config`` and sends
     nothing anywhere."""
@@ -197,7 +197,7 @@ def test_p_sec_1_a_connection_taken_away_later_fails_the_turn_before_any_request
 @pytest.mark.slow
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 @pytest.mark.parametrize("how", ["connection", "legacy-fields"])
-def test_p_sec_0_a_listed_connection_receives_only_its_own_key(team, api_as, worker, connections, listed, elsewhere,
+def test_p_sec_0_a_listed_connection_receives_only_its_own_key(team, api_as, run_queued, connections, listed, elsewhere,
                                                                provider, how):
     """P-SEC-0: the connection's host gets the connection's key and nothing of the operator's
     other variables (default keys, auth tokens, admin keys, organisation ids, custom headers);
@@ -260,7 +260,7 @@ def test_p_sec_0_a_redirect_from_the_listed_host_is_not_followed(team, api_as, w
 
 @pytest.mark.slow
 @pytest.mark.parametrize("status", [400, 401, 404, 429, 500])
-def test_p_sec_0_a_provider_error_never_echoes_the_remote_hosts_text(team, api_as, worker, connections, listed, status):
+def test_p_sec_0_a_provider_error_never_echoes_the_remote_hosts_text(team, api_as, run_queued, connections, listed, status):
     """P-SEC-0: the job's reason, its events (retries too) and every API answer show a code,
     the connection's name and the HTTP status, never the body the remote host sent."""
     dialect = DIALECTS["openai"]

@@ -11,18 +11,16 @@ import sys
 
 import pytest
 
-from tests.collab.test_governed_execution import (  # noqa: F401 (autouse fixtures)
+from tests.collab.test_governed_execution import (
     LONG_MS,
-    _fast_password_hashing,
-    _stop_leftovers,
+    sender_and_busy_target,
+)
+from tests.conftest import (
     address_of,
     cancel,
     execution,
-    executions,
     make_spec,
-    sender_and_busy_target,
     open_session,
-    poll,
     set_limits,
     settle,
     tool,

@@ -9,7 +9,9 @@ Everything is driven through public entry points — user turns of scripted (and
 for the wire format, OpenAI-compatible) agents, the tool gateway
 (``POST /api/branches/{address}/tools/{tool}``), the executions, sessions,
 transcript and limits APIs, ``manage.py`` commands, the project page — against a
-real django-q2 worker process. Rows are read directly only to observe what the
+real django-q2 worker process where parent and children must run side by side
+(``wait_agent``, interrupts), and in this process (``run_queued``, tests/conftest.py)
+where each turn may simply run after the other. Rows are read directly only to observe what the
 API does not show (exactly-once dedupe keys, "nothing was written" counts,
 cascades) and to simulate what cannot be caused from outside (a worker that died:
 its lease running out). Waiting is always polling with a timeout.
@@ -24,20 +26,37 @@ import io
 import json
 import os
 import re
-import time
 from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from tests.collab.test_governed_execution import UNENDING_MS, settle
-from tests.conftest import TERMINAL, make_git_repo
-from tests.conftest import poll as _poll
+from tests.collab.test_governed_execution import (
+    UNENDING_MS,
+)
+from tests.conftest import (
+    TERMINAL,
+    WAIT,
+    address_of,
+    cancel,
+    execution,
+    executions,
+    make_git_repo,
+    make_spec,
+    open_session,
+    poll,
+    set_limits,
+    settle,
+    step,
+    tool,
+    tool_results,
+    transcript_messages,
+    turn,
+)
 
 pytestmark = pytest.mark.slow
 
-WAIT = 60.0  # seconds; generous for a loaded machine, never reached when things work
 LONG_MS = 30_000  # a child "model call" that is always interrupted long before it ends
 CONTROL_TOOLS = ["followup_task", "interrupt_agent", "list_agents", "spawn_agent", "wait_agent"]
 PLAN_TOOLS = {"todo_create", "todo_update", "todo_list"}  # a root's plan tool (OW: update_plan); never an explorer's
@@ -54,68 +73,19 @@ ENVELOPE = re.compile(
 )
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    """``team`` creates five users; nothing here logs in with a password."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def poll(fn, *, timeout=WAIT, interval=0.05, what="condition"):
-    return _poll(fn, timeout=timeout, interval=interval, what=what)
-
-
-def make_spec(owner_api, agent_id, script, **fields):
-    body = {"agent_id": agent_id, "provider": "scripted", "script": script, "toolset": "openwork", **fields}
-    r = owner_api.post("/api/projects/alpha/agent-specs", body)
-    assert r.status_code == 201, r.content
-    return r.json()
-
-
-def open_session(api, agent_id, title="ow"):
-    r = api.post("/api/projects/alpha/sessions", {"title": title, "agent_id": agent_id})
-    assert r.status_code == 201, r.content
-    return r.json()["id"]
-
-
-def start_turn(api, sid, prompt="go"):
-    r = api.post(f"/api/sessions/{sid}/turns", {"prompt": prompt})
-    assert r.status_code == 202, r.content
-    return r.json()["execution_id"]
+def openwork_spec(owner_api, agent_id, script, **fields) -> dict:
+    """A scripted agent with the OpenWork toolset (OW §1)."""
+    return make_spec(owner_api, agent_id, script, toolset="openwork", **fields)
 
 
 def user_turn(api, sid, prompt="go", expect="succeeded"):
     """A person's turn, waited for; returns the execution."""
-    done = api.wait(start_turn(api, sid, prompt), timeout=WAIT)
+    done = api.wait(turn(api, sid, prompt), timeout=WAIT)
     assert done["status"] == expect, done
     return done
-
-
-def execution(api, eid):
-    r = api.get(f"/api/executions/{eid}")
-    assert r.status_code == 200, r.content
-    return r.json()
-
-
-def executions(api, sid):
-    r = api.get("/api/executions", session=sid, limit=500)
-    assert r.status_code == 200, r.content
-    return r.json()
-
-
-def address_of(job):
-    """``SID:HEAD`` of the branch an execution ran on (a stale head still finds the branch)."""
-    assert job["prompt_msg"], job
-    return f"{job['session']}:{job['prompt_msg']}"
-
-
-def tool(api, address, name, **arguments):
-    """Run a tool as the branch at ``address`` through the tool gateway."""
-    r = api.post(f"/api/branches/{address}/tools/{name}", {"arguments": arguments})
-    assert r.status_code == 200, (name, r.status_code, r.content)
-    return r.json()
 
 
 def ok(result):
@@ -131,12 +101,6 @@ def refused(result, code):
     return result
 
 
-def transcript_messages(api, address):
-    r = api.get(f"/api/branches/{address}/transcript", max_chars=10_000_000)
-    assert r.status_code == 200, r.content
-    return [m for t in r.json()["turns"] for m in t["messages"]]
-
-
 def turn_messages(api, job):
     """The messages one turn wrote on its branch, in DAG order (from the prompt node on)."""
     messages = transcript_messages(api, address_of(job))
@@ -146,19 +110,6 @@ def turn_messages(api, job):
         if m["role"] == "user" and m["kind"] != "agent_message":
             break  # the next turn's prompt
         out.append(m)
-    return out
-
-
-def tool_results(job_id):
-    """The tool-result nodes a turn wrote, in order: ``{"tool", "is_error", "code", "details", "text"}``."""
-    from collab.models import Message
-
-    out = []
-    for m in Message.objects.filter(job_id=job_id, role="tool").order_by("depth"):
-        meta = m.metadata or {}
-        details = meta.get("details") or {}
-        out.append({"tool": meta.get("tool"), "is_error": meta.get("is_error"), "code": details.get("code"),
-                    "details": details, "text": m.text})
     return out
 
 
@@ -172,32 +123,12 @@ def agent_message_rows(session_id):
     return list(Message.objects.filter(session_id=session_id, kind="agent_message").order_by("depth"))
 
 
-def cancel(api, eid):
-    """``execution.cancel`` through the executions API (SPEC §7)."""
-    version = execution(api, eid)["version"]
-    r = api.post(f"/api/executions/{eid}/commands", {
-        "command_id": f"cancel-{eid}-{version}", "action": "execution.cancel",
-        "expected_version": version, "payload": {}})
-    assert r.status_code == 202, r.content
-    return r.json()
-
-
-def set_limits(owner_api, **limits):
-    r = owner_api.patch("/api/projects/alpha/limits", limits)
-    assert r.status_code == 200, r.content
-    return r.json()
-
-
 def spawn_call(task_name, message):
     return {"name": "spawn_agent", "arguments": {"task_name": task_name, "message": message}}
 
 
 def call(name, **arguments):
     return {"name": name, "arguments": arguments}
-
-
-def step(*calls):
-    return {"tool_calls": list(calls)}
 
 
 def rows(messages=False):
@@ -211,7 +142,7 @@ def rows(messages=False):
 
 def root_with_address(api, owner, agent_id, script, **spec):
     """A root session of an openwork spec and its main branch's address (after a first turn)."""
-    make_spec(owner, agent_id, script, **spec)
+    openwork_spec(owner, agent_id, script, **spec)
     sid = open_session(api, agent_id)
     first = user_turn(api, sid, "hello")
     return sid, address_of(first), first
@@ -251,14 +182,14 @@ def assert_drained_after_tool_results(messages):
 SIMPLE = {"user": [{"text": "mail=[{{mailbox}}]"}], "spawn": [{"text": "explored: {{prompt}}"}]}
 
 
-def test_ow_01_child_session_records_parent_task_name_and_role(team, api_as, worker):
+def test_ow_01_child_session_records_parent_task_name_and_role(team, api_as, run_queued):
     """OW acc. 1 (and 5): a spawned child is a Session with parent_session and agent_role
     ``explorer`` whose one branch carries the task_name and the parent branch; the root has none
     of these. The child runs a turn whose terminal state is readable; people cannot post turns to it."""
     from collab.models import Branch, Session
 
     owner, api = api_as(team.owner), api_as(team.member)
-    make_spec(owner, "ow1", {"user": [step(spawn_call("scout", "where is auth?")), {"text": "spawned"}],
+    openwork_spec(owner, "ow1", {"user": [step(spawn_call("scout", "where is auth?")), {"text": "spawned"}],
                              "spawn": [{"text": "auth lives in auth.py"}]})
     sid = open_session(api, "ow1")
     root = user_turn(api, sid)
@@ -296,7 +227,7 @@ def test_ow_01_child_session_records_parent_task_name_and_role(team, api_as, wor
     assert rows(messages=True) == before
 
 
-def test_ow_02_children_are_hidden_from_the_session_list_but_listed_by_their_parent(team, api_as, worker, client):
+def test_ow_02_children_are_hidden_from_the_session_list_but_listed_by_their_parent(team, api_as, run_queued, client):
     """OW acc. 2: the project's session list shows root sessions only, each child listed under its
     parent; the parent lists its children with list_agents, sorted by task_name."""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -324,7 +255,7 @@ def test_ow_02_children_are_hidden_from_the_session_list_but_listed_by_their_par
     assert listed["details"]["agents"] == agents
 
 
-def test_ow_03_duplicate_task_name_is_refused_under_one_parent_only(team, api_as, worker):
+def test_ow_03_duplicate_task_name_is_refused_under_one_parent_only(team, api_as, run_queued):
     """OW acc. 3: a second child named like an existing one (idle or not) under the same parent is
     refused with duplicate_task_name and writes nothing; another parent session may use the name."""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -346,7 +277,7 @@ def test_ow_03_duplicate_task_name_is_refused_under_one_parent_only(team, api_as
     assert [a["task_name"] for a in json.loads(ok(tool(api, main_b, "list_agents"))["text"])] == ["dup"]
 
 
-def test_ow_04_malformed_task_names_and_arguments_are_refused_before_any_row(team, api_as, worker):
+def test_ow_04_malformed_task_names_and_arguments_are_refused_before_any_row(team, api_as, run_queued):
     """OW acc. 4 (OW §5): ``^[a-z][a-z0-9_]{0,47}$`` — a bad name is invalid_task_name and no
     session, branch, job or message is written; 48 characters is the longest accepted. The schema
     rejects unknown fields and a blank message (invalid_arguments)."""
@@ -388,7 +319,7 @@ def test_ow_05_07_08_12_three_parallel_explorers_are_aggregated_in_the_same_turn
     between an assistant's tool calls and their results — exactly once, and its final answer
     aggregates the three bodies. Three waits that deliver never count as a doom loop."""
     owner, api = api_as(team.owner), api_as(team.member)
-    make_spec(owner, "ow12", {
+    openwork_spec(owner, "ow12", {
         "user": [
             step(spawn_call("auth_flow", "question A"), spawn_call("db_layer", "question B"),
                  spawn_call("ui_shell", "question C")),
@@ -457,7 +388,7 @@ def test_ow_09_result_after_the_final_answer_starts_no_turn_and_reaches_the_next
     from collab.models import Job
 
     owner, api = api_as(team.owner), api_as(team.member)
-    make_spec(owner, "ow9", {
+    openwork_spec(owner, "ow9", {
         "user": [step(spawn_call("latecomer", "take your time")), {"text": "mail=[{{mailbox}}]"}],
         "spawn": [{"sleep_ms": 3_000}, {"text": "late result"}],
     })
@@ -498,7 +429,7 @@ def test_ow_10_failed_and_interrupted_children_report_back_and_the_parent_never_
     envelope — ``failed`` with ``<code>: <reason>``, ``interrupted`` — so waiting ends."""
     owner, api = api_as(team.owner), api_as(team.member)
     same = call("grep", pattern="needle")
-    make_spec(owner, "ow10", {
+    openwork_spec(owner, "ow10", {
         "user": [
             # a tool step runs all its calls before the next drain: the wait cannot miss the result
             step(spawn_call("looper", "loop please"), call("wait_agent", timeout_ms=60_000)),
@@ -533,7 +464,7 @@ def test_ow_10_failed_and_interrupted_children_report_back_and_the_parent_never_
         f"agent-msg:{followup['session']}:{followup['id']}:interrupted"])
 
     # the explorer's model-call budget: 15 calls (all different, so no doom loop), then failed
-    make_spec(owner, "ow10b", {
+    openwork_spec(owner, "ow10b", {
         "user": [{"text": "mail=[{{mailbox}}]"}],
         "spawn": [step(call("grep", pattern=f"needle{n}")) for n in range(20)] + [{"text": "never reached"}],
     })
@@ -559,7 +490,7 @@ def test_ow_13_a_fourth_concurrent_spawn_is_refused_and_the_parent_turn_goes_on(
 
     owner, api = api_as(team.owner), api_as(team.member)
     assert owner.get("/api/projects/alpha/limits").json()["max_active_turns"] == 3
-    make_spec(owner, "ow13", {
+    openwork_spec(owner, "ow13", {
         "user": [
             step(spawn_call("one", "slow 1"), spawn_call("two", "slow 2"), spawn_call("three", "slow 3")),
             step(spawn_call("four", "slow 4")),
@@ -733,13 +664,13 @@ def test_ow_18_wait_times_out_then_delivers_and_three_timeouts_in_a_row_are_a_do
     resets the timeout count (T, D, T, T does not end the turn); the third timeout in a row ends
     the turn as failed ``doom_loop``. (Costs about 42 s: timeout_ms has a 10 s minimum.)"""
     owner, api = api_as(team.owner), api_as(team.member)
-    make_spec(owner, "ow18", {
+    openwork_spec(owner, "ow18", {
         "user": [step(spawn_call("slowpoke", "take 12 s"))] + [step(call("wait_agent", timeout_ms=10_000))] * 5
                 + [{"text": "unreachable"}],
         "spawn": [{"sleep_ms": 12_000}, {"text": "slow answer"}],
     })
     sid = open_session(api, "ow18")
-    root = api.wait(start_turn(api, sid, "wait for it"), timeout=120)
+    root = api.wait(turn(api, sid, "wait for it"), timeout=120)
     assert root["status"] == "failed" and root["error_code"] == "doom_loop" and root["is_error"], root
     assert "3 times" in root["error_reason"], root
     results = tool_results(root["id"])
@@ -765,7 +696,7 @@ def test_ow_18_cancelling_the_parent_ends_wait_agent_at_once(team, api_as, worke
     from collab.models import Message
 
     owner, api = api_as(team.owner), api_as(team.member)
-    make_spec(owner, "ow18c", {
+    openwork_spec(owner, "ow18c", {
         "user": [step(spawn_call("sleeper", "sleep")), step(call("wait_agent", timeout_ms=600_000)),
                  {"text": "unreachable"}],
         # the child cannot end by itself within WAIT, so neither can the wait for it: a parent
@@ -773,14 +704,14 @@ def test_ow_18_cancelling_the_parent_ends_wait_agent_at_once(team, api_as, worke
         "spawn": [{"sleep_ms": UNENDING_MS}, {"text": "never reached"}],
     })
     sid = open_session(api, "ow18c")
-    root_id = start_turn(api, sid, "wait forever")
+    root_id = turn(api, sid, "wait forever")
     def waiting():
         calls = [c for m in Message.objects.filter(job_id=root_id, role="assistant", tool_calls__isnull=False)
                  for c in m.tool_calls]
         return any(c["name"] == "wait_agent" for c in calls)
 
     poll(waiting, what="the parent to call wait_agent")
-    cancel(api, root_id)
+    assert cancel(api, root_id).status_code == 202
     ended = api.wait(root_id, timeout=WAIT)
     assert ended["status"] == "cancelled", ended
     (child_id,) = [r["details"]["execution_id"] for r in tool_results(root_id) if r["tool"] == "spawn_agent"]
@@ -872,7 +803,7 @@ def test_ow_22_deleting_the_parent_session_deletes_its_children(team, api_as, wo
     from collab.models import Branch, Event, Job, Message, Session
 
     owner, api = api_as(team.owner), api_as(team.member)
-    sid, main, _, idle, busy, _ = one_idle_one_busy(
+    sid, main, _, idle, busy, running = one_idle_one_busy(
         api, owner, "ow22", {"user": [{"text": "ok"}], "spawn": [{"text": "idle now"}]},
         ("idle_kid", "quick"), ("busy_kid", "quick too"))
     children = [idle["session"], busy["session"]]
@@ -890,14 +821,19 @@ def test_ow_22_deleting_the_parent_session_deletes_its_children(team, api_as, wo
     assert gone()
     for s in everything:
         assert api.get(f"/api/sessions/{s}").status_code == 404
-    # the child's worker notices within its stop check and writes nothing back
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        assert gone()
-        time.sleep(0.1)
+    # the child's worker notices within its stop check, ends the turn's task (django-q2 logs
+    # every task it ends: "Processed '<function>' (<task name>)") and wrote nothing back
+    task = f"(turn-{running['id']})"
+
+    def ended():
+        written = worker.log.read_bytes()[log_start:].decode(errors="replace")
+        return written if task in written else None
+
+    written = poll(ended, what=f"the worker ending the interrupted turn's task {task}")
+    assert f"Processed 'collab.tasks.run_turn' {task}" in written, written[-3000:]
+    assert gone()
     assert worker.poll() is None
     # the interrupted turn ended quietly: no traceback from finishing a job whose rows are gone
-    written = worker.log.read_bytes()[log_start:].decode(errors="replace")
     assert "DoesNotExist" not in written and "Traceback" not in written, written[-3000:]
 
 

@@ -16,23 +16,25 @@ import pytest
 
 from collab.models import Branch, ExecutionCommand, Job, Session
 from tests.collab.test_openwork import (
-    WAIT,
     call,
     envelopes,
-    make_spec,
-    open_session,
+    openwork_spec,
     refused,
     spawn_call,
+    user_turn,
+)
+from tests.conftest import (
+    WAIT,
+    open_session,
     step,
     tool,
     transcript_messages,
-    user_turn,
 )
 
 
 def queued_root(api, owner, agent_id="ow"):
     """An OpenWork root session with a first turn (queued: no worker) and its address."""
-    make_spec(owner, agent_id, [])
+    openwork_spec(owner, agent_id, [])
     sid = open_session(api, agent_id)
     assert api.post(f"/api/sessions/{sid}/turns", {"prompt": "go"}).status_code == 202
     return sid, f"{sid}:{api.get(f'/api/sessions/{sid}').json()['head']}"
@@ -133,7 +135,7 @@ def test_ow_6_2_an_explorer_message_of_4000_tokens_is_refused_as_agent_delivery_
     cap arrives whole."""
     owner, api = api_as(team.owner), api_as(team.member)
     under, over = "u" * 15_800, "o" * 16_100
-    make_spec(owner, "cap", {
+    openwork_spec(owner, "cap", {
         "user": [step(spawn_call("small", under), spawn_call("large", over)),
                  step(call("wait_agent", timeout_ms=60_000)),
                  step(call("wait_agent", timeout_ms=10_000)),  # the other one, if not drained with the first

@@ -69,7 +69,7 @@ def test_op_5_6_a_long_listing_is_bounded_too(long_branch):
 
 
 @pytest.mark.slow
-def test_op_5_6_a_turn_stores_its_tool_results_bounded(team, api_as, worker):
+def test_op_5_6_a_turn_stores_its_tool_results_bounded(team, api_as, run_queued):
     """OP §5.6: in a real worker turn, the tool-result node of a 150k read_conversation is the
     bounded summary (what the model reads is what is stored)."""
     owner, api = api_as(team.owner), api_as(team.member)

@@ -183,7 +183,7 @@ def test_p_txt_1_model_output_with_nul_and_surrogates_is_stored_replaced(team, a
 
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is needed for the sandboxed bash")
-def test_p_txt_1_bash_output_with_nul_and_non_utf8_file_names_end_an_explorer_turn(team, api_as, worker, tmp_path):
+def test_p_txt_1_bash_output_with_nul_and_non_utf8_file_names_end_an_explorer_turn(team, api_as, run_queued, tmp_path):
     """P-TXT-1, issue 12: ``printf 'a\\0b'`` (like ``find -print0``) in the sandboxed bash, and
     ``list``/``glob``/``grep`` over a file whose name is not UTF-8, inside a real OpenWork turn:
     the results are stored with U+FFFD and the turn succeeds on both databases."""

@@ -418,7 +418,7 @@ def test_p_sec_9_making_a_session_private_closes_the_socket_of_who_lost_access(t
 
     colleague = join(team.alpha, make_user("colleague"), "member")
     _, sid = scripted_session(team.member, [{"text": "x"}])
-    creator_token = bearer_token(team.member)
+    creator_token, colleague_token = bearer_token(team.member), bearer_token(colleague)  # not on the loop below
 
     def patch_private():
         request = urllib.request.Request(
@@ -434,7 +434,7 @@ def test_p_sec_9_making_a_session_private_closes_the_socket_of_who_lost_access(t
                 return int.from_bytes(payload[:2], "big")
 
     async def body():
-        theirs = await WsClient.connect(ws_url(server, sid, 0), {"Authorization": f"Bearer {bearer_token(colleague)}"},
+        theirs = await WsClient.connect(ws_url(server, sid, 0), {"Authorization": f"Bearer {colleague_token}"},
                                         server.url)
         mine = await WsClient.connect(ws_url(server, sid, 0), {"Authorization": f"Bearer {creator_token}"}, server.url)
         await theirs.frames_until("session.created")

@@ -245,9 +245,10 @@ def test_p_sec_9_the_socket_names_no_session_the_viewer_cannot_see(transactional
     P; the creator's socket, over the same events, names P."""
     c = crossing
     start = Event.objects.filter(session_id=c.open_sid).count()
+    colleague_token = bearer_token(c.colleague)  # not on the loop below
 
     async def body():
-        theirs = communicator(c.open_sid, 0, [ORIGIN, auth_header(bearer_token(c.colleague))])
+        theirs = communicator(c.open_sid, 0, [ORIGIN, auth_header(colleague_token)])
         mine = communicator(c.open_sid, 0, [ORIGIN, auth_header(c.token)])
         assert (await theirs.connect())[0] and (await mine.connect())[0]
         await frames_through(theirs, start)

@@ -21,7 +21,7 @@ def _two_branches(team, scripted_session, api_as):
     return api, sid, main, target
 
 
-def test_p_sec_watch_policy_holds_messages_until_a_member_approves(team, scripted_session, api_as, worker):
+def test_p_sec_watch_policy_holds_messages_until_a_member_approves(team, scripted_session, api_as, run_queued):
     api, sid, main, target = _two_branches(team, scripted_session, api_as)
     jobs_before = len(api.get("/api/executions", session=sid).json())
 
