@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 
 WAIT = 120.0
 CLIENTS = size(50, 200)
-QUEUED = CLIENTS // 3  # max_queued_per_session: enough to admit most, few enough that some get 429
+QUEUED = CLIENTS // 2  # max_queued_per_session: enough to admit most, few enough that some get 429
 SEED = 20261201
 
 
@@ -197,4 +197,6 @@ def test_r7_op_c1_concurrent_forks_turns_deliveries_and_cancels_at_one_node_keep
            f"{len(faults['shared_tips'])} shared tips, 0 answers 5xx")
     assert faults == {"cycles": [], "orphans": [], "shared_tips": [], "forked_inside": []}, faults
     assert any(j["kind"] == "followup" for j in jobs), "no delivery raced the turns"
-    assert branches >= 1 + CLIENTS // 5  # main + at least the person forks
+    forks = sum(1 for what, code in answers if (what, code) in (("fork", 302), ("fork_turn", 202), ("fork_turn", 409),
+                                                                 ("fork_turn", 429)))
+    assert branches >= 1 + forks  # main + every fork that was admitted
