@@ -21,7 +21,7 @@ import time
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
-from tests.collab.test_live_events import WsClient, auth_header, write_events
+from tests.collab.test_live_events import Refused, WsClient, auth_header, write_events
 from tests.conftest import ROOT, free_port
 from tests.reliability.conftest import size
 
@@ -83,8 +83,8 @@ def test_r6_a_restarted_web_process_leaves_every_client_resynced_without_gaps_or
                 after = seqs[-1] if seqs else 0
                 try:
                     client = await WsClient.connect(f"ws://127.0.0.1:{port}/ws/sessions/{sid}/?after={after}", headers, url)
-                except (OSError, asyncio.IncompleteReadError, TimeoutError):
-                    await asyncio.sleep(0.1)  # the web process is down: try again, as app.js does
+                except (OSError, asyncio.IncompleteReadError, TimeoutError, Refused):
+                    await asyncio.sleep(0.1)  # the web process is down or busy: try again, as app.js does
                     continue
                 if seqs:
                     reconnects[i] += 1
