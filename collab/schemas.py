@@ -1,9 +1,9 @@
 """API shapes (SPEC §11.1). Inputs reject unknown fields; outputs may grow, never shrink."""
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import AwareDatetime, ConfigDict, Field
+from pydantic import AwareDatetime, ConfigDict, Field, WithJsonSchema
 
 
 class StrictIn(Schema):
@@ -101,9 +101,11 @@ class SessionOut(Schema):
 
 
 class SessionPatch(StrictIn):
-    """Who sees the session (issue 17): "project", "private" or "shared"."""
+    """Who sees the session (issue 17): "project", "private" or "shared". The schema names the
+    three (a client, or schemathesis's R5, reads them there); any other string is still the
+    service's 400 ``invalid_visibility``, not a validation error."""
 
-    visibility: str | None = None
+    visibility: Annotated[str, WithJsonSchema({"type": "string", "enum": ["project", "private", "shared"]})] | None = None
 
 
 class BranchPatch(StrictIn):

@@ -10,7 +10,9 @@ case unsafe methods must carry the CSRF token. JSON bodies pass the text boundar
 import json
 import math
 
-from django.http import Http404
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, JsonResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
@@ -112,9 +114,23 @@ def on_http_error(request, exc: HttpError):
     return _error(request, exc.status_code, message, f"http_{exc.status_code}")
 
 
+@api.exception_handler(RequestDataTooBig)
+def on_too_big(request, exc):
+    # raised when a route first reads a body over DATA_UPLOAD_MAX_MEMORY_SIZE; ninja passes it on
+    # to Django, whose answer is an HTML page — an API answers its error shape
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return _error(request, 413, f"the request body is larger than {limit} bytes", "request_too_large", limit=limit)
+
+
 @api.exception_handler(Http404)
 def on_not_found(request, exc):
     return _error(request, 404, "not found", "not_found")
+
+
+def no_such_route(request):
+    """A path under /api/ that no route matches (an id holding a ``/``, a typo): the API's 404
+    shape, not the HTML page."""
+    return JsonResponse({"detail": "not found", "code": "not_found"}, status=404)
 
 
 api.add_decorator(require_token_scope)

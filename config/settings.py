@@ -260,6 +260,9 @@ if TRELLIS_RECONCILE_SECONDS > TRELLIS_LEASE_SECONDS:
         f"TRELLIS_RECONCILE_SECONDS ({TRELLIS_RECONCILE_SECONDS}) must not exceed TRELLIS_LEASE_SECONDS "
         f"({TRELLIS_LEASE_SECONDS}): recovery takes up to lease + reconcile interval"
     )
+# Fault points (collab/faults.py) for the reliability suite only: a directory of arming files;
+# unset (always, in a deployment) every point is a no-op.
+TRELLIS_FAULT_DIR = env_str("TRELLIS_FAULT_DIR", "")
 
 # --- the tool gateway and the explorers' sandbox (P-SEC-4, P-SEC-5) -------------------
 # Blocking tool-gateway calls (job_output with block, wait_agent, bash, a foreground agent)

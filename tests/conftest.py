@@ -60,6 +60,24 @@ def _isolate_this_run() -> None:
 _isolate_this_run()
 
 
+# --- the reliability suite's figures (tests/reliability) -------------------------------
+
+_figures: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    """Collect each reliability test's figure (its ``figure`` fixture), also from xdist workers."""
+    if report.when == "call":
+        _figures.extend(text for key, text in report.user_properties if key == "reliability_figure")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _figures:
+        terminalreporter.section("reliability figures")
+        for line in _figures:
+            terminalreporter.write_line(line)
+
+
 # --- people and projects ------------------------------------------------------
 
 
@@ -581,14 +599,16 @@ def queued_tasks() -> int:
     return broker.queue_size()
 
 
-def at_rest() -> bool:
-    """Nothing left for the workers: no open job, no result about to come back, no queued task."""
+def at_rest(broker: bool = True) -> bool:
+    """Nothing left for the workers: no open job, no result about to come back, no queued task
+    (``broker=False``: whatever the broker holds, e.g. tasks taken by a worker that was killed)."""
     from collab.models import OPEN_STATUSES, Job
 
-    return not Job.objects.filter(status__in=OPEN_STATUSES).exists() and not undelivered_results() and not queued_tasks()
+    return (not Job.objects.filter(status__in=OPEN_STATUSES).exists() and not undelivered_results()
+            and not (broker and queued_tasks()))
 
 
-def wait_at_rest(timeout: float = 20.0, *, cancel: bool = False) -> bool:
+def wait_at_rest(timeout: float = 20.0, *, cancel: bool = False, broker: bool = True) -> bool:
     """Wait until ``at_rest()`` holds twice in a row 0.1 s apart (a task a worker has just taken
     from Redis shows in neither queue nor jobs for a moment); ``cancel``: cancel every open job
     meanwhile. Whether it came to rest within ``timeout``."""
@@ -600,7 +620,7 @@ def wait_at_rest(timeout: float = 20.0, *, cancel: bool = False) -> bool:
     deadline = time.monotonic() + timeout
     in_a_row = 0
     while time.monotonic() < deadline:
-        if at_rest():
+        if at_rest(broker):
             in_a_row += 1
             if in_a_row >= 2:
                 return True

@@ -14,6 +14,7 @@ from django.db.models.functions import Now
 
 from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
+from collab.faults import fault_point
 from collab.models import Branch, InboxEntry, InboxKind, Job, JobKind, is_busy, is_occupied
 from collab.text import clean_text
 from collab.services.acting import Actor, message_header, task_header
@@ -213,6 +214,7 @@ def drain_inbox_locked(branch: Branch) -> list[Job]:
             if entry.sender_session_id:
                 send_event_on_commit(entry.sender_session_id, "delivery.started",
                                      {"inbox_entry": entry.pk, "job": job.pk, "to": branch.address})
+        fault_point("inbox.delivered")  # delivered, not yet deleted: one transaction, so never twice
         entry.delete()
     if admitted:
         send_event_on_commit(branch.session_id, "inbox.drained", {"branch": branch.pk, "jobs": [j.pk for j in admitted]})

@@ -30,6 +30,7 @@ from collab.deliveries import (
 )
 from collab.errors import DomainError, Invalid
 from collab.events import send_event_on_commit
+from collab.faults import fault_point
 from collab.models import (
     Branch,
     FollowupState,
@@ -230,6 +231,7 @@ def deliver_owed_locked(branch: Branch) -> list[Job]:
                         chain_generations=max(debt.chain_generations - (1 if debt.kind == JobKind.SPAWN else 0), 0),
                     )
                 )
+            fault_point("followup.admitted")  # admitted and marked delivered, not yet committed
         except DomainError as exc:  # e.g. the caller branch was archived meanwhile
             send_event_on_commit(
                 branch.session_id, "followup.undeliverable", {"job": debt.pk, "code": exc.code, "reason": exc.detail}
@@ -293,6 +295,7 @@ def write_cancel_notice(branch: Branch, debt: Job) -> None:
 
 def deliver_owed_after_commit(branch_id: str) -> None:
     def run():
+        fault_point("followup.owed")  # the result is committed as owed; its delivery not yet begun
         try:
             deliver_owed(branch_id)
         except Exception:  # the debt stays owed; the next turn end or the reconciler settles it
