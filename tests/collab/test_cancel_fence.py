@@ -15,78 +15,25 @@ The random-delay cancels racing a five-spawn step, many times over, are the reli
 suite's R3 (tests/reliability/test_r3_cancel_races.py).
 """
 
-import uuid
 from collections import Counter
 
 import pytest
 
-from tests.conftest import executions, settle_session
-from tests.conftest import poll as _poll
+from tests.conftest import WAIT, agent_call, cancel, executions, make_spec, open_session, poll, settle, step, turn
 
 pytestmark = pytest.mark.slow
 
-WAIT = 60.0
 LONG_MS = 30_000  # a model call that is always cancelled long before it ends
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def poll(fn, *, timeout=WAIT, what="condition"):
-    return _poll(fn, timeout=timeout, interval=0.05, what=what)
-
-
-def make_spec(api, agent_id, script):
-    r = api.post("/api/projects/alpha/agent-specs", {"agent_id": agent_id, "provider": "scripted", "script": script})
-    assert r.status_code == 201, r.content
-
-
-def open_session(api, agent_id) -> str:
-    r = api.post("/api/projects/alpha/sessions", {"title": "fence", "agent_id": agent_id})
-    assert r.status_code == 201, r.content
-    return r.json()["id"]
-
-
-def turn(api, sid, prompt="go") -> str:
-    r = api.post(f"/api/sessions/{sid}/turns", {"prompt": prompt})
-    assert r.status_code == 202, r.content
-    return r.json()["execution_id"]
-
-
-def execution(api, eid) -> dict:
-    r = api.get(f"/api/executions/{eid}")
-    assert r.status_code == 200, r.content
-    return r.json()
-
-
-def cancel(api, eid) -> dict:
+def cancel_until_accepted(api, eid) -> dict:
     """The versioned cancel command, re-reading the version while it moves (202 answers)."""
     for _ in range(20):
-        version = execution(api, eid)["version"]
-        r = api.post(f"/api/executions/{eid}/commands", {
-            "command_id": f"cmd-{uuid.uuid4().hex}", "action": "execution.cancel",
-            "expected_version": version, "payload": {}})
+        r = cancel(api, eid)
         if r.status_code == 202:
             return r.json()
         assert r.status_code == 409 and r.json()["code"] == "stale_version", r.content
     raise AssertionError(f"could not cancel {eid}: its version kept moving")
-
-
-def agent_call(prompt, agent_id, background=True, **extra) -> dict:
-    arguments = {"prompt": prompt, "agent_id": agent_id, **extra}
-    if background:
-        arguments["run_in_background"] = True
-    return {"name": "agent", "arguments": arguments}
-
-
-def step(*calls) -> dict:
-    return {"tool_calls": list(calls)}
-
-
-def settle(api, sid) -> list[dict]:
-    return settle_session(api, sid, timeout=WAIT)
 
 
 def assert_well_formed(session_id) -> None:
@@ -126,7 +73,7 @@ def test_op_5_3_the_rest_of_a_step_is_answered_cancelled_and_a_foreground_child_
     root = turn(api, sid, "work inline")
     child = poll(lambda: next((j for j in executions(api, sid) if j["parent_job"] == root
                                and j["status"] == "running"), None), what="the inline child running")
-    answer = cancel(api, root)
+    answer = cancel_until_accepted(api, root)
     assert answer["status"] == "stopping" and answer["cascaded"] == [child["id"]], answer
     assert api.wait(child["id"], timeout=WAIT)["status"] == "cancelled"
     assert api.wait(root, timeout=WAIT)["status"] == "cancelled"
@@ -163,7 +110,7 @@ def test_op_5_10_a_message_turn_belongs_to_its_recipient_and_survives_the_sender
     message = poll(lambda: next((j for j in executions(api, target_sid) if j["kind"] == "message"
                                  and j["status"] == "running"), None), what="the message turn running")
     assert message["parent_job"] is None, message
-    answer = cancel(api, sender)
+    answer = cancel_until_accepted(api, sender)
     assert answer["status"] == "stopping" and answer["cascaded"] == [], answer
     assert api.wait(sender, timeout=WAIT)["status"] == "cancelled"
     assert api.wait(message["id"], timeout=WAIT)["status"] == "succeeded"

@@ -9,12 +9,9 @@ database's own guard on a ``stopping`` job.
 
 import pytest
 
+from tests.conftest import make_spec
+
 pytestmark = pytest.mark.slow
-
-
-def make_spec(api, agent_id, script):
-    r = api.post("/api/projects/alpha/agent-specs", {"agent_id": agent_id, "provider": "scripted", "script": script})
-    assert r.status_code == 201, r.content
 
 
 @pytest.mark.django_db(transaction=True)

@@ -24,9 +24,8 @@ from collections import Counter
 import pytest
 from django.db.models import Q
 
-from tests.collab.test_cancel_fence import agent_call, assert_well_formed, step
-from tests.collab.test_governed_execution import make_spec, open_session, turn
-from tests.conftest import TERMINAL, settle_session
+from tests.collab.test_cancel_fence import assert_well_formed
+from tests.conftest import TERMINAL, agent_call, make_spec, open_session, settle_session, step, turn
 from tests.reliability.conftest import WAIT, size
 
 pytestmark = pytest.mark.slow

@@ -25,9 +25,9 @@ from collections import Counter
 
 import pytest
 
-from tests.collab.test_cancel_fence import agent_call, assert_well_formed, cancel, make_spec, open_session, step, turn
+from tests.collab.test_cancel_fence import assert_well_formed, cancel_until_accepted
 from tests.collab.test_governed_execution import event_types
-from tests.conftest import TERMINAL, poll, settle_session
+from tests.conftest import TERMINAL, agent_call, make_spec, open_session, poll, settle_session, step, turn
 from tests.reliability.conftest import size
 
 pytestmark = pytest.mark.slow
@@ -89,7 +89,7 @@ def test_r3_op_5_3_cancel_racing_admission_and_a_five_spawn_step_lets_no_child_s
         root = turn(api, sid, f"fan out {iteration}")
         if iteration % 4:  # the race itself: where the cancel lands is the variable
             time.sleep(rng.uniform(0, 1.2))
-        answer = cancel(api, root)  # every fourth at once: racing the root's own admission and claim
+        answer = cancel_until_accepted(api, root)  # every fourth at once: racing the root's own admission and claim
         assert answer["status"] in ("stopping", "cancelled"), answer
         running = list(Job.objects.filter(parent_job_id=root, status="running").values_list("pk", flat=True))
         assert running == [], (iteration, "a child is running after the cancel was answered")
