@@ -94,6 +94,16 @@
   // --- coalesced fetches ---------------------------------------------------------------------
 
   var jobs = {};  // key -> {timer, busy, again}
+  var htmxInFlight = 0;
+
+  // <body data-live-quiet="1"> when nothing is scheduled, fetching or being swapped: what an
+  // event set off has all happened (tests wait for it instead of waiting a while).
+  function markQuiet() {
+    var quiet = htmxInFlight === 0 && Object.keys(jobs).every(function (k) { return !jobs[k].timer && !jobs[k].busy; });
+    if (document.body) document.body.dataset.liveQuiet = quiet ? "1" : "0";
+  }
+  document.addEventListener("htmx:beforeRequest", function () { htmxInFlight++; markQuiet(); });
+  document.addEventListener("htmx:afterRequest", function () { htmxInFlight = Math.max(0, htmxInFlight - 1); markQuiet(); });
 
   // Run `work` (which returns a promise) once after `delay` ms however often it is asked for;
   // asked again while it runs, it runs once more afterwards (it always reads the page afresh).
@@ -109,9 +119,12 @@
         .then(function () {
           job.busy = false;
           if (job.again) { job.again = false; job.timer = setTimeout(run, delay); }
+          markQuiet();
         });
     }, delay);
+    markQuiet();
   }
+  markQuiet();
 
   function get(url) {
     return fetch(url, { credentials: "same-origin", headers: { "HX-Request": "true" } }).then(function (r) {

@@ -186,6 +186,13 @@ def _last_seq(sid) -> int:
     return Session.objects.values_list("last_event_seq", flat=True).get(pk=sid)
 
 
+def at_rest(page, sid) -> None:
+    """The page applied every event of the session so far and what they set off has finished:
+    nothing scheduled, fetching or swapping (``<body data-live-quiet="1">``, static/collab/app.js)."""
+    expect(page.locator("#session")).to_have_attribute("data-last-seq", str(_last_seq(sid)))
+    expect(page.locator("body")).to_have_attribute("data-live-quiet", "1")
+
+
 def _requests_for_one_new_row(page, server, sid) -> list[tuple[str, int]]:
     """Open the session, append one message, and return the (path, response size) of every request
     the page made for that one event, once it has gone quiet."""
@@ -194,16 +201,12 @@ def _requests_for_one_new_row(page, server, sid) -> list[tuple[str, int]]:
     before = len(shown_rows(page))
     seen = []
     page.on("requestfinished", lambda r: seen.append(r))
-    page.wait_for_timeout(1500)  # anything the page load itself set off
+    at_rest(page, sid)  # anything the page load itself set off has finished
     assert seen == [], [r.url for r in seen]
 
     (new,) = grow(sid, 1, "the newest")
     expect(page.locator(f"#transcript #m-{new}")).to_have_count(1)
-    quiet_since = len(seen)
-    page.wait_for_timeout(1500)  # the activity panel refreshes at most once a second
-    while len(seen) != quiet_since:
-        quiet_since = len(seen)
-        page.wait_for_timeout(1500)
+    at_rest(page, sid)  # the activity panel and the graph refresh on their own (throttled) timers
     assert len(shown_rows(page)) == before + 1
     out = []
     for r in seen:
@@ -267,7 +270,7 @@ def test_issue_13_3_a_burst_of_streamed_text_updates_only_the_generating_bubble(
     job = api.post(f"/api/sessions/{sid}/turns", {"prompt": "stream"}).json()["execution_id"]
     api.wait(job, statuses={"running"})
     expect(page.locator("#running .working")).to_have_text("the agent is working…", timeout=20_000)
-    page.wait_for_timeout(1500)  # the job and activity fetches of the turn's start
+    at_rest(page, sid)  # the job and activity fetches of the turn's start
     requests = []
     page.on("request", lambda r: requests.append(re.sub(r"^https?://[^/]+", "", r.url)))
 
@@ -276,7 +279,7 @@ def test_issue_13_3_a_burst_of_streamed_text_updates_only_the_generating_bubble(
         pool.submit(_deltas, sid, job, _main(sid), parts).result()
     expect(page.locator("#running article.generating .text")).to_have_text("part0 part1 part2 part3 part4")
     expect(page.locator("#running .working")).to_have_text("generating…")
-    page.wait_for_timeout(1000)
+    at_rest(page, sid)
     running = [p for p in requests if p.startswith(f"/s/{sid}/running?")]
     assert 1 <= len(running) <= 2, requests
     assert running == requests, requests  # deltas are not listed in the activity panel: nothing else
@@ -305,7 +308,7 @@ def test_issue_13_3_a_page_far_behind_after_a_reconnect_reloads_its_transcript_o
     page.evaluate("window.__holdSockets = false")
 
     expect(page.locator("#transcript article.msg")).to_have_count(LIVE_ROWS + 8, timeout=20_000)
-    page.wait_for_timeout(1500)
+    at_rest(page, sid)
     assert shown_rows(page) == lineage_of("main", sid)
     assert [p for p in requests if p.startswith(f"/s/{sid}/transcript")] == [f"/s/{sid}/transcript?branch={_main(sid)}"]
     expect(first_row.locator("details.fork input[name=prompt]")).to_have_value("typed before the outage")
