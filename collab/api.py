@@ -10,7 +10,7 @@ from accounts.services import SlugTaken, create_project
 from collab import access
 from collab.scopes import request_token, token_scope
 from collab.errors import Conflict, Invalid
-from collab.awaiting import in_thread, parse_wait, until_terminal
+from collab.awaiting import in_thread, open_wait, parse_wait, until_terminal
 from collab.gateway import call_tool
 from collab.models import DeliveryStatus
 from collab.schemas import (
@@ -189,12 +189,19 @@ async def post_turn(request: HttpRequest, sid: str, payload: TurnIn, wait: float
     ``execution`` as ``GET /api/executions/{id}`` shows it then; the wait holds no thread
     and no database connection (``collab.awaiting``)."""
     seconds = parse_wait(wait)
-    turn = await in_thread(request, _start_turn, request.auth, sid, payload)
+    slot = open_wait(request.auth) if seconds else None  # a user at the bound is refused before anything starts
+    try:
+        turn = await in_thread(request, _start_turn, request.auth, sid, payload)
+    except BaseException:
+        if slot is not None:
+            slot.free()
+        raise
     session_id = turn.pop("session")
     if seconds is None:
         return Status(202, turn)
     execution = await until_terminal(request, session_id, turn["execution_id"], seconds,
-                                     lambda: in_thread(request, _read_execution, request.auth, turn["execution_id"]))
+                                     lambda: in_thread(request, _read_execution, request.auth, turn["execution_id"]),
+                                     slot=slot)
     return Status(202, {**turn, "status": execution["status"], "version": execution["version"], "waited": True,
                         "execution": execution})
 

@@ -12,6 +12,7 @@ ends — then reads it once more.
 """
 
 import asyncio
+import logging
 import math
 
 from asgiref.sync import SyncToAsync, sync_to_async
@@ -19,12 +20,42 @@ from channels.layers import get_channel_layer
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
 
-from collab.errors import Invalid
+from django.conf import settings
+
+from collab.errors import DomainError, Invalid
+from collab.gateway import InFlight, Slot
 from collab.events import session_group
 from collab.live import relay
 from collab.models import TERMINAL_STATUSES
 
+logger = logging.getLogger(__name__)
+
 MAX_WAIT_SECONDS = 60
+
+
+class TooManyOpenWaits(DomainError):
+    status = 429
+    code = "too_many_open_waits"
+
+
+def _too_many_open_waits(limit: int) -> DomainError:
+    return TooManyOpenWaits(
+        f"you already have {limit} waits and event streams open in this web process "
+        "(TRELLIS_MAX_OPEN_WAITS_PER_USER); close one or retry when one has answered",
+        retryable=True,
+    )
+
+
+# What a parked request costs is a socket and a channel-layer subscription, not a thread; still,
+# one user (or one leaked token) opening thousands would exhaust the process's file descriptors
+# and the layer's groups for everyone, so each user holds a bounded number at once.
+OPEN_WAITS = InFlight(_too_many_open_waits)
+
+
+def open_wait(user) -> Slot:
+    """A slot for one ``?wait=`` request or event stream of ``user`` (free it when it ends);
+    past ``TRELLIS_MAX_OPEN_WAITS_PER_USER`` a 429 ``too_many_open_waits``."""
+    return OPEN_WAITS.take(user.pk, settings.TRELLIS_MAX_OPEN_WAITS_PER_USER)
 
 
 def parse_wait(raw: float | str | None) -> float | None:
@@ -78,6 +109,22 @@ async def release_request_thread(request) -> None:
             executor.shutdown(wait=False)
 
 
+async def receive_within(layer, channel: str, seconds: float) -> dict | None:
+    """The next message on ``channel`` within ``seconds``, else None. A failed read of the layer
+    is None too (logged): callers re-read the database, which holds the truth, and never fail a
+    request over it. (channels-redis: when ``wait_for`` cancels a blocking read just as redis-py's
+    own read timeout fires, redis-py raises its ``TimeoutError`` — not the builtin one — out of
+    the cancelled read.)"""
+    try:
+        return await asyncio.wait_for(layer.receive(channel), seconds)
+    except TimeoutError:
+        return None
+    except Exception:  # noqa: BLE001 — any layer failure means "look again", never a 500
+        logger.warning("channel layer read failed; re-reading from the database", exc_info=True)
+        await asyncio.sleep(min(max(seconds, 0), 0.1))  # not a hot loop while the layer is down
+        return None
+
+
 def _wakes(message: dict, execution_id: str) -> bool:
     if message.get("type") == "collab.poke":
         return True
@@ -89,15 +136,26 @@ def _wakes(message: dict, execution_id: str) -> bool:
             and payload.get("status") in TERMINAL_STATUSES)
 
 
-async def until_terminal(request, session_id: str, execution_id: str, seconds: float, read, current: dict | None = None) -> dict:
+async def until_terminal(request, session_id: str, execution_id: str, seconds: float, read,
+                         current: dict | None = None, slot: Slot | None = None) -> dict:
     """Await ``read()`` (an async read of the execution's status, a dict with ``status``)
     until the status is terminal or ``seconds`` pass; return the last read. ``current``: a
-    read just made (returned as it is when already terminal)."""
-    if current is not None and current["status"] in TERMINAL_STATUSES:
-        return current
+    read just made (returned as it is when already terminal). ``slot``: the user's wait slot
+    when the route took it already (before admitting a turn); it is freed here either way."""
+    try:
+        if current is not None and current["status"] in TERMINAL_STATUSES:
+            return current
+        if get_channel_layer() is None or seconds <= 0:
+            return await read()
+        slot = slot or open_wait(request.auth)
+        return await _until_terminal(request, session_id, execution_id, seconds, read)
+    finally:
+        if slot is not None:
+            slot.free()
+
+
+async def _until_terminal(request, session_id: str, execution_id: str, seconds: float, read) -> dict:
     layer = get_channel_layer()
-    if layer is None or seconds <= 0:
-        return await read()
     await release_request_thread(request)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
@@ -113,11 +171,10 @@ async def until_terminal(request, session_id: str, execution_id: str, seconds: f
             left = deadline - loop.time()
             if left <= 0:
                 break
-            try:
-                message = await asyncio.wait_for(layer.receive(channel), left)
-            except TimeoutError:
-                break
-            if _wakes(message, execution_id):
+            message = await receive_within(layer, channel, left)
+            if message is None and deadline - loop.time() <= 0:
+                break  # the wait is over: read once more below
+            if message is None or _wakes(message, execution_id):
                 shape = await read()
     finally:
         if events_relay:

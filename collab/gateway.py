@@ -44,22 +44,28 @@ def is_blocking(tool: str, arguments) -> bool:
     return False
 
 
-class InFlight:
-    """Blocking calls per user in this process. Per process, not per deployment: N web
-    processes admit up to N times the bound."""
+def _too_many_blocking_calls(limit: int) -> DomainError:
+    return TooManyBlockingCalls(
+        f"you already have {limit} blocking tool calls waiting in this web process "
+        "(TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER); retry when one has answered",
+        retryable=True,
+    )
 
-    def __init__(self):
+
+class InFlight:
+    """Long-lived calls per user in this process (blocking tool calls here; open waits and
+    event streams in ``collab.awaiting``). Per process, not per deployment: N web processes
+    admit up to N times the bound. ``refusal(limit)`` is the error past the bound."""
+
+    def __init__(self, refusal=_too_many_blocking_calls):
         self._counts: Counter = Counter()
         self._lock = threading.Lock()
+        self._refusal = refusal
 
     def take(self, user_id: int, limit: int) -> "Slot":
         with self._lock:
             if self._counts[user_id] >= limit:
-                raise TooManyBlockingCalls(
-                    f"you already have {limit} blocking tool calls waiting in this web process "
-                    "(TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER); retry when one has answered",
-                    retryable=True,
-                )
+                raise self._refusal(limit)
             self._counts[user_id] += 1
         return Slot(self, user_id)
 

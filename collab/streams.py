@@ -34,6 +34,7 @@ from ninja import Header, Router
 from accounts.models import ApiToken
 from collab import access
 from collab.api import ERRORS
+from collab.awaiting import open_wait, receive_within
 from collab.errors import DomainError, Invalid
 from collab.events import session_group
 from collab.live import relay
@@ -74,7 +75,8 @@ async def stream_execution(request: HttpRequest, execution_id: str, after: str |
     job = await sync_to_async(access.access_job)(request.auth, execution_id)
     start = _resume_point(last_event_id, after)
     token = request_token(request)
-    frames = _frames(request.auth, getattr(token, "pk", None), job.pk, job.session_id, start)
+    slot = open_wait(request.auth)  # 429 too_many_open_waits past the user's bound; freed when the stream ends
+    frames = _frames(request.auth, getattr(token, "pk", None), job.pk, job.session_id, start, slot)
     response = StreamingHttpResponse(frames, content_type="text/event-stream; charset=utf-8")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
@@ -114,7 +116,8 @@ def _still_allowed(viewer, token_id: int | None, job_id: str) -> bool:
     return True
 
 
-async def _frames(viewer, token_id: int | None, job_id: str, session_id: str, after: int):
+async def _frames(viewer, token_id: int | None, job_id: str, session_id: str, after: int, slot=None):
+    """The stream's frames; ``slot`` (the viewer's open-wait slot) is freed when it ends."""
     layer = get_channel_layer()
     channel = await layer.new_channel() if layer is not None else None
     group = session_group(session_id)
@@ -138,12 +141,11 @@ async def _frames(viewer, token_id: int | None, job_id: str, session_id: str, af
                 yield _end(job_id, ended)
                 return
             while True:  # until something about this session arrived (or a heartbeat is due)
-                try:
-                    if channel is None:
-                        await asyncio.sleep(settings.TRELLIS_EVENT_POLL_INTERVAL)
-                        break
-                    message = await asyncio.wait_for(layer.receive(channel), HEARTBEAT_SECONDS)
-                except TimeoutError:
+                if channel is None:
+                    await asyncio.sleep(settings.TRELLIS_EVENT_POLL_INTERVAL)
+                    break
+                message = await receive_within(layer, channel, HEARTBEAT_SECONDS)
+                if message is None:  # a heartbeat is due (or the layer read failed: read the log again)
                     if not await _still_allowed(viewer, token_id, job_id):
                         return  # revoked token, or the job no longer visible: close, say nothing more
                     yield ": keep-alive\n\n"
@@ -162,3 +164,5 @@ async def _frames(viewer, token_id: int | None, job_id: str, session_id: str, af
             watcher.unwatch(session_id)
         if channel is not None:
             await layer.group_discard(group, channel)
+        if slot is not None:
+            slot.free()

@@ -268,6 +268,8 @@ TRELLIS_FAULT_DIR = env_str("TRELLIS_FAULT_DIR", "")
 # Blocking tool-gateway calls (job_output with block, wait_agent, bash, a foreground agent)
 # one user may have in flight in one web process; past it 429 too_many_blocking_calls.
 TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER = env_int("TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER", 4, minimum=1)
+# ``?wait=`` requests and SSE streams one user may hold open per web process (collab.awaiting)
+TRELLIS_MAX_OPEN_WAITS_PER_USER = env_int("TRELLIS_MAX_OPEN_WAITS_PER_USER", 32, minimum=1)
 # Threads per web process that run gateway calls (each off the shared sync-view thread).
 TRELLIS_GATEWAY_THREADS = env_int("TRELLIS_GATEWAY_THREADS", 32, minimum=1)
 # A pids cgroup directory the workers may create children in (e.g. a delegated cgroup v2
