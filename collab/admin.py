@@ -33,6 +33,8 @@ from collab.models import (
     Branch,
     Event,
     ExecutionCommand,
+    Webhook,
+    WebhookDelivery,
     HeldDelivery,
     InboxEntry,
     Job,
@@ -353,6 +355,27 @@ class EventAdmin(ReadOnlyAdmin):
     list_filter = ["type", "project", ("actor", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["session__id", "type", "actor__username"]
     date_hierarchy = "created_at"
+
+
+@admin.register(Webhook)
+class WebhookAdmin(ReadOnlyAdmin):
+    """Project webhooks (issue 16 item 4): registered, changed and rotated by the project's
+    maintainers through the API or the project page (audited there); the signing secret is
+    never shown."""
+
+    list_display = ["id", "project", "url", "active", "created_by", "created_at", "secret_rotated_at"]
+    list_filter = ["active", "project"]
+    exclude = ["secret"]
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyAdmin):
+    """What each webhook was sent: status, attempts, the last HTTP status and Trellis's reason."""
+
+    list_display = ["id", "webhook", "job", "status", "attempts", "last_status_code", "last_error_code",
+                    "next_attempt_at", "delivered_at", "created_at"]
+    list_filter = ["status", "project"]
+    raw_id_fields = ["webhook", "project", "job"]
 
 
 from collab import admin_accounts  # noqa: E402,F401 - registers the accounts models (edits through collab services)

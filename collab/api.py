@@ -1,7 +1,7 @@
 """REST routes (SPEC §11.1). Each: authorize through ``collab.access``, call one service or selector."""
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Router, Status
+from ninja import Query, Router, Status
 
 from accounts.limits import LimitError, limits_report
 from accounts.models import TokenScope
@@ -10,7 +10,7 @@ from accounts.services import SlugTaken, create_project
 from collab import access
 from collab.scopes import request_token, token_scope
 from collab.errors import Conflict, Invalid
-from collab.awaiting import in_thread, open_wait, parse_wait, until_terminal
+from collab.awaiting import MAX_WAIT_SECONDS, in_thread, open_wait, parse_wait, until_terminal
 from collab.gateway import call_tool
 from collab.models import DeliveryStatus
 from collab.schemas import (
@@ -178,12 +178,17 @@ def _start_turn(user, sid: str, payload: TurnIn) -> dict:
             "session": job.session_id}
 
 
+# ``?wait=`` with its bounds in the schema (outside them: 422 invalid_request naming ``wait``)
+WAIT_QUERY = Query(None, ge=0, le=MAX_WAIT_SECONDS,
+                   description=f"seconds to wait for a terminal status, 0 to {MAX_WAIT_SECONDS}")
+
+
 def _read_execution(user, execution_id: str) -> dict:
     return redact_executions(user, [execution_shape(access.access_job(user, execution_id))])[0]
 
 
 @router.post("sessions/{sid}/turns", response={202: TurnOut, **ERRORS}, tags=["sessions"])
-async def post_turn(request: HttpRequest, sid: str, payload: TurnIn, wait: float | None = None):
+async def post_turn(request: HttpRequest, sid: str, payload: TurnIn, wait: float | None = WAIT_QUERY):
     """Start a turn. With ``?wait=SECONDS`` (0–60) the answer comes when the execution is
     terminal or the wait ends (issue 15 item 2) — still 202, with ``waited`` true and
     ``execution`` as ``GET /api/executions/{id}`` shows it then; the wait holds no thread
@@ -207,7 +212,7 @@ async def post_turn(request: HttpRequest, sid: str, payload: TurnIn, wait: float
 
 
 @router.get("executions/{execution_id}", response={200: ExecutionWaitOut, **ERRORS}, tags=["executions"])
-async def get_execution(request: HttpRequest, execution_id: str, wait: float | None = None):
+async def get_execution(request: HttpRequest, execution_id: str, wait: float | None = WAIT_QUERY):
     """One execution. With ``?wait=SECONDS`` (0–60) the answer comes when it is terminal or
     the wait ends (issue 15 item 2), with ``waited`` true; nothing is held while waiting."""
     seconds = parse_wait(wait)

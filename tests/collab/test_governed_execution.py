@@ -444,7 +444,7 @@ def _is_qcluster(pid: int) -> bool:
 
 
 def test_op_p_rel_1_killed_worker_job_is_interrupted_never_rerun_and_followed_up_once(
-    team, api_as, process_env, tmp_path
+    transactional_db, team, api_as, process_env, tmp_path
 ):
     """SIGKILL the worker process running a background child mid-turn. After its lease runs out
     the reconciler (``manage.py reconcile``) ends it ``interrupted``; it is never re-run, and its
