@@ -23,6 +23,7 @@ only when something about this session arrived (or at each heartbeat, as a safet
 
 import asyncio
 import json
+import weakref
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
@@ -77,6 +78,7 @@ async def stream_execution(request: HttpRequest, execution_id: str, after: str |
     token = request_token(request)
     slot = open_wait(request.auth)  # 429 too_many_open_waits past the user's bound; freed when the stream ends
     frames = _frames(request.auth, getattr(token, "pk", None), job.pk, job.session_id, start, slot)
+    weakref.finalize(frames, slot.free)  # a body never started (the client left first) frees it too
     response = StreamingHttpResponse(frames, content_type="text/event-stream; charset=utf-8")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"

@@ -11,8 +11,13 @@ from tests.conftest import turn
 
 
 @pytest.fixture
-def one_wait_each(settings):
+def one_wait_each(settings, monkeypatch):
+    """A bound of one, counted afresh: the process-wide counts start empty for this test (user
+    ids repeat across tests on a flushed database)."""
+    from collab import awaiting
+
     settings.TRELLIS_MAX_OPEN_WAITS_PER_USER = 1
+    monkeypatch.setattr(awaiting, "OPEN_WAITS", awaiting.InFlight(awaiting._too_many_open_waits))
 
 
 def test_p_sec_4_a_user_at_the_open_wait_bound_is_refused_before_anything_starts(team, scripted_session, one_wait_each):
