@@ -63,6 +63,16 @@ def bench_env(bench_url: str, broker: str, workers: int = 2, tag: str = "bench")
     return env
 
 
+def stop(proc, wait: float = 20) -> None:
+    """Terminate a process started here and reap it (killed if it does not end in ``wait`` s)."""
+    proc.terminate()
+    try:
+        proc.wait(wait)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 @contextlib.contextmanager
 def worker(env: dict, timeout: float = 60.0):
     """A real ``manage.py qcluster`` for the block: started, awaited until it is running (its
@@ -78,12 +88,7 @@ def worker(env: dict, timeout: float = 60.0):
             time.sleep(0.2)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc)
         log.close()
         os.unlink(log.name)
 

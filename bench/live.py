@@ -227,12 +227,7 @@ def run_layout(env: dict, args) -> dict:
         try:
             return asyncio.run(measure(port, env, setup, args))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+            _common.stop(proc, 15)
             log.seek(0)
             errors = [line for line in log.read().splitlines() if line.startswith("Exception inside application")]
             if errors:  # a consumer that died (its socket gets nothing more): say so beside the figures

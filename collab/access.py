@@ -474,16 +474,18 @@ def access_token(user, token_id: int):
     return token
 
 
-def access_webhook(user, webhook_id: str, capability: str = "project.webhooks") -> Webhook:
+def access_webhook(user, webhook_id: str, capability: str = "project.webhooks", *,
+                   project_id: int | None = None) -> Webhook:
     """A project webhook, for maintainers and owners of its project (issue 16 item 4): its URL
     may itself be a credential (a chat service's incoming-webhook URL), so members and viewers
     get ``Forbidden`` even to read it; anyone outside the project the ``NotFound`` of a missing
-    id. The membership check is part of the lookup."""
+    id. The membership check is part of the lookup. ``project_id``: a page's URL names the
+    project too, and a webhook of another project is "not found"."""
     if not user or not user.is_authenticated:
         raise NotFound()
     webhook = (Webhook.objects.select_related("project")
                .filter(pk=webhook_id, project_id__in=member_project_ids(user)).first())
-    if webhook is None:
+    if webhook is None or (project_id is not None and webhook.project_id != project_id):
         raise NotFound()
     require_in_project(user, webhook.project_id, capability)
     return webhook

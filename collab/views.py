@@ -118,9 +118,7 @@ def project_webhooks(request, slug):
                                                 description=request.POST.get("description", ""))
             context = {"new_secret": secret, "new_secret_for": webhook.pk}
         else:
-            webhook = access.access_webhook(request.user, request.POST.get("webhook", ""))
-            if webhook.project_id != project.pk:
-                raise NotFound()
+            webhook = access.access_webhook(request.user, request.POST.get("webhook", ""), project_id=project.pk)
             if action == "rotate":
                 _, secret = do_rotate_webhook_secret(request.user, webhook)
                 context = {"new_secret": secret, "new_secret_for": webhook.pk}

@@ -651,24 +651,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def server_process(process_env, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("server") / "daphne.log"
-    with open(log, "w") as out:
+def start_daphne(env: dict, port: int, log: Path):
+    """A daphne process on ``port`` (output appended to ``log``), once it accepts connections."""
+    with open(log, "a") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-            env=process_env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     deadline = time.monotonic() + 60
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
+            return proc
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"daphne did not start:\n{log.read_text()[-3000:]}") from None
             time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def server_process(process_env, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "daphne.log"
+    proc = start_daphne(process_env, port, log)
     proc.url = f"http://127.0.0.1:{port}"
     proc.log = log
     yield proc

@@ -245,7 +245,7 @@ def finish_job(
         project = job.project  # loaded with the claimed job (refresh_from_db drops it)
         job.refresh_from_db()
         send_job_event(job, f"job.{status}", branch.session)
-        owe_webhook_deliveries(job)  # the project's webhooks hear of it after commit (issue 16 item 4)
+        owe_webhook_deliveries(job, project, branch.session)  # its webhooks hear of it after commit (issue 16 item 4)
         if job.archive_when_done:
             do_archive_branch(branch, user=job.started_by, reason=AUTOMATIC_REASON, automatic=True)
         if ran or not is_busy(branch):

@@ -180,7 +180,7 @@ def delivery_payload(delivery_id: str, job: Job, project: Project, session_title
     return json.loads(json.dumps(body, cls=DjangoJSONEncoder))
 
 
-def owe_webhook_deliveries(job: Job) -> list[str]:
+def owe_webhook_deliveries(job: Job, project: Project | None = None, session: Session | None = None) -> list[str]:
     """One delivery per active webhook of the job's project, for the job that just ended.
 
     Precondition: inside the completion transaction, after the job's terminal state was
@@ -190,11 +190,14 @@ def owe_webhook_deliveries(job: Job) -> list[str]:
     webhooks = active_webhooks_key_shared(job.project_id)
     if not webhooks:
         return []
-    project = Project.objects.get(pk=job.project_id)
-    title = Session.objects.filter(pk=job.session_id).values_list("title", flat=True).first() or ""
+    project = project or job.project  # the completion passes the rows it holds: no reads again
+    if session is None:
+        session = Session.objects.only("title").get(pk=job.session_id)
+    title = session.title
+    owed = set(WebhookDelivery.objects.filter(job_id=job.pk, webhook__in=webhooks).values_list("webhook_id", flat=True))
     created = []
     for webhook in webhooks:
-        if WebhookDelivery.objects.filter(webhook=webhook, job_id=job.pk).exists():
+        if webhook.pk in owed:
             continue
         delivery = WebhookDelivery(webhook=webhook, project_id=job.project_id, job_id=job.pk,
                                    max_attempts=settings.TRELLIS_WEBHOOK_MAX_ATTEMPTS,

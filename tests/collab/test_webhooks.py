@@ -340,3 +340,21 @@ def test_a_change_to_an_unapproved_url_is_refused_and_changes_nothing(team, api_
     assert after["url"] == "http://127.0.0.1:9/hook" and after["active"] is True
     r = api.patch(f"/api/webhooks/{hook['id']}", {"url": "http://127.0.0.1:9/hook\tx"})
     assert r.status_code == 400 and r.json()["code"] == "invalid_webhook_url"
+
+
+def test_p_sec_1_the_page_form_acts_only_on_a_webhook_of_the_project_it_names(team, api_as, browser_of):
+    """Someone who maintains two projects cannot reach one project's webhook through the other's
+    page (``access_webhook(…, project_id=…)``): 404, and the webhook is untouched."""
+    from accounts.models import Membership
+    from collab.models import Webhook
+
+    Membership.objects.create(user=team.outsider, project=team.alpha, role="maintainer")  # owner of beta too
+    beta_hook = register(api_as(team.outsider), "http://127.0.0.1:9/beta-hook", project="beta")
+    page = browser_of(team.outsider)
+    for action in ("delete", "rotate", "toggle"):
+        r = page.post("/p/alpha/webhooks", {"action": action, "webhook": beta_hook["id"], "active": "0"})
+        assert r.status_code == 404, (action, r.status_code)
+    hook = Webhook.objects.get(pk=beta_hook["id"])
+    assert hook.active and hook.secret_rotated_at is None
+    assert page.post("/p/beta/webhooks", {"action": "delete", "webhook": beta_hook["id"]}).status_code == 302
+    assert not Webhook.objects.filter(pk=beta_hook["id"]).exists()

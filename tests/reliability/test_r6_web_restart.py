@@ -13,16 +13,13 @@ path is channels-redis; on the embedded default (SQLite) the web process's datab
 import asyncio
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
 from tests.collab.test_live_events import Refused, WsClient, auth_header, write_events
-from tests.conftest import ROOT, free_port
+from tests.conftest import free_port, start_daphne
 from tests.reliability.conftest import size
 
 pytestmark = pytest.mark.slow
@@ -32,21 +29,6 @@ EVENTS = size(10, 50)  # per phase: before the kill, while down, during the resy
 WAIT = 120.0
 
 
-def start_web(env: dict, port: int, log):
-    with open(log, "a") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-            env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"daphne did not start:\n{log.read_text()[-3000:]}") from None
-            time.sleep(0.1)
 
 
 def kill(proc) -> None:
@@ -70,7 +52,7 @@ def test_r6_a_restarted_web_process_leaves_every_client_resynced_without_gaps_or
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "daphne.log"
-    web = start_web(process_env, port, log)
+    web = start_daphne(process_env, port, log)
     received: list[list[int]] = [[] for _ in range(CLIENTS)]
     reconnects = [0] * CLIENTS
 
@@ -118,7 +100,7 @@ def test_r6_a_restarted_web_process_leaves_every_client_resynced_without_gaps_or
             await asyncio.sleep(0.05)
         await sync_to_async(kill)(web)  # the web process dies under every client
         await sync_to_async(write_events)(sid, EVENTS)  # committed while it is down
-        web = await sync_to_async(start_web)(process_env, port, log)
+        web = await sync_to_async(start_daphne)(process_env, port, log)
         await sync_to_async(write_events)(sid, EVENTS)  # racing the clients' resync
         goal[0] = await sync_to_async(last_seq)(sid)
         done.set()
