@@ -1,4 +1,6 @@
 """Project webhooks (issue 16 item 4), through the API, a real worker and a real receiver.
+Tenants are untrusted (SPEC §8, P-SEC-0): their URLs reach only the operator's hosts, never
+another project's webhook, and no secret reaches the event log.
 
 The receiver is a threaded ``http.server`` in this process; the worker posts to it on
 127.0.0.1, which the test settings (and ``process_env``) approve on any port. Nothing is
@@ -342,7 +344,7 @@ def test_a_change_to_an_unapproved_url_is_refused_and_changes_nothing(team, api_
     assert r.status_code == 400 and r.json()["code"] == "invalid_webhook_url"
 
 
-def test_p_sec_1_the_page_form_acts_only_on_a_webhook_of_the_project_it_names(team, api_as, browser_of):
+def test_spec_8_the_page_form_acts_only_on_a_webhook_of_the_project_it_names(team, api_as, browser_of):
     """Someone who maintains two projects cannot reach one project's webhook through the other's
     page (``access_webhook(…, project_id=…)``): 404, and the webhook is untouched."""
     from accounts.models import Membership
