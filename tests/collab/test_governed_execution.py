@@ -778,7 +778,13 @@ def test_op_c6_max_live_per_session_runs_background_children_one_at_a_time(team,
     jobs = settle(api, sid)
     assert all(j["status"] == "succeeded" for j in jobs), jobs
     assert len([j for j in jobs if j["parent_job"] == root]) == 3
-    assert len([j for j in jobs if j["kind"] == "followup"]) == 3
+    # each child's result reaches the boss exactly once (P-FLW-1/2): as a follow-up turn when the
+    # boss is idle, or drained into a follow-up already queued or running before its model call
+    # — which of the two depends on which job the one live slot goes to first
+    delivered = [m for m in transcript_messages(api, address_of(execution(api, root)))
+                 if m["kind"] in ("followup", "agent_message")]
+    assert len(delivered) == 3, delivered
+    assert 1 <= len([j for j in jobs if j["kind"] == "followup"]) <= 3
     _assert_one_running_at_a_time(api, sid)
 
     # admissions with nothing running: through the gateway, three children at once, so two
