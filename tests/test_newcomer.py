@@ -18,10 +18,17 @@ import urllib.parse
 import urllib.request
 
 import pytest
+from django.conf import settings
 
 from tests.conftest import ROOT, free_port
 
-pytestmark = pytest.mark.slow
+# The newcomer's run knows nothing of this run's database (newcomer_env drops DATABASE_URL and
+# REDIS_URL): it is the same test in both of scripts/test's runs, so it runs in one of them — the
+# embedded default's (SQLite), as test_scaled_deployment runs only in the PostgreSQL + Redis one.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(settings.REDIS_URL), reason="runs in the embedded default's (SQLite) run only"),
+]
 
 FIRST_RUN_TIMEOUT = 300  # creating .venv and pip-installing dominates
 HTTP_TIMEOUT = 60
