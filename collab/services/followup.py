@@ -18,6 +18,7 @@ idle caller branch instead of a follow-up turn (SPEC §7: cancel is a fence).
 import logging
 
 from django.db import transaction
+from django.db.models.functions import Now
 
 from collab.deliveries import (
     CANCELLED_RECONCILED,
@@ -312,8 +313,6 @@ def record_failed_delivery(*, target, kind: str, text: str, sender_session, send
     delivery's (messages, generations) — the sender's plus the message it spent — so the
     notice continues the sender's chain and a retry loop runs out of budget (OP §5.1).
     Precondition: inside ``transaction.atomic``."""
-    from django.db.models.functions import Now
-
     job = Job.objects.create(
         project_id=target.session.project_id, session=target.session, branch=target,
         kind=JobKind.TASK if kind == "task" else JobKind.MESSAGE, status=JobStatus.FAILED, prompt=clean_text(text),
