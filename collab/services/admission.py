@@ -40,6 +40,17 @@ PROMPT_KIND = {
     JobKind.FOLLOWUP: MessageKind.FOLLOWUP,
 }
 
+MAX_PROMPT_CHARS = 200_000
+
+
+def check_prompt(prompt: str) -> str:
+    """Every turn's prompt (a person's, a delegation's, a spawn's): a non-empty string, bounded."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise Invalid("prompt must be a non-empty string", code="invalid_prompt")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise Invalid(f"prompt is longer than {MAX_PROMPT_CHARS} characters", code="prompt_too_long")
+    return prompt
+
 
 def job_wire(job: Job) -> dict:
     return {

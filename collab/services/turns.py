@@ -33,7 +33,7 @@ from collab.access import Caller, access_branch, require_can_archive
 from collab.errors import Conflict, Invalid, NotFound
 from collab.models import TERMINAL_STATUSES, Branch, Job, JobKind, Message, Session, effective_spec
 from collab.selectors.specs import spec_by_agent_id
-from collab.services.admission import admit_job
+from collab.services.admission import admit_job, check_prompt
 from collab.services.locking import lock_branch, lock_sessions
 from collab.services.retry import retry_on_deadlock
 
@@ -42,16 +42,7 @@ STRATEGIES = (ENQUEUE, REJECT, INTERRUPT, ROLLBACK)
 ROLLED_BACK = "rolled back"
 INTERRUPT_ATTEMPTS = 5
 
-MAX_PROMPT_CHARS = 200_000
 MAX_BRANCH_NAME_CHARS = 100  # Branch.name
-
-
-def check_prompt(prompt: str) -> str:
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise Invalid("prompt must be a non-empty string", code="invalid_prompt")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise Invalid(f"prompt is longer than {MAX_PROMPT_CHARS} characters", code="prompt_too_long")
-    return prompt
 
 
 def check_not_child(session: Session) -> None:
