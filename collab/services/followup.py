@@ -44,6 +44,7 @@ from collab.models import (
     is_busy,
 )
 from collab.text import bound_text, clean_text
+from collab.services.admission import FENCED, admit_job
 from collab.services.locking import kept_on_rollback, lock_for_branch
 from collab.services.messages import append_message
 from collab.services.results import estimate_tokens, result_limit_for
@@ -201,8 +202,6 @@ def deliver_owed_locked(branch: Branch) -> list[Job]:
     the child was cancelled by that cancel's cascade, or finished as it came) is written
     as a notice on the branch, never turned into a model turn (SPEC §7): a cancelled
     branch stays stopped, and the transcript shows how each child ended."""
-    from collab.services.admission import FENCED, admit_job
-
     if is_busy(branch):
         return []  # the running turn drains them before its next model call
     bounce_stranded_locked(branch)

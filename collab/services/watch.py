@@ -12,6 +12,7 @@ from collab.events import send_event_on_commit
 from collab.models import HeldDelivery, HoldStatus
 from collab.text import clean_text
 from collab.services.acting import Actor, gateway_actor
+from collab.services.followup import record_failed_delivery
 from collab.services.retry import retry_on_deadlock
 
 
@@ -45,8 +46,8 @@ def sender_of(hold: HeldDelivery) -> Actor:
 @retry_on_deadlock
 def do_decide_hold(user, hold: HeldDelivery, *, approve: bool) -> HeldDelivery:
     """Deliver (as the original sender, skipping only the gate) or reject with an explicit result."""
+    # cycle: collab.services.deliver imports this module (hold_delivery, is_watched)
     from collab.services.deliver import do_delegate, do_send_message
-    from collab.services.followup import record_failed_delivery
 
     with transaction.atomic():
         locked = HeldDelivery.objects.select_for_update().get(pk=hold.pk)
