@@ -12,6 +12,7 @@ The job is handed to the worker queue only after commit.
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
+from django_q.tasks import async_task
 
 from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
@@ -185,6 +186,4 @@ def follow_head(session_id: str, branch_id: str, message) -> None:
 
 def enqueue_job(job_id: str) -> None:
     """Hand the job to a worker once the admission has committed (STYLE §6)."""
-    from django_q.tasks import async_task
-
     transaction.on_commit(lambda: async_task("collab.tasks.run_turn", job_id, task_name=f"turn-{job_id}"))
