@@ -1,4 +1,9 @@
+import logging
+
 from django.apps import AppConfig
+from django.db import close_old_connections
+
+from collab import worker_name
 
 
 class CollabConfig(AppConfig):
@@ -6,11 +11,10 @@ class CollabConfig(AppConfig):
     verbose_name = "Collaboration"
 
     def ready(self):
+        # app registry: django_q.signals imports django_q's models, not loaded when this module is
         from django_q.signals import post_spawn
 
         post_spawn.connect(_reconcile_on_worker_start, dispatch_uid="collab-reconcile-on-spawn")
-
-        from collab import worker_name
 
         if worker_name.is_worker_process():
             worker_name.install()
@@ -19,10 +23,7 @@ class CollabConfig(AppConfig):
 def _reconcile_on_worker_start(sender, proc_name=None, **kwargs):
     """At worker start, jobs left running by a dead process become interrupted (OW §8); from
     then on the process renews its jobs' leases and reconciles on a timer (services/liveness.py)."""
-    import logging
-
-    from django.db import close_old_connections
-
+    # app registry: the services import collab's models, not loaded when this module is
     from collab.services.liveness import start_reconciler
     from collab.services.reconcile import reconcile
 

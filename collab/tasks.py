@@ -2,10 +2,13 @@
 
 from django.db import close_old_connections
 
+from collab.runtime.loop import run_job
+from collab.runtime.naming import auto_name_branch
+from collab.runtime.webhooks import deliver
+from collab.services.reconcile import reconcile as run_reconcile
+
 
 def run_turn(job_id: str) -> str | None:
-    from collab.runtime.loop import run_job
-
     close_old_connections()
     try:
         return run_job(job_id)
@@ -14,8 +17,6 @@ def run_turn(job_id: str) -> str | None:
 
 
 def name_branch(branch_id: str) -> None:
-    from collab.runtime.naming import auto_name_branch
-
     close_old_connections()
     try:
         auto_name_branch(branch_id)
@@ -24,18 +25,14 @@ def name_branch(branch_id: str) -> None:
 
 
 def reconcile() -> dict:
-    from collab.services.reconcile import reconcile as run
-
     close_old_connections()
     try:
-        return run()
+        return run_reconcile()
     finally:
         close_old_connections()
 
 
 def deliver_webhook(delivery_id: str) -> str | None:
-    from collab.runtime.webhooks import deliver
-
     close_old_connections()
     try:
         return deliver(delivery_id)

@@ -20,6 +20,7 @@ def install() -> str:
     """Name this process's cluster. django-q2 reads the name through the module-level
     ``humanize`` of ``django_q.cluster`` (``Cluster.name`` and the sentinel's log lines),
     so that one reference is replaced; task names (``django_q.tasks``) keep theirs."""
+    # app registry: apps.py imports this module, and django_q.cluster runs django.setup() if imported that early
     import django_q.cluster
 
     name = cluster_name()

@@ -6,6 +6,7 @@ typo in a deployment stops the process at start-up instead of misbehaving later.
 """
 
 import os
+from decimal import Decimal, InvalidOperation
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -43,8 +44,6 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
 
 def env_decimal(name: str, default=None):
     """A non-negative decimal amount (``TRELLIS_MAX_COST_PER_JOB``), or ``default`` when unset."""
-    from decimal import Decimal, InvalidOperation
-
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default

@@ -1,5 +1,7 @@
 import secrets
 
+from django.db import models
+
 ID_LENGTH = 12
 
 
@@ -13,6 +15,4 @@ def new_id() -> str:
 
 
 def id_field(**kwargs):
-    from django.db import models
-
     return models.CharField(primary_key=True, max_length=ID_LENGTH, default=new_id, editable=False, **kwargs)

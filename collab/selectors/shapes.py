@@ -1,12 +1,12 @@
 """Row → API shape. One function per shape, shared by the API, pages and tools."""
 
+from django.db.models import Sum
+
 from collab.models import Job, Session, format_address
 
 
 def usage_totals(jobs) -> dict:
     """Token and cost totals of a job queryset (one aggregate query)."""
-    from django.db.models import Sum
-
     totals = jobs.aggregate(tokens_in=Sum("tokens_in"), tokens_out=Sum("tokens_out"), cost=Sum("cost"))
     return {"tokens_in": totals["tokens_in"] or 0, "tokens_out": totals["tokens_out"] or 0,
             "cost": str(totals["cost"] or 0)}
@@ -95,10 +95,6 @@ def branch_shape(branch, busy: bool) -> dict:
 
 def branch_usage(branch_ids) -> dict:
     """Per-branch token and cost totals (one grouped query)."""
-    from django.db.models import Sum
-
-    from collab.models import Job
-
     rows = Job.objects.filter(branch_id__in=branch_ids).values("branch_id").annotate(
         tokens_in=Sum("tokens_in"), tokens_out=Sum("tokens_out"), cost=Sum("cost"))
     return {r["branch_id"]: {"tokens_in": r["tokens_in"] or 0, "tokens_out": r["tokens_out"] or 0,

@@ -102,8 +102,6 @@ def render_transcript(branch, *, viewer, start_turn: int = 0, end_turn: int | No
     negative bounds count from the end; later turns beyond ``max_chars`` are dropped. A session
     ``viewer`` may not see, named in a message (a prompt's "[task from SID:MSG]" header, a
     result's source, a tool call), reads "another session" (issue 17)."""
-    from collab.selectors.redact import redact_messages
-
     tip = branch.tip
     total = tip.turn if tip else 0
     indices = range(total)[slice(start_turn, end_turn)]

@@ -12,6 +12,7 @@ The job is handed to the worker queue only after commit.
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
+from django_q.tasks import async_task
 
 from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
@@ -39,6 +40,17 @@ PROMPT_KIND = {
     JobKind.MESSAGE: MessageKind.MESSAGE,
     JobKind.FOLLOWUP: MessageKind.FOLLOWUP,
 }
+
+MAX_PROMPT_CHARS = 200_000
+
+
+def check_prompt(prompt: str) -> str:
+    """Every turn's prompt (a person's, a delegation's, a spawn's): a non-empty string, bounded."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise Invalid("prompt must be a non-empty string", code="invalid_prompt")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise Invalid(f"prompt is longer than {MAX_PROMPT_CHARS} characters", code="prompt_too_long")
+    return prompt
 
 
 def job_wire(job: Job) -> dict:
@@ -174,6 +186,4 @@ def follow_head(session_id: str, branch_id: str, message) -> None:
 
 def enqueue_job(job_id: str) -> None:
     """Hand the job to a worker once the admission has committed (STYLE §6)."""
-    from django_q.tasks import async_task
-
     transaction.on_commit(lambda: async_task("collab.tasks.run_turn", job_id, task_name=f"turn-{job_id}"))

@@ -25,6 +25,7 @@ from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
 from collab.models import ExecutionCommand, Job, JobStatus, TERMINAL_STATUSES
 from collab.services.admission import send_job_event
+from collab.services.execution import finish_job
 from collab.services.locking import lock_branch, lock_job, lock_session_family
 from collab.services.retry import retry_on_deadlock
 
@@ -134,8 +135,6 @@ def request_cancel(job: Job) -> bool:
 
     A worker may claim a queued job between the two checks; then it is running and is
     asked to stop, so a cancel accepted for an open job is never lost."""
-    from collab.services.execution import finish_job
-
     for _ in range(3):
         with transaction.atomic():
             lock_session_family(job.session_id)  # its log gets the event: the session first

@@ -19,11 +19,10 @@ from collab.models import Branch, InboxEntry, InboxKind, Job, JobKind, is_busy, 
 from collab.text import clean_text
 from collab.services.acting import Actor, message_header, task_header
 from collab.services.addressing import resolve_target
-from collab.services.admission import admit_job, check_caller_not_stopping
+from collab.services.admission import admit_job, check_caller_not_stopping, check_prompt
 from collab.services.followup import record_failed_delivery
 from collab.services.budgets import check_topology
 from collab.services.locking import lock_branch, lock_sessions
-from collab.services.turns import check_prompt
 from collab.services.watch import hold_delivery, is_watched
 from collab.services.retry import retry_on_deadlock
 

@@ -10,6 +10,7 @@ events and whatever the completion owes (the next queued job on the branch).
 import os
 import socket
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Now
@@ -37,8 +38,6 @@ WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 def lease_deadline():
     """The database's now + the lease, as an expression: every lease is set and checked on
     the database clock, never an app server's."""
-    from django.conf import settings
-
     return Now() + timezone.timedelta(seconds=settings.TRELLIS_LEASE_SECONDS)
 
 

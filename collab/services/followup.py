@@ -18,6 +18,7 @@ idle caller branch instead of a follow-up turn (SPEC §7: cancel is a fence).
 import logging
 
 from django.db import transaction
+from django.db.models.functions import Now
 
 from collab.deliveries import (
     CANCELLED_RECONCILED,
@@ -43,6 +44,7 @@ from collab.models import (
     is_busy,
 )
 from collab.text import bound_text, clean_text
+from collab.services.admission import FENCED, admit_job
 from collab.services.locking import kept_on_rollback, lock_for_branch
 from collab.services.messages import append_message
 from collab.services.results import estimate_tokens, result_limit_for
@@ -200,8 +202,6 @@ def deliver_owed_locked(branch: Branch) -> list[Job]:
     the child was cancelled by that cancel's cascade, or finished as it came) is written
     as a notice on the branch, never turned into a model turn (SPEC §7): a cancelled
     branch stays stopped, and the transcript shows how each child ended."""
-    from collab.services.admission import FENCED, admit_job
-
     if is_busy(branch):
         return []  # the running turn drains them before its next model call
     bounce_stranded_locked(branch)
@@ -312,8 +312,6 @@ def record_failed_delivery(*, target, kind: str, text: str, sender_session, send
     delivery's (messages, generations) — the sender's plus the message it spent — so the
     notice continues the sender's chain and a retry loop runs out of budget (OP §5.1).
     Precondition: inside ``transaction.atomic``."""
-    from django.db.models.functions import Now
-
     job = Job.objects.create(
         project_id=target.session.project_id, session=target.session, branch=target,
         kind=JobKind.TASK if kind == "task" else JobKind.MESSAGE, status=JobStatus.FAILED, prompt=clean_text(text),

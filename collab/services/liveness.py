@@ -30,6 +30,11 @@ from contextlib import contextmanager
 
 from django.conf import settings
 from django.db import close_old_connections, connection
+from django.db.models.functions import Now
+
+from collab.models import Job
+from collab.services.execution import lease_deadline
+from collab.services.reconcile import reconcile
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +65,6 @@ def running(job_id: str):
 def renew_leases(job_ids) -> int:
     """One conditional UPDATE: the leases of those jobs that are still running or stopping
     move to the database's now + lease. Returns how many rows it renewed."""
-    from collab.models import Job
-    from collab.services.execution import lease_deadline
-
-    from django.db.models.functions import Now
-
     if not job_ids:
         return 0
     return Job.objects.running().filter(pk__in=list(job_ids)).update(
@@ -106,8 +106,6 @@ def _heartbeat_loop() -> None:
 
 
 def _reconciler_loop() -> None:
-    from collab.services.reconcile import reconcile
-
     interval = settings.TRELLIS_RECONCILE_SECONDS
     time.sleep(random.uniform(0, interval))  # processes started together do not reconcile in step
     while True:

@@ -13,7 +13,7 @@ from django.db import transaction
 
 from accounts import services as accounts
 from collab.errors import Conflict, Invalid, NotFound
-from collab.events import record_project_event
+from collab.events import record_project_event, session_group
 
 _CODES = {"invalid_role": Invalid, "last_owner": Conflict, "already_member": Conflict, "already_invited": Conflict,
           "not_member": NotFound, "not_found": NotFound}
@@ -97,8 +97,6 @@ def send_to_user(user_id: int, message: dict) -> None:
 def send_to_session_sockets(session_ids, project_id: int) -> None:
     """Ask every socket following these sessions to re-check its access (and close if gone):
     a session's visibility or share list narrowed (issue 17)."""
-    from collab.events import session_group
-
     layer = get_channel_layer()
     if layer is None:
         return

@@ -7,6 +7,7 @@ overwritten, so addresses by name keep working. The model is asked by the runtim
 """
 
 from django.db import transaction
+from django_q.tasks import async_task
 
 from collab.events import send_event_on_commit
 from collab.models import Branch, NameStage, effective_spec
@@ -21,8 +22,6 @@ def schedule_naming(branch_id: str, turns: int, name_stage: int) -> None:
     """Precondition: inside the transaction that brought the branch to ``turns`` turns."""
     if turns not in NAMING_TURNS or name_stage not in RENAMABLE:
         return
-    from django_q.tasks import async_task
-
     transaction.on_commit(lambda: async_task("collab.tasks.name_branch", branch_id, task_name=f"name-{branch_id}-{turns}"))
 
 

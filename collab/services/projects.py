@@ -1,6 +1,7 @@
 from django.db import transaction
 
 from accounts.limits import limits_of, set_limits
+from accounts.models import WatchPolicy
 from collab.errors import Invalid
 from collab.events import record_project_event
 from collab.workspace import WorkspaceError, check_workspace_path
@@ -19,9 +20,6 @@ def do_set_limits(actor, project, changes: dict):
 
 
 def do_update_project(actor, project, *, name=None, watch_policy=None):
-    from accounts.models import WatchPolicy
-    from collab.errors import Invalid
-
     changes = {}
     if name is not None:
         if not name.strip():

@@ -31,17 +31,16 @@ from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 
 from collab.models import FollowupState, InboxEntry, Job, JobStatus
+from collab.services.admission import enqueue_job
+from collab.services.deliver import drain_idle_inbox
+from collab.services.execution import finish_job
+from collab.services.followup import deliver_owed
 from collab.services.webhooks import hand_off_due_deliveries
 
 log = logging.getLogger(__name__)
 
 
 def reconcile() -> dict:
-    from collab.services.admission import enqueue_job
-    from collab.services.deliver import drain_idle_inbox
-    from collab.services.execution import finish_job
-    from collab.services.followup import deliver_owed
-
     interrupted = []
     for job in Job.objects.running().filter(lease_expires_at__lt=Now()).select_related("branch"):
         stopping = job.status == JobStatus.STOPPING

@@ -16,12 +16,11 @@ from collab.events import send_event_on_commit
 from collab.models import Job, JobKind, MessageKind, MessageRole, effective_spec
 from collab.selectors.specs import spec_by_agent_id
 from collab.services.acting import Actor, task_header
-from collab.services.admission import admit_job
+from collab.services.admission import admit_job, check_prompt
 from collab.services.branches import create_branch, name_for
 from collab.services.budgets import check_topology, lock_caller
 from collab.services.locking import lock_sessions
 from collab.services.messages import append_message
-from collab.services.turns import check_prompt
 from collab.services.retry import retry_on_deadlock
 
 

@@ -8,6 +8,7 @@ from collab.models import AgentRole, AgentSpec, FollowupMode, Toolset
 from collab.provider_specs import IMPLEMENTED_PROVIDERS, check_script
 from collab.text import clean_data
 from collab.services.connections import choose_connection, connections_for
+from collab.services.turns import STRATEGIES
 
 SPEC_FIELDS = (
     "agent_id", "provider", "model", "system_prompt",
@@ -25,8 +26,6 @@ def _choice(value, allowed, field):
 def check_spec_strategy(limits) -> None:
     """``limits.multitask_strategy``, the spec's double-texting default (issue 16 item 2), is one
     of the strategies of ``POST /api/sessions/{sid}/turns`` when given."""
-    from collab.services.turns import STRATEGIES
-
     if isinstance(limits, dict) and limits.get("multitask_strategy") is not None:
         value = limits["multitask_strategy"]
         if value not in STRATEGIES:

@@ -26,13 +26,12 @@ from collab.models import AgentRole, Branch, Job, JobKind, NameStage, Session, e
 from collab.selectors.children import children_of
 from collab.selectors.jobs import sessions_owing_results
 from collab.services.acting import Actor
-from collab.services.admission import admit_job
+from collab.services.admission import admit_job, check_prompt
 from collab.services.branches import create_branch
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.services.followup import results_owed
 from collab.services.locking import lock_sessions
 from collab.services.retry import retry_on_deadlock
-from collab.services.turns import check_prompt
 from collab.services.waiting import wait_for_change
 
 TASK_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")  # always fullmatch: "$" alone would accept a trailing newline

@@ -33,7 +33,10 @@ from collab.access import Caller, access_branch, require_can_archive
 from collab.errors import Conflict, Invalid, NotFound
 from collab.models import TERMINAL_STATUSES, Branch, Job, JobKind, Message, Session, effective_spec
 from collab.selectors.specs import spec_by_agent_id
-from collab.services.admission import admit_job
+from collab.services.admission import admit_job, check_prompt
+from collab.services.archive import do_archive_branch
+from collab.services.branches import create_branch, name_for
+from collab.services.cancel import CANCEL, do_execution_command
 from collab.services.locking import lock_branch, lock_sessions
 from collab.services.retry import retry_on_deadlock
 
@@ -42,16 +45,7 @@ STRATEGIES = (ENQUEUE, REJECT, INTERRUPT, ROLLBACK)
 ROLLED_BACK = "rolled back"
 INTERRUPT_ATTEMPTS = 5
 
-MAX_PROMPT_CHARS = 200_000
 MAX_BRANCH_NAME_CHARS = 100  # Branch.name
-
-
-def check_prompt(prompt: str) -> str:
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise Invalid("prompt must be a non-empty string", code="invalid_prompt")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise Invalid(f"prompt is longer than {MAX_PROMPT_CHARS} characters", code="prompt_too_long")
-    return prompt
 
 
 def check_not_child(session: Session) -> None:
@@ -149,8 +143,6 @@ def interrupt_job(user, job: Job) -> None:
     """Cancel ``job`` through the cancel command (SPEC §7: versioned, audited, cascading), with
     the caller's own right to cancel it. A job that ended meanwhile is left alone; a version
     that moved between the read and the command's lock is read again."""
-    from collab.services.cancel import CANCEL, do_execution_command
-
     for _ in range(INTERRUPT_ATTEMPTS):
         current = Job.objects.filter(pk=job.pk).first()
         if current is None or current.status in TERMINAL_STATUSES:
@@ -170,9 +162,6 @@ def rollback_and_start(user, session: Session, old: Branch, rolled: Job, prompt:
     """Fork a branch at the node before ``rolled``'s prompt, start ``prompt`` there, archive
     ``old`` (reason "rolled back") and move the person's selection to the fork: one transaction,
     locks session → old branch → the fork (new, so nobody else holds it)."""
-    from collab.services.archive import do_archive_branch
-    from collab.services.branches import create_branch, name_for
-
     with transaction.atomic():
         lock_sessions(session.pk)
         locked = lock_branch(old.pk)
@@ -197,8 +186,6 @@ def do_fork_and_start(user, session: Session, message, prompt: str, *, name: str
     choose (the page shows them their fork), and nobody else who opens the session is moved to it
     (issue 13 item 2).
     Preconditions: ``message`` came from ``access_message(…, "turn.start")``."""
-    from collab.services.branches import create_branch, name_for
-
     check_prompt(prompt)
     check_not_child(session)
     if len((name or "").strip()) > MAX_BRANCH_NAME_CHARS:

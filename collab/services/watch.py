@@ -11,7 +11,8 @@ from collab.errors import Conflict
 from collab.events import send_event_on_commit
 from collab.models import HeldDelivery, HoldStatus
 from collab.text import clean_text
-from collab.services.acting import Actor
+from collab.services.acting import Actor, gateway_actor
+from collab.services.followup import record_failed_delivery
 from collab.services.retry import retry_on_deadlock
 
 
@@ -37,8 +38,6 @@ def hold_delivery(actor: Actor, target, kind: str, text: str) -> HeldDelivery:
 def sender_of(hold: HeldDelivery) -> Actor:
     """The original sender's standing, chain counters included (OP §5.1): its job's, or for a
     gateway call the branch's chain, as when it sent (``gateway_actor``)."""
-    from collab.services.acting import gateway_actor
-
     if hold.sender_job is None and hold.sender_branch is not None:
         return gateway_actor(hold.created_by, hold.sender_branch)
     return Actor(user=hold.created_by, session=hold.sender_session, branch=hold.sender_branch, job=hold.sender_job)
@@ -47,8 +46,8 @@ def sender_of(hold: HeldDelivery) -> Actor:
 @retry_on_deadlock
 def do_decide_hold(user, hold: HeldDelivery, *, approve: bool) -> HeldDelivery:
     """Deliver (as the original sender, skipping only the gate) or reject with an explicit result."""
+    # cycle: collab.services.deliver imports this module (hold_delivery, is_watched)
     from collab.services.deliver import do_delegate, do_send_message
-    from collab.services.followup import record_failed_delivery
 
     with transaction.atomic():
         locked = HeldDelivery.objects.select_for_update().get(pk=hold.pk)

@@ -34,6 +34,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
+from django_q.tasks import async_task
 
 from accounts.models import Project
 from collab.errors import Conflict, Invalid
@@ -228,8 +229,6 @@ def active_webhooks_key_shared(project_id: int) -> list[Webhook]:
 
 def enqueue_delivery(delivery_id: str) -> None:
     """Hand a delivery to a worker once the transaction that owes it commits."""
-    from django_q.tasks import async_task
-
     transaction.on_commit(lambda: async_task("collab.tasks.deliver_webhook", delivery_id,
                                              task_name=f"webhook-{delivery_id}"))
 

@@ -26,6 +26,7 @@ from collab.services.spawn import do_spawn
 from collab.services.todos import do_create_todo, do_update_todo
 from collab.services.waiting import wait_for_change
 from collab.services.listing import do_record_agents_listed
+from collab.runtime.loop import run_foreground
 from collab.tools.registry import ToolParams, ToolResult, reading_spec, register
 
 COLLAB = ("collab",)
@@ -85,9 +86,6 @@ def agent(ctx, p: AgentParams) -> ToolResult:
         run_in_background=p.run_in_background, archive_when_done=p.archive_when_done,
     )
     if not p.run_in_background:
-        # function-level: collab.runtime.loop imports this module (through the tool surface) at start-up
-        from collab.runtime.loop import run_foreground
-
         run_foreground(job, ctx.turn)
     branch = job.branch
     if p.run_in_background:

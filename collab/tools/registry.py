@@ -152,5 +152,5 @@ def _run_tool(ctx: ToolContext, name: str, arguments: Any, *, tools: list[Tool])
 
 
 def _load_builtin_tools() -> None:
-    # Importing the modules registers their tools.
+    # cycle: both modules import this one (register, ToolParams); importing them registers their tools
     from collab.tools import collab_tools, openwork_tools  # noqa: F401

