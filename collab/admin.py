@@ -14,11 +14,9 @@ import uuid
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
-from django.db import transaction
-from django.http import HttpResponseRedirect
 
-from accounts.limits import LimitError
-from collab.errors import DomainError
+from collab import admin_accounts  # noqa: F401 - registers the accounts models (edits through collab services)
+from collab.admin_base import ReadOnlyAdmin, ServiceAdmin
 from collab.services.archive import do_archive_branch
 from collab.services.branches import do_set_branch_internal
 from collab.services.cancel import CANCEL, do_execution_command
@@ -44,39 +42,6 @@ from collab.models import (
     SessionShare,
     Todo,
 )
-
-
-class ServiceAdmin(admin.ModelAdmin):
-    """A service's refusal (a domain error, a bad limit) during a save, a delete or an action
-    rolls the whole request back and is shown to the operator, never a 500."""
-
-    def _refused(self, request, view, *args, **kwargs):
-        try:
-            with transaction.atomic():
-                return view(request, *args, **kwargs)
-        except (DomainError, LimitError) as exc:
-            self.message_user(request, f"refused: {getattr(exc, 'detail', None) or exc}", messages.ERROR)
-            return HttpResponseRedirect(request.get_full_path())
-
-    def changeform_view(self, request, *args, **kwargs):
-        return self._refused(request, super().changeform_view, *args, **kwargs)
-
-    def changelist_view(self, request, *args, **kwargs):
-        return self._refused(request, super().changelist_view, *args, **kwargs)
-
-    def delete_view(self, request, *args, **kwargs):
-        return self._refused(request, super().delete_view, *args, **kwargs)
-
-
-class ReadOnlyAdmin(ServiceAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(AgentSpec)
@@ -378,4 +343,3 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
     raw_id_fields = ["webhook", "project", "job"]
 
 
-from collab import admin_accounts  # noqa: E402,F401 - registers the accounts models (edits through collab services)

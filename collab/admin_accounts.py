@@ -10,7 +10,7 @@ from django.contrib import admin, messages
 
 from accounts.limits import FIELDS as LIMIT_FIELDS
 from accounts.models import ApiToken, Membership, Project
-from collab.admin import ServiceAdmin
+from collab.admin_base import ServiceAdmin
 from collab.services.members import do_add_member, do_change_role, do_remove_member
 from collab.services.projects import do_set_limits, do_set_workspace, do_update_project
 from collab.services.tokens import do_revoke_token
