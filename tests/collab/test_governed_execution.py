@@ -45,6 +45,7 @@ from tests.conftest import (
     agent_call,
     branches,
     cancel,
+    events,
     execution,
     executions,
     make_spec,
@@ -108,28 +109,15 @@ def job_count(**filters) -> int:
 def terminal_events(api, sid) -> dict[str, list[str]]:
     """``{job_id: [terminal event types]}`` from the session's event log."""
     out: dict[str, list[str]] = {}
-    after = 0
-    while True:
-        r = api.get(f"/api/sessions/{sid}/events", after=after)
-        assert r.status_code == 200, r.content
-        page = r.json()["events"]
-        if not page:
-            return out
-        for e in page:
-            kind = e["type"].removeprefix("job.")
-            if e["type"].startswith("job.") and kind in TERMINAL:
-                out.setdefault(e["payload"]["job"], []).append(kind)
-        after = page[-1]["seq"]
+    for e in events(api, sid):
+        kind = e["type"].removeprefix("job.")
+        if e["type"].startswith("job.") and kind in TERMINAL:
+            out.setdefault(e["payload"]["job"], []).append(kind)
+    return out
 
 
 def event_types(api, sid) -> list[tuple[str, dict]]:
-    out, after = [], 0
-    while True:
-        page = api.get(f"/api/sessions/{sid}/events", after=after).json()["events"]
-        if not page:
-            return out
-        out += [(e["type"], e["payload"]) for e in page]
-        after = page[-1]["seq"]
+    return [(e["type"], e["payload"]) for e in events(api, sid)]
 
 
 # --- OP C1: both agent modes admit Jobs; cancel is the versioned execution command -------------
