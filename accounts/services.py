@@ -1,5 +1,6 @@
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from datetime import UTC
 
 from accounts.models import ApiToken, Membership, Project, Role, TokenScope, default_token_scopes
 
@@ -111,6 +112,21 @@ class TokenError(Exception):
 MAX_TOKEN_NAME = 100
 
 
+def utc_expiry(expires_at):
+    """``expires_at`` in UTC (what is stored): any offset the client wrote is resolved here, and a
+    moment that leaves the calendar in UTC (year 9999 at a negative offset) is ``invalid_expiry``
+    — the database would refuse it, or store what it cannot read back."""
+    if expires_at is None:
+        return None
+    try:
+        utc = expires_at.astimezone(UTC)
+    except (OverflowError, ValueError):
+        utc = None
+    if utc is None or utc.year >= 9999:
+        raise TokenError("expires_at must be a moment before the year 9999 (UTC)", "invalid_expiry")
+    return utc
+
+
 def check_token_request(*, name: str, scopes, expires_at, minted_by: ApiToken | None) -> list[str]:
     """Validate a token request; returns the scopes in canonical order (raises ``TokenError``).
 
@@ -140,6 +156,7 @@ def check_token_request(*, name: str, scopes, expires_at, minted_by: ApiToken | 
 
 def issue_token(user, *, name: str = "", scopes=None, expires_at=None, minted_by: ApiToken | None = None):
     """A new token for ``user``: (row, raw value shown once)."""
+    expires_at = utc_expiry(expires_at)
     scopes = check_token_request(name=name, scopes=scopes, expires_at=expires_at, minted_by=minted_by)
     return ApiToken.issue(user, name=name or "", scopes=scopes, expires_at=expires_at, issued_by=minted_by)
 

@@ -66,9 +66,18 @@ def _resume_point(last_event_id: str | None, after: str | None) -> int:
     return value
 
 
+# One event of the stream, as SSE clients (and schemathesis) parse it: ``id`` (the event's seq;
+# none on the closing ``end``), ``event`` (its type, or ``end``) and ``data`` (the event as JSON).
+SSE_EVENT_SCHEMA = {
+    "type": "object",
+    "properties": {"id": {"type": "string"}, "event": {"type": "string"}, "data": {"type": "string"}},
+    "required": ["event", "data"],
+}
+
+
 @router.get("executions/{execution_id}/stream", response={200: None, **ERRORS}, tags=["executions"],
             openapi_extra={"responses": {200: {"description": "Server-Sent Events (text/event-stream)",
-                                               "content": {"text/event-stream": {"schema": {"type": "string"}}}}}})
+                                               "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}}}}})
 async def stream_execution(request: HttpRequest, execution_id: str, after: str | None = None,
                            last_event_id: str | None = Header(None, alias="Last-Event-ID")):
     """The execution's events as Server-Sent Events, resumable with ``Last-Event-ID``

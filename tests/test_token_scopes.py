@@ -209,3 +209,15 @@ def test_p_sec_7_tokens_made_and_revoked_on_the_tokens_page_are_audited(team):
                                 actor=team.member).exists()
     listed = client.get("/account/tokens").content.decode()
     assert "laptop" in listed and "owner&#x27;s" not in listed and "owner's" not in listed
+
+
+def test_p_sec_0_an_expiry_past_the_calendar_in_utc_is_refused_not_stored(team, api_as):
+    """An ``expires_at`` the schema accepts but that leaves the calendar once in UTC (year 9999 at
+    a negative offset; PostgreSQL would store it and fail to read it back) is a 400, never a 500."""
+    api = api_as(team.member)
+    for value in ("9999-12-31T23:59:59-23:59", "9999-12-31T20:00:00-05:00"):
+        r = api.post("/api/tokens", {"name": "far", "expires_at": value})
+        assert r.status_code == 400 and r.json()["code"] == "invalid_expiry", (value, r.content)
+    assert api.get("/api/tokens").status_code == 200  # and the listing still reads
+    r = api.post("/api/tokens", {"name": "near", "expires_at": "2100-01-01T00:00:00+02:00"})
+    assert r.status_code == 201, r.content
