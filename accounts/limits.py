@@ -24,6 +24,7 @@ RESOURCES = (
 DECIMALS = ("max_cost_per_job",)
 OTHER_POSITIVE = ("max_active_turns", "artifact_retention_days")
 FIELDS = TOPOLOGY + RESOURCES + DECIMALS + OTHER_POSITIVE
+MAX_COST, COST_STEP = Decimal("1000000"), Decimal("0.000001")  # max_cost_per_job: (0, 1000000), 6 places
 
 
 # the variable that sets each ceiling, named in refusals
@@ -124,9 +125,11 @@ def check_limits(changes: dict) -> dict:
                 amount = Decimal(str(value))
             except InvalidOperation:
                 raise LimitError(field, f"must be a number, got {value!r}") from None
-            if not amount.is_finite() or amount <= 0 or amount >= Decimal("1000000"):
+            if amount.is_finite() and 0 < amount < MAX_COST:
+                amount = amount.quantize(COST_STEP)  # what is stored: 6 places, and positive (a CHECK)
+            if not amount.is_finite() or amount <= 0 or amount >= MAX_COST:
                 raise LimitError(field, "must be a positive amount below 1000000 (or null to inherit)")
-            clean[field] = amount.quantize(Decimal("0.000001"))
+            clean[field] = amount
         else:
             raise LimitError(field, f"unknown limit; known: {', '.join(FIELDS)}")
         if field in CEILING_VARIABLES:
