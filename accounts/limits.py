@@ -24,6 +24,11 @@ RESOURCES = (
 DECIMALS = ("max_cost_per_job",)
 OTHER_POSITIVE = ("max_active_turns", "artifact_retention_days")
 FIELDS = TOPOLOGY + RESOURCES + DECIMALS + OTHER_POSITIVE
+MAX_INT = 2**31 - 1  # the columns' integer range
+MAX_COST, COST_STEP = Decimal("1000000"), Decimal("0.000001")  # max_cost_per_job: (0, 1000000), 6 places
+# an amount as decimal text that is at least one step and below MAX_COST (a subset of what
+# Decimal() reads: no exponent, sign, spaces or more than 6 places)
+COST_TEXT = r"^(?:[1-9][0-9]{0,5}(?:\.[0-9]{1,6})?|0?\.[0-9]{0,5}[1-9])$"
 
 
 # the variable that sets each ceiling, named in refusals
@@ -101,8 +106,27 @@ def _int(field, value, *, allow_zero: bool, allow_null: bool):
         raise LimitError(field, "must be an integer")
     if number < 0 or (number == 0 and not allow_zero):
         raise LimitError(field, "must be >= 0 (0 = unlimited)" if allow_zero else "must be positive (or null to inherit)")
-    if number > 2**31 - 1:
+    if number > MAX_INT:
         raise LimitError(field, "is too large")
+    return number
+
+
+def limit_schema(field: str) -> dict:
+    """What ``check_limits`` accepts for ``field`` on this deployment, as JSON Schema (the API
+    publishes it with ``PATCH /api/projects/{slug}/limits``): the same bounds, the operator's
+    ceiling included. Integers are stated as JSON integers, the amount also as decimal text
+    (how the API answers it; not under a ceiling, which a pattern cannot bound)."""
+    cap = ceiling(field) if field in CEILING_VARIABLES else None
+    if field in DECIMALS:
+        top = min(cap, MAX_COST - COST_STEP) if cap is not None else MAX_COST - COST_STEP
+        choices = [{"type": "number", "minimum": float(COST_STEP), "maximum": float(top)}]
+        if cap is None:
+            choices.append({"type": "string", "pattern": COST_TEXT})
+        return {"anyOf": [*choices, {"type": "null"}, {"type": "string", "maxLength": 0}]}
+    lowest = 0 if field in TOPOLOGY and cap is None else 1  # 0 = unlimited: not under a ceiling
+    number = {"type": "integer", "minimum": lowest, "maximum": min(cap, MAX_INT) if cap is not None else MAX_INT}
+    if field in RESOURCES:
+        return {"anyOf": [number, {"type": "null"}, {"type": "string", "maxLength": 0}]}
     return number
 
 
@@ -124,9 +148,11 @@ def check_limits(changes: dict) -> dict:
                 amount = Decimal(str(value))
             except InvalidOperation:
                 raise LimitError(field, f"must be a number, got {value!r}") from None
-            if not amount.is_finite() or amount <= 0 or amount >= Decimal("1000000"):
+            if amount.is_finite() and 0 < amount < MAX_COST:
+                amount = amount.quantize(COST_STEP)  # what is stored: 6 places, and positive (a CHECK)
+            if not amount.is_finite() or amount <= 0 or amount >= MAX_COST:
                 raise LimitError(field, "must be a positive amount below 1000000 (or null to inherit)")
-            clean[field] = amount.quantize(Decimal("0.000001"))
+            clean[field] = amount
         else:
             raise LimitError(field, f"unknown limit; known: {', '.join(FIELDS)}")
         if field in CEILING_VARIABLES:

@@ -1,5 +1,7 @@
 """REST routes (SPEC §11.1). Each: authorize through ``collab.access``, call one service or selector."""
 
+from typing import Annotated
+
 from django.http import HttpRequest, HttpResponse
 from ninja import Query, Router, Status
 
@@ -53,6 +55,9 @@ from collab.schemas import (
     WebhookIn,
     WebhookOut,
     WebhookPatch,
+    NOT_BLANK,
+    choice_of,
+    stated,
 )
 from collab.selectors.events import PAGE, events_after
 from collab.selectors.redact import hidden_among, redact_executions
@@ -91,6 +96,10 @@ from collab.services.visibility import do_set_shares, do_set_visibility, do_shar
 
 router = Router()
 ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut, 429: ErrorOut}
+
+# A branch's address in a path: ``SID:HEAD`` or a name, not only whitespace (``access.find_branch``)
+Address = Annotated[str, stated({"type": "string", "pattern": NOT_BLANK})]
+BRANCH_SCOPES = ("session", "archived")
 
 
 def _project_out(project, role=None) -> dict:
@@ -251,9 +260,10 @@ def get_events(request: HttpRequest, sid: str, after: int = 0, limit: int = PAGE
 
 
 @router.get("sessions/{sid}/branches", response={200: list[BranchOut], **ERRORS}, tags=["branches"])
-def get_branches(request: HttpRequest, sid: str, scope: str = "session", limit: int = 200):
+def get_branches(request: HttpRequest, sid: str, scope: Annotated[str, choice_of(BRANCH_SCOPES)] = "session",
+                 limit: int = 200):
     session = access.access_session(request.auth, sid)
-    if scope not in ("session", "archived"):
+    if scope not in BRANCH_SCOPES:
         raise Invalid('scope must be "session" or "archived"', code="invalid_scope")
     rows = branch_rows([session.pk], archived=(scope == "archived"), limit=max(1, min(limit, 1000)), previews=False)
     totals = branch_usage([b.pk for b in rows])
@@ -261,7 +271,7 @@ def get_branches(request: HttpRequest, sid: str, scope: str = "session", limit: 
 
 
 @router.get("branches/{address}/transcript", response={200: TranscriptOut, **ERRORS}, tags=["branches"])
-def get_transcript(request: HttpRequest, address: str, start_turn: int = 0, end_turn: int | None = None,
+def get_transcript(request: HttpRequest, address: Address, start_turn: int = 0, end_turn: int | None = None,
                    include_function_calls: bool = True, max_chars: int = DEFAULT_MAX_CHARS):
     branch = access.access_branch(request.auth, address)
     return render_transcript(branch, viewer=request.auth, start_turn=start_turn, end_turn=end_turn,
@@ -270,7 +280,7 @@ def get_transcript(request: HttpRequest, address: str, start_turn: int = 0, end_
 
 
 @router.post("branches/{address}/archive", response={200: BranchOut, **ERRORS}, tags=["branches"])
-def post_archive(request: HttpRequest, address: str, payload: ArchiveIn):
+def post_archive(request: HttpRequest, address: Address, payload: ArchiveIn):
     branch = access.access_branch(request.auth, address)
     access.require_can_archive(request.auth, branch)
     branch = do_archive_branch(branch, user=request.auth, reason=payload.reason)
@@ -278,7 +288,7 @@ def post_archive(request: HttpRequest, address: str, payload: ArchiveIn):
 
 
 @router.patch("branches/{address}", response={200: BranchOut, **ERRORS}, tags=["branches"])
-def patch_branch(request: HttpRequest, address: str, payload: BranchPatch):
+def patch_branch(request: HttpRequest, address: Address, payload: BranchPatch):
     """A maintainer or owner sets ``internal`` (issue 14 item 6: hidden from agents' listings and
     name resolution, shown dimmed on the session page); audited. Members get 403, outsiders 404."""
     branch = access.access_branch(request.auth, address)
@@ -290,7 +300,7 @@ def patch_branch(request: HttpRequest, address: str, payload: BranchPatch):
 
 @router.post("branches/{address}/tools/{tool}", response={200: ToolResultOut, **ERRORS}, tags=["tools"])
 @token_scope(TokenScope.TOOLS)
-async def post_tool(request: HttpRequest, address: str, tool: str, payload: ToolCallIn):
+async def post_tool(request: HttpRequest, address: Address, tool: str, payload: ToolCallIn):
     """The tool gateway: run one of that branch's tools as that branch (for external agents and
     black-box tests); the branch's surface decides what exists (its toolset, role, workspace).
     Async so a waiting tool never holds the thread sync views share (``collab.gateway``)."""
@@ -503,7 +513,9 @@ def rotate_webhook_secret(request: HttpRequest, webhook_id: str):
 
 
 @router.get("webhooks/{webhook_id}/deliveries", response={200: list[WebhookDeliveryOut], **ERRORS}, tags=["webhooks"])
-def list_webhook_deliveries(request: HttpRequest, webhook_id: str, status: str | None = None, limit: int = 50):
+def list_webhook_deliveries(request: HttpRequest, webhook_id: str,
+                            status: Annotated[str, choice_of(DeliveryStatus.values, empty=True)] | None = None,
+                            limit: int = 50):
     """The webhook's deliveries, newest first: status, attempts, next attempt, the last HTTP
     status and Trellis's reason (never the receiver's answer text), the body sent."""
     webhook = access.access_webhook(request.auth, webhook_id)

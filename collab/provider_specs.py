@@ -52,6 +52,31 @@ class StepsByKind(BaseModel):
     spawn: list[ScriptStep] | None = None
 
 
+_NULL = {"type": "null"}
+_STEP = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "text": {"anyOf": [{"type": "string"}, _NULL]},
+        "tool_calls": {"anyOf": [{"type": "array", "minItems": 1, "items": {
+            "type": "object", "additionalProperties": False, "required": ["name"],
+            "properties": {"name": {"type": "string", "minLength": 1}, "arguments": {"type": "object"}},
+        }}, _NULL]},
+        "sleep_ms": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_SLEEP_MS}, _NULL]},
+    },
+    # ScriptStep._one_action: text, tool_calls or sleep_ms (null is absent), never text and tool_calls
+    "anyOf": [{"required": [name], "properties": {name: {"not": _NULL}}} for name in ("text", "tool_calls", "sleep_ms")],
+    "not": {"required": ["text", "tool_calls"],
+            "properties": {"text": {"not": _NULL}, "tool_calls": {"not": _NULL}}},
+}
+_STEPS = {"type": "array", "items": _STEP}
+# What ``check_script`` accepts, as JSON Schema (the API publishes it with the agent specs)
+SCRIPT_SCHEMA = {"anyOf": [_STEPS, {
+    "type": "object", "additionalProperties": False,
+    "properties": {kind: {"anyOf": [_STEPS, _NULL]} for kind in StepsByKind.model_fields},
+}]}
+
+
 def check_script(script: Any) -> Any:
     """Validate a script; returns it unchanged or raises ``ValueError`` with a readable reason."""
     try:

@@ -1,9 +1,38 @@
-"""API shapes (SPEC §11.1). Inputs reject unknown fields; outputs may grow, never shrink."""
+"""API shapes (SPEC §11.1). Inputs reject unknown fields; outputs may grow, never shrink.
+
+The published schema states the rules the services enforce on each input (issue 15 item 3:
+R5's "positive data is accepted" holds for every operation): lengths, patterns, the choices of
+a field, the bounds of a number. Where a service checks a rule itself — so that a value outside
+it is that service's 400 with its own ``code``, as it always was — the schema only states it
+(``stated``); the constants come from the one place the service reads them.
+"""
 
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
 from pydantic import AwareDatetime, ConfigDict, Field, WithJsonSchema
+
+from accounts.limits import limit_schema
+from accounts.models import Role, TokenScope, WatchPolicy
+from collab.models import CANCEL, MAX_PROMPT_CHARS, STRATEGIES, AgentRole, FollowupMode, Toolset
+from collab.models.sessions import SHARE_ROLES, Visibility
+from collab.provider_specs import IMPLEMENTED_PROVIDERS, SCRIPT_SCHEMA
+from collab.text import NOT_WHITESPACE, WHITESPACE
+from config.webhook_hosts import MAX_URL_LENGTH, URL_PATTERN
+
+NOT_BLANK = NOT_WHITESPACE  # what ``value.strip()`` leaves something of
+EMPTY_OR_NOT_BLANK = f"^(?!{WHITESPACE}+$)"  # "" (absent) or not only whitespace
+
+
+def stated(schema: dict) -> WithJsonSchema:
+    """A string (or list) the service checks, with the rule it checks stated in the published
+    schema: a value outside it is still the service's 400 with its ``code``, not a 422."""
+    return WithJsonSchema(schema)
+
+
+def choice_of(values, *, empty: bool = False) -> WithJsonSchema:
+    """One of ``values`` (``empty``: or "", which the service reads as absent)."""
+    return stated({"type": "string", "enum": [*([""] if empty else []), *values]})
 
 
 class StrictIn(Schema):
@@ -35,19 +64,30 @@ class AgentSpecIn(StrictIn):
     are accepted only when they match one the project may use (SPEC §11.1). Without a
     ``provider``, the connection's (or ``scripted``)."""
 
+    # a provider that calls a model API needs a model name (services/specs.py)
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"allOf": [{
+        "if": {"required": ["provider"],
+               "properties": {"provider": {"enum": [p for p in IMPLEMENTED_PROVIDERS if p != "scripted"]}}},
+        "then": {"required": ["model"], "properties": {"model": {"pattern": NOT_BLANK}}},
+    }]})
+
     agent_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    provider: str | None = None
+    provider: Annotated[str, choice_of(IMPLEMENTED_PROVIDERS, empty=True)] | None = None
     model: str = Field(default="", max_length=200)
     connection: str = Field(default="", max_length=64)
     base_url: str = Field(default="", max_length=500)
     api_key_env: str = Field(default="", pattern=r"^([A-Za-z_][A-Za-z0-9_]{0,99})?$")
     system_prompt: str = ""
-    toolset: str = "collab"
-    role: str = "general"
+    toolset: Annotated[str, choice_of(Toolset.values)] = "collab"
+    role: Annotated[str, choice_of(AgentRole.values)] = "general"
     tools: list[str] = Field(default_factory=list)
-    script: list[Any] | dict[str, Any] = Field(default_factory=list)
-    followup_mode: str = "turn"
-    limits: dict[str, Any] = Field(default_factory=dict)
+    script: Annotated[list[Any] | dict[str, Any], stated(SCRIPT_SCHEMA)] = Field(default_factory=list)
+    followup_mode: Annotated[str, choice_of(FollowupMode.values)] = "turn"
+    # ``multitask_strategy``: the spec's default for turns on a busy branch (issue 16 item 2)
+    limits: Annotated[dict[str, Any], stated({
+        "type": "object",
+        "properties": {"multitask_strategy": {"anyOf": [{"type": "string", "enum": list(STRATEGIES)}, {"type": "null"}]}},
+    })] = Field(default_factory=dict)
 
 
 class AgentSpecOut(Schema):
@@ -105,7 +145,7 @@ class SessionPatch(StrictIn):
     three (a client, or schemathesis's R5, reads them there); any other string is still the
     service's 400 ``invalid_visibility``, not a validation error."""
 
-    visibility: Annotated[str, WithJsonSchema({"type": "string", "enum": ["project", "private", "shared"]})] | None = None
+    visibility: Annotated[str, choice_of(Visibility.values)] | None = None
 
 
 class BranchPatch(StrictIn):
@@ -116,7 +156,7 @@ class BranchPatch(StrictIn):
 
 class ShareIn(StrictIn):
     username: str
-    role: str = "viewer"
+    role: Annotated[str, choice_of(SHARE_ROLES)] = "viewer"
 
 
 class ShareOut(Schema):
@@ -128,12 +168,13 @@ class ShareOut(Schema):
 class TurnIn(StrictIn):
     """``multitask_strategy``: what happens when the branch is busy (issue 16 item 2;
     ``enqueue``, ``reject``, ``interrupt``, ``rollback``; default: the agent spec's, else
-    ``enqueue``). Checked by the service, so a bad value is a 400 with the choices."""
+    ``enqueue``). Checked by the service, so a bad value is a 400 with the choices. The
+    ``prompt`` is not blank; a ``branch`` given (an address or a name) is not only whitespace."""
 
-    prompt: str
-    branch: str | None = None
+    prompt: Annotated[str, stated({"type": "string", "pattern": NOT_BLANK, "maxLength": MAX_PROMPT_CHARS})]
+    branch: Annotated[str, stated({"type": "string", "pattern": EMPTY_OR_NOT_BLANK})] | None = None
     agent_id: str | None = None
-    multitask_strategy: str | None = None
+    multitask_strategy: Annotated[str, choice_of(STRATEGIES, empty=True)] | None = None
 
 
 class TurnOut(Schema):
@@ -243,10 +284,14 @@ class TranscriptOut(Schema):
 
 
 class CommandIn(StrictIn):
-    command_id: str = Field(min_length=1, max_length=100)
-    action: str
+    """The one ``action`` is ``execution.cancel``, whose ``payload`` is empty; a ``command_id``
+    is not blank (a repeated one answers what it first did)."""
+
+    command_id: Annotated[str, stated({"type": "string", "minLength": 1, "maxLength": 100, "pattern": NOT_BLANK})] = \
+        Field(min_length=1, max_length=100)
+    action: Annotated[str, choice_of([CANCEL])]
     expected_version: int = Field(ge=1)
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: Annotated[dict[str, Any], stated({"type": "object", "maxProperties": 0})] = Field(default_factory=dict)
 
 
 class CommandOut(Schema):
@@ -257,22 +302,34 @@ class CommandOut(Schema):
     cascaded: list[str]
 
 
-class LimitsIn(StrictIn):
-    """A partial update: only the fields present change; null = inherit (resource limits)."""
+def limit_field(name: str):
+    """A ``LimitsIn`` field: optional, its published schema ``accounts.limits.limit_schema``'s
+    (read when the schema is made: the ceilings are the deployment's)."""
 
-    max_spawn_depth: Any = None
-    max_messages: Any = None
-    max_spawn_fanout: Any = None
-    max_live_per_session: Any = None
-    max_queued_per_session: Any = None
-    max_jobs_per_session: Any = None
-    max_tokens_per_job: Any = None
-    max_cost_per_job: Any = None
-    max_runtime_seconds: Any = None
-    max_idle_seconds: Any = None
-    max_running_jobs: Any = None
-    max_active_turns: Any = None
-    artifact_retention_days: Any = None
+    def publish(schema: dict) -> None:
+        schema.pop("default", None)
+        schema.update(limit_schema(name))
+
+    return Field(default=None, json_schema_extra=publish)
+
+
+class LimitsIn(StrictIn):
+    """A partial update: only the fields present change; null = inherit (resource limits). Each
+    field's schema is what ``accounts.limits.check_limits`` accepts here, ceilings included."""
+
+    max_spawn_depth: Any = limit_field("max_spawn_depth")
+    max_messages: Any = limit_field("max_messages")
+    max_spawn_fanout: Any = limit_field("max_spawn_fanout")
+    max_live_per_session: Any = limit_field("max_live_per_session")
+    max_queued_per_session: Any = limit_field("max_queued_per_session")
+    max_jobs_per_session: Any = limit_field("max_jobs_per_session")
+    max_tokens_per_job: Any = limit_field("max_tokens_per_job")
+    max_cost_per_job: Any = limit_field("max_cost_per_job")
+    max_runtime_seconds: Any = limit_field("max_runtime_seconds")
+    max_idle_seconds: Any = limit_field("max_idle_seconds")
+    max_running_jobs: Any = limit_field("max_running_jobs")
+    max_active_turns: Any = limit_field("max_active_turns")
+    artifact_retention_days: Any = limit_field("artifact_retention_days")
 
 
 class LimitsOut(Schema):
@@ -295,11 +352,11 @@ class LimitsOut(Schema):
 
 class MemberIn(StrictIn):
     username: str = Field(min_length=1, max_length=150)
-    role: str = "member"
+    role: Annotated[str, choice_of(Role.values)] = "member"
 
 
 class MemberPatch(StrictIn):
-    role: str
+    role: Annotated[str, choice_of(Role.values)]
 
 
 class MemberOut(Schema):
@@ -323,8 +380,12 @@ class InvitationOut(Schema):
 
 
 class TokenIn(StrictIn):
+    """``expires_at``: a moment in the future (and before the year 9999 in UTC), no later than
+    the minting token's own expiry."""
+
     name: str = Field(default="", max_length=100)
-    scopes: list[str] | None = None  # default: read, write, tools
+    scopes: Annotated[list[str], stated({  # default: read, write, tools
+        "type": "array", "minItems": 1, "items": {"type": "string", "enum": list(TokenScope.values)}})] | None = None
     expires_at: AwareDatetime | None = None  # default: never
 
 
@@ -345,8 +406,9 @@ class NewTokenOut(TokenOut):
 
 
 class ProjectPatch(StrictIn):
-    name: str | None = Field(default=None, max_length=200)
-    watch_policy: str | None = None
+    name: Annotated[str, stated({"type": "string", "maxLength": 200, "pattern": NOT_BLANK})] | None = \
+        Field(default=None, max_length=200)
+    watch_policy: Annotated[str, choice_of(WatchPolicy.values)] | None = None
 
 
 class HoldOut(Schema):
@@ -361,16 +423,22 @@ class HoldOut(Schema):
     execution_id: str | None
 
 
+# a URL the service reads as one (``config.webhook_hosts``); its host must also be on the
+# operator's list (``TRELLIS_WEBHOOK_HOSTS``), which is this deployment's, not the schema's
+WEBHOOK_URL = stated({"type": "string", "maxLength": MAX_URL_LENGTH, "pattern": URL_PATTERN,
+                      "description": "http(s); the host must be on the operator's list (TRELLIS_WEBHOOK_HOSTS)"})
+
+
 class WebhookIn(StrictIn):
     """A project webhook (issue 16 item 4): the URL's host must be on the operator's list."""
 
-    url: str = Field(max_length=2000)
+    url: Annotated[str, WEBHOOK_URL] = Field(max_length=MAX_URL_LENGTH)
     description: str = Field(default="", max_length=200)
     active: bool = True
 
 
 class WebhookPatch(StrictIn):
-    url: str | None = Field(default=None, max_length=2000)
+    url: Annotated[str, WEBHOOK_URL] | None = Field(default=None, max_length=MAX_URL_LENGTH)
     description: str | None = Field(default=None, max_length=200)
     active: bool | None = None
 

@@ -24,6 +24,7 @@ only when something about this session arrived (or at each heartbeat, as a safet
 import asyncio
 import json
 import weakref
+from typing import Annotated
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
@@ -40,6 +41,8 @@ from collab.errors import DomainError, Invalid
 from collab.events import session_group
 from collab.live import relay
 from collab.models import TERMINAL_STATUSES, Job, Session
+from collab.schemas import stated
+from collab.text import WHITESPACE
 from collab.scopes import request_token
 from collab.selectors.events import PAGE, events_after
 from collab.selectors.redact import Memo
@@ -66,6 +69,14 @@ def _resume_point(last_event_id: str | None, after: str | None) -> int:
     return value
 
 
+# What ``_resume_point`` reads as a seq (``int()`` of the stripped text: digits, "_" between
+# them, a "+"; "-0" is 0), or blank for "from the start". Digits 0-9: ``int()`` also reads
+# other scripts' digits, which ``\d`` means in some engines and not in others. A header is a
+# string or absent, never null: its schema is the string's alone.
+SEQ_TEXT = stated({"type": "string",
+                   "pattern": f"^{WHITESPACE}*(?:\\+?[0-9]+(?:_[0-9]+)*|-0+(?:_0+)*)?{WHITESPACE}*$"})
+
+
 # One event of the stream, as SSE clients (and schemathesis) parse it: ``id`` (the event's seq;
 # none on the closing ``end``), ``event`` (its type, or ``end``) and ``data`` (the event as JSON).
 SSE_EVENT_SCHEMA = {
@@ -78,8 +89,8 @@ SSE_EVENT_SCHEMA = {
 @router.get("executions/{execution_id}/stream", response={200: None, **ERRORS}, tags=["executions"],
             openapi_extra={"responses": {200: {"description": "Server-Sent Events (text/event-stream)",
                                                "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}}}}})
-async def stream_execution(request: HttpRequest, execution_id: str, after: str | None = None,
-                           last_event_id: str | None = Header(None, alias="Last-Event-ID")):
+async def stream_execution(request: HttpRequest, execution_id: str, after: Annotated[str, SEQ_TEXT] | None = None,
+                           last_event_id: Annotated[str | None, SEQ_TEXT] = Header(None, alias="Last-Event-ID")):
     """The execution's events as Server-Sent Events, resumable with ``Last-Event-ID``
     (= event seq) or ``?after=SEQ``; ends with ``event: end`` after its terminal event."""
     job = await sync_to_async(access.access_job)(request.auth, execution_id)

@@ -17,6 +17,12 @@ from typing import Annotated, Any
 from pydantic import AfterValidator
 
 REPLACEMENT = "\ufffd"
+
+# What ``str.strip()`` removes (``str.isspace``), as a regex class that reads the same in every
+# engine a published schema meets: ``\s`` does not (ECMA's and Rust's leave out U+001C–U+001F
+# and U+0085, and add U+FEFF).
+WHITESPACE = "[\t-\r\x1c- \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+NOT_WHITESPACE = "[^" + WHITESPACE[1:]
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 

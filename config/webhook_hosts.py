@@ -29,6 +29,15 @@ ANY_PORT = "*"
 DEFAULT_PORTS = {"http": 80, "https": 443}
 MAX_URL_LENGTH = 2000
 
+# A URL the checks below accept as written, whatever the host list says (the API publishes
+# it): http(s), a host name or IPv4 address of up to 7 labels of up to 31 letters, digits or
+# hyphens, an optional port 1-65535, then a path or query without spaces, control characters
+# or a fragment. A subset of what ``check_webhook_url`` reads (it also takes longer names,
+# IPv6 and a trailing dot); the host must still be on the operator's list.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,29}[A-Za-z0-9])?"
+_PORT = r"(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?"
+URL_PATTERN = rf"^[Hh][Tt][Tt][Pp][Ss]?://{_LABEL}(?:\.{_LABEL}){{0,6}}{_PORT}(?:[/?][^\x00-\x20\x7f-\x9f#]*)?$"
+
 
 @dataclass(frozen=True)
 class HostRule:

@@ -6,7 +6,10 @@ from collab.models.holds import HeldDelivery, HoldStatus
 from collab.models.inbox import InboxEntry, InboxKind
 from collab.models.jobs import (
     ACTIVE_STATUSES,
+    CANCEL,
+    MAX_PROMPT_CHARS,
     OPEN_STATUSES,
+    STRATEGIES,
     TERMINAL_STATUSES,
     ExecutionCommand,
     FollowupState,
@@ -23,7 +26,10 @@ from collab.models.webhooks import DeliveryEvent, DeliveryStatus, Webhook, Webho
 
 __all__ = [
     "ACTIVE_STATUSES",
+    "CANCEL",
+    "MAX_PROMPT_CHARS",
     "OPEN_STATUSES",
+    "STRATEGIES",
     "TERMINAL_STATUSES",
     "AgentRole",
     "AgentSpec",

@@ -31,6 +31,11 @@ ACTIVE_STATUSES = (JobStatus.RUNNING, JobStatus.STOPPING)
 OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.STOPPING)
 TERMINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED)
 
+# What a person's turn does when its branch is busy (``collab.services.turns``; issue 16 item 2).
+STRATEGIES = ("enqueue", "reject", "interrupt", "rollback")
+CANCEL = "execution.cancel"  # the one action of an execution command (``collab.services.cancel``)
+MAX_PROMPT_CHARS = 200_000  # a person's prompt (``collab.services.admission.check_prompt``)
+
 
 
 

@@ -17,6 +17,7 @@ from django_q.tasks import async_task
 from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
 from collab.models import (
+    MAX_PROMPT_CHARS,
     Branch,
     Job,
     JobKind,
@@ -40,9 +41,6 @@ PROMPT_KIND = {
     JobKind.MESSAGE: MessageKind.MESSAGE,
     JobKind.FOLLOWUP: MessageKind.FOLLOWUP,
 }
-
-MAX_PROMPT_CHARS = 200_000
-
 
 def check_prompt(prompt: str) -> str:
     """Every turn's prompt (a person's, a delegation's, a spawn's): a non-empty string, bounded."""

@@ -23,13 +23,12 @@ from django.utils import timezone
 from collab.access import require_can_cancel
 from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
-from collab.models import ExecutionCommand, Job, JobStatus, TERMINAL_STATUSES
+from collab.models import CANCEL, ExecutionCommand, Job, JobStatus, TERMINAL_STATUSES
 from collab.services.admission import send_job_event
 from collab.services.execution import finish_job
 from collab.services.locking import lock_branch, lock_job, lock_session_family
 from collab.services.retry import retry_on_deadlock
 
-CANCEL = "execution.cancel"
 MAX_CASCADE_LEVELS = 64
 
 

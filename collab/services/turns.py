@@ -31,7 +31,16 @@ from django.db.models import Subquery
 
 from collab.access import Caller, access_branch, require_can_archive
 from collab.errors import Conflict, Invalid, NotFound
-from collab.models import TERMINAL_STATUSES, Branch, Job, JobKind, Message, Session, effective_spec
+from collab.models import (
+    STRATEGIES,
+    TERMINAL_STATUSES,
+    Branch,
+    Job,
+    JobKind,
+    Message,
+    Session,
+    effective_spec,
+)
 from collab.selectors.specs import spec_by_agent_id
 from collab.services.admission import admit_job, check_prompt
 from collab.services.archive import do_archive_branch
@@ -40,8 +49,7 @@ from collab.services.cancel import CANCEL, do_execution_command
 from collab.services.locking import lock_branch, lock_sessions
 from collab.services.retry import retry_on_deadlock
 
-ENQUEUE, REJECT, INTERRUPT, ROLLBACK = "enqueue", "reject", "interrupt", "rollback"
-STRATEGIES = (ENQUEUE, REJECT, INTERRUPT, ROLLBACK)
+ENQUEUE, REJECT, INTERRUPT, ROLLBACK = STRATEGIES
 ROLLED_BACK = "rolled back"
 INTERRUPT_ATTEMPTS = 5
 

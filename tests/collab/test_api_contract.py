@@ -744,3 +744,44 @@ def test_the_openapi_input_schemas_forbid_unknown_fields(team):
     assert "prompt" in body_schema("/api/sessions/{sid}/turns")["required"]
     turn_out = schemas["TurnOut"]["properties"]
     assert {"execution_id", "status", "version"} <= set(turn_out)
+
+
+# --- the published schema states the services' rules (issue 15 item 3, R5's ST202) -----------
+
+
+def test_the_published_script_schema_refuses_what_check_script_refuses_and_accepts_the_rest(member_api):
+    """``script`` as ``/api/openapi.json`` states it (what schemathesis generates agent specs
+    from) says what ``check_script`` says, in the JSON Schema engine schemathesis validates with."""
+    import jsonschema_rs
+
+    from collab.provider_specs import check_script
+
+    schema = member_api.get("/api/openapi.json").json()["components"]["schemas"]["AgentSpecIn"]["properties"]["script"]
+    validator = jsonschema_rs.validator_for(schema)
+    for name, script in INVALID_SCRIPTS.items():
+        assert not validator.is_valid(script), name
+    for script in ([], [{"text": "hi"}], [{"text": None, "sleep_ms": 5}], [{"tool_calls": [{"name": "x"}], "sleep_ms": 0}],
+                   {"user": [{"text": "a"}], "task": None}, {}):
+        check_script(script)
+        assert validator.is_valid(script), script
+
+
+def test_a_published_not_blank_pattern_means_what_strip_leaves_something_of():
+    """``\\s`` differs between regex engines (ECMA's and Rust's leave out U+001C–U+001F and U+0085):
+    the schema's not-blank rule is written so that it means ``value.strip() != ""`` in all of them."""
+    import jsonschema_rs
+
+    from collab.schemas import EMPTY_OR_NOT_BLANK, NOT_BLANK
+
+    not_blank = jsonschema_rs.validator_for({"type": "string", "pattern": NOT_BLANK})
+    empty_or_not_blank = jsonschema_rs.validator_for({"type": "string", "pattern": EMPTY_OR_NOT_BLANK})
+    for c in map(chr, range(0x3001)):  # every str.isspace character is below U+3001
+        assert not_blank.is_valid(c) == bool(c.strip()), hex(ord(c))
+        assert empty_or_not_blank.is_valid(c * 2) == bool(c.strip()), hex(ord(c))
+    assert empty_or_not_blank.is_valid("") and not not_blank.is_valid("")
+
+
+def test_a_prompt_of_whitespace_the_schema_names_is_still_the_services_400(member_api, session_id):
+    for prompt in ("\x1c", "\x85 \u3000"):
+        r = member_api.post(f"/api/sessions/{session_id}/turns", {"prompt": prompt})
+        assert r.status_code == 400 and r.json()["code"] == "invalid_prompt", r.content

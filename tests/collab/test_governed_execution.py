@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
@@ -1000,6 +1001,40 @@ def test_op_c4_delivery_accepted_before_archive_but_not_started_fails_archived(t
 
 
 # --- limits: API and command --------------------------------------------------------------------
+
+
+def test_op_c5_an_amount_that_rounds_to_nothing_or_past_the_bound_is_refused_not_stored(team, api_as):
+    """max_cost_per_job is kept at 6 places: one that rounds to 0 (the CHECK cost > 0) or to
+    1000000 (past numeric(12,6)) is the 400 of any bad amount, never a 500."""
+    owner = api_as(team.owner)
+    for value in ("0.0000001", 1e-7, "999999.9999999"):
+        r = owner.patch("/api/projects/alpha/limits", {"max_cost_per_job": value})
+        assert r.status_code == 400 and r.json()["code"] == "invalid_limit", (value, r.content)
+    r = owner.patch("/api/projects/alpha/limits", {"max_cost_per_job": "0.0000015"})
+    assert r.status_code == 200 and r.json()["max_cost_per_job"] == "0.000002", r.content
+
+
+@pytest.mark.parametrize("field", ["max_spawn_depth", "max_live_per_session", "max_cost_per_job", "max_active_turns",
+                                   "max_running_jobs", "max_runtime_seconds"])
+def test_op_c5_the_published_limit_schema_says_what_check_limits_accepts(field):
+    """``PATCH /api/projects/{slug}/limits`` publishes each field as ``limit_schema`` (issue 15
+    item 3): a value it allows is accepted, one it refuses is refused (ceilings included)."""
+    import jsonschema_rs
+
+    from accounts.limits import LimitError, check_limits, limit_schema
+
+    validator = jsonschema_rs.validator_for(limit_schema(field))
+    cap = settings.TRELLIS_LIMIT_CEILINGS.get(field)
+    for value in (0, 1, 2, 7, 2**31 - 1, 2**31, -1, 1.5, 3.0, None, "", "5", "0.5", "x", True, [1], 0.0000001,
+                  999999.999999, 1000000, "999999.9999999", cap, (cap or 0) + 1):
+        stated = validator.is_valid(value)
+        try:
+            check_limits({field: value})
+            accepted = True
+        except LimitError:
+            accepted = False
+        if stated:  # the schema never promises what the service refuses
+            assert accepted, (field, value)
 
 
 def test_op_c5_c6_limits_api_and_command(team, api_as):
