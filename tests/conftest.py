@@ -4,6 +4,10 @@
 processes against the test database (PostgreSQL + Redis when DATABASE_URL /
 REDIS_URL are set, else the SQLite file and the ORM broker), so tests that use
 them see committed rows only: they run with ``transactional_db``.
+
+``SharedWorld`` builds a module's expensive read-only rows once for the tests that only read
+them (Django's ``setUpTestData``): each such test runs in a savepoint of the world's outer
+transaction. A transactional test never runs inside one (it is rolled back before).
 """
 
 import json
@@ -92,6 +96,18 @@ def make_user(django_user_model):
 @pytest.fixture
 def team(db, make_user):
     """Project ``alpha`` with one user per role, plus an outsider who owns project ``beta``."""
+    return make_team(make_user)
+
+
+def copy_of_team(team):
+    """A ``team`` of a ``SharedWorld`` for one test: the same rows, model instances of its own."""
+    import copy
+
+    return type("Team", (), {k: copy.deepcopy(v) for k, v in vars(team).items() if not k.startswith("__")})
+
+
+def make_team(make_user):
+    """``team``'s rows, made with ``make_user(username)`` (also outside a test: ``SharedWorld``)."""
     from accounts.models import Membership, Project
 
     alpha = Project.objects.create(slug="alpha", name="Alpha")
@@ -101,6 +117,80 @@ def team(db, make_user):
         Membership.objects.create(user=people[role], project=alpha, role=role)
     Membership.objects.create(user=people["outsider"], project=beta, role="owner")
     return type("Team", (), {"alpha": alpha, "beta": beta, **people})
+
+
+class SharedWorld:
+    """Rows built once and read by a run of tests, like Django's ``TestCase.setUpTestData``.
+
+    ``SharedWorld(uses, build)``: ``uses(item)`` says whether a test reads the world (decided from
+    its fixtures before it runs); ``build(request)`` makes the rows and returns Python objects describing
+    them. The first such test opens an outer transaction (``transaction.atomic()``) and builds the
+    world in it; every such test then runs in its own ``db`` transaction, a savepoint inside that
+    one, so what it writes is rolled back and the next test sees the world as built. After the
+    last test of a run of consecutive tests of one module that read it, the outer transaction is
+    rolled back (``pytest_runtest_teardown`` below): a test that does not read it — one that
+    commits (``transactional_db``, ``worker``, ``server``) or builds its rows itself — never
+    runs inside it. As in any ``db`` test, ``on_commit`` callbacks never run unless captured
+    (``django_capture_on_commit_callbacks``). What ``build`` returns is shared: the fixtures
+    that hand it to a test give each test its own copy (``copy.deepcopy`` of model instances).
+
+    ``get(request)`` is called by a function-scoped fixture *before* the test's ``db`` fixture
+    (list it first among the fixtures that need ``db``); it fails loudly if the test's own
+    transaction is already open, since the world would then be built inside it."""
+
+    open_worlds: list["SharedWorld"] = []
+
+    def __init__(self, uses, build):
+        self.uses, self.build = uses, build
+        self.module = self.value = self._atomic = self._blocker = None
+
+    def get(self, request):
+        from django.db import connection, transaction
+
+        if self._atomic is None:
+            assert not connection.in_atomic_block, "SharedWorld.get ran inside the test's transaction"
+            self._blocker = request.getfixturevalue("django_db_blocker")
+            request.getfixturevalue("django_db_setup")
+            self._blocker.unblock()
+            self._atomic = transaction.atomic()
+            self._atomic.__enter__()
+            self.module = request.node.module
+            SharedWorld.open_worlds.append(self)
+            # rolled back with the module at the latest: before session fixtures drop the database
+            request.node.getparent(pytest.Module).addfinalizer(self.close)
+            try:
+                self.value = self.build(request)
+            except BaseException:
+                self.close()
+                raise
+        assert len(connection.atomic_blocks) == 1, "SharedWorld.get ran inside the test's transaction"
+        return self.value
+
+    def close(self) -> None:
+        from django.db import transaction
+
+        if self._atomic is None:
+            return
+        atomic, self._atomic, self.value, self.module = self._atomic, None, None, None
+        SharedWorld.open_worlds.remove(self)
+        try:
+            transaction.set_rollback(True)
+            atomic.__exit__(None, None, None)
+        finally:
+            self._blocker.restore()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Roll back each open ``SharedWorld`` once the test after this one does not read it: after
+    this test's own fixtures (its ``db`` savepoint) are gone. (At the end of its module a world is
+    rolled back by the module's finalizer, before the session's fixtures are torn down.)"""
+    try:
+        return (yield)
+    finally:
+        for world in list(SharedWorld.open_worlds):
+            if nextitem is None or nextitem.module is not world.module or not world.uses(nextitem):
+                world.close()
 
 
 def off_the_loop(call, *args, **kwargs):
@@ -438,33 +528,41 @@ def shared_handler_client():
 def api_as(client):
     """``api_as(user)``: the person's own client, a token with every scope (tests of roles);
     ``api_as(user, scopes=[…])`` a narrower one (tests of scopes, P-SEC-7)."""
+    return api_client_of
+
+
+def api_client_of(user, scopes=None) -> ApiClient:
+    """``api_as(user, scopes)`` without the fixture (``SharedWorld`` builders)."""
     from accounts.models import ApiToken, TokenScope
 
-    def make(user, scopes=None):
-        _, raw = ApiToken.issue(user, name="test", scopes=scopes or TokenScope.values)
-        return ApiClient(shared_handler_client(), raw)
-
-    return make
+    _, raw = ApiToken.issue(user, name="test", scopes=scopes or TokenScope.values)
+    return ApiClient(shared_handler_client(), raw)
 
 
 @pytest.fixture
 def browser_of(team):
     """``browser_of(user)``: a Django test client logged in as ``user`` (a person's browser)."""
+    return browser_client
 
-    def make(user):
-        from django.test import Client
 
-        client = Client()
-        client.force_login(user)
-        return client
+def browser_client(user):
+    """``browser_of(user)`` without the fixture (``SharedWorld`` builders)."""
+    from django.test import Client
 
-    return make
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 @pytest.fixture
 def scripted_session(api_as, team):
     """Through the API: a project owner saves an agent spec with ``script``, then ``user``
     opens a session with it. Returns ``(api client of user, session id)``."""
+    return scripted_sessions(api_as, team)
+
+
+def scripted_sessions(api_as, team):
+    """``scripted_session`` without the fixtures (``SharedWorld`` builders)."""
 
     def make(user, script, project="alpha", agent_id="bot", **spec):
         admin = api_as(team.owner if project == "alpha" else team.outsider)

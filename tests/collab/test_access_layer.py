@@ -13,6 +13,8 @@ were a member (then demoted); the outsider's while they were a member of alpha (
 rights follow the role now, not the role then.
 """
 
+import copy
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -21,6 +23,7 @@ import pytest
 from accounts.models import Membership
 from collab.models import Branch, HeldDelivery, HoldStatus, InboxEntry, Job, JobStatus
 from collab.models.ids import new_id
+from tests.conftest import SharedWorld, api_client_of, browser_client, copy_of_team, make_team, scripted_sessions
 
 ROLES = ("owner", "maintainer", "member", "viewer", "outsider")
 OK, FORBIDDEN, NOT_FOUND = "ok", "forbidden", "not_found"
@@ -137,8 +140,7 @@ def post_turn(api, sid: str) -> str:
     return api.get(f"/api/sessions/{sid}").json()["head"]
 
 
-@pytest.fixture
-def world(team, api_as, browser_of, scripted_session) -> World:
+def build_world(team, api_as, browser_of, scripted_session) -> World:
     member_api, sid = scripted_session(team.member, SCRIPT)
     head = post_turn(member_api, sid)
     owner_api = api_as(team.owner)
@@ -165,6 +167,33 @@ def world(team, api_as, browser_of, scripted_session) -> World:
     return World(team=team, api_as=api_as, browser_of=browser_of, sid=sid, head=head, main=branch_at(sid, head),
                  sid2=sid2, main2=branch_at(sid2, head2), beta_main=branch_at(beta_sid, beta_head),
                  mine=mine, theirs=theirs)
+
+
+def make_user(username, password="pw-secret-123"):
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.create_user(username=username, password=password)
+
+
+def build_shared_world(request) -> World:
+    team = make_team(make_user)
+    return build_world(team, api_client_of, browser_client, scripted_sessions(api_client_of, team))
+
+
+# Built once for the run of tests asking for ``world`` (all of them but the last): every test
+# reads it in its own ``db`` transaction, rolled back at its end (tests/conftest.py).
+WORLD = SharedWorld(lambda item: "world" in item.fixturenames, build_shared_world)
+
+
+@pytest.fixture
+def shared_world(request) -> World:
+    return WORLD.get(request)
+
+
+@pytest.fixture
+def world(shared_world, db) -> World:
+    """The shared world (set up before ``db``), with model instances of this test's own."""
+    return dataclasses.replace(copy.deepcopy(shared_world), team=copy_of_team(shared_world.team))
 
 
 def each_role(decide) -> dict:

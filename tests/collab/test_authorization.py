@@ -17,6 +17,7 @@ the admin actions.
 """
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -25,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import urlencode
 
 import pytest
@@ -33,7 +35,7 @@ from django.apps import apps
 from django.core import serializers
 from django.core.management import CommandError, call_command
 from django.db import transaction
-from django.test import Client
+from django.test import Client, override_settings
 from django.urls import reverse
 from django.urls.resolvers import RoutePattern
 
@@ -55,6 +57,7 @@ from collab.models import (
 )
 from collab.models.ids import new_id
 from config.webhook_hosts import parse_webhook_hosts
+from tests.conftest import SharedWorld, api_client_of, copy_of_team, make_team, scripted_sessions
 
 PASSWORD = "pw-secret-123"
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,9 +140,10 @@ def give_workspace(slug: str, root) -> None:
     call_command("workspace", slug, str(root), stdout=StringIO())
 
 
-@pytest.fixture
-def alpha(team, api_as, scripted_session, tmp_path, make_user, settings) -> Alpha:
-    secret_file = tmp_path / "alpha-ws" / "alpha-secret-notes.txt"
+def build_alpha(team, api_as, scripted_session, root, make_user) -> Alpha:
+    """Project alpha's rows (``root``: where its workspace goes); the webhook hosts must allow
+    ``127.0.0.1:*``. Sets ``team.invitee``."""
+    secret_file = root / "alpha-ws" / "alpha-secret-notes.txt"
     give_workspace("alpha", secret_file.parent)
     secret_file.write_text("alpha secret workspace text\n")
     ow_api, ow_sid = scripted_session(team.member, [], agent_id="alpha-ow", toolset="openwork")
@@ -171,7 +175,6 @@ def alpha(team, api_as, scripted_session, tmp_path, make_user, settings) -> Alph
     held = tool("send_message", to=named["address"], message="alpha secret held message")
     assert owner_api.patch("/api/projects/alpha", {"watch_policy": "off"}).status_code == 200
     token, _ = ApiToken.issue(team.member, name="alpha member's laptop")
-    settings.TRELLIS_WEBHOOK_HOSTS = parse_webhook_hosts("127.0.0.1:*")
     hook = owner_api.post("/api/projects/alpha/webhooks", {"url": "http://127.0.0.1:9/alpha_secret_hook"})
     assert hook.status_code == 201, hook.content
     team.invitee = make_user("invitee")
@@ -200,16 +203,75 @@ class Beta:
         return self.openwork_address if toolset == "openwork" else self.address
 
 
-@pytest.fixture
-def beta(team, api_as, scripted_session, tmp_path) -> Beta:
+def build_beta(team, scripted_session, root) -> Beta:
+    """Project beta's rows (``root``: where its workspace goes)."""
     outsider_api, sid = scripted_session(team.outsider, [{"text": "beta answer"}], project="beta", agent_id="beta-bot")
     assert outsider_api.post(f"/api/sessions/{sid}/turns", {"prompt": "beta prompt"}).status_code == 202
     head = outsider_api.get(f"/api/sessions/{sid}").json()["head"]
-    give_workspace("beta", tmp_path / "beta-ws")
-    (tmp_path / "beta-ws" / "beta-notes.txt").write_text("beta's own notes\n")
+    give_workspace("beta", root / "beta-ws")
+    (root / "beta-ws" / "beta-notes.txt").write_text("beta's own notes\n")
     ow_api, ow_sid = scripted_session(team.outsider, [], project="beta", agent_id="beta-ow", toolset="openwork")
     return Beta(sid=sid, address=f"{sid}:{head}", token=bearer_token(team.outsider),
                 openwork_address=openwork_branch(ow_api, ow_sid))
+
+
+# --- the world of alpha and beta, built once per module ----------------------------------
+
+
+def reads_alpha_world(item) -> bool:
+    """The tests that share one ``team`` + ``alpha`` + ``beta`` (``ALPHA_WORLD``): those that ask
+    for ``alpha`` and commit nothing. A test that commits (``transactional_db``: sockets, workers,
+    servers) or asks for ``alpha`` only later (``request.getfixturevalue``) builds its own."""
+    return "alpha" in item.fixturenames and "transactional_db" not in item.fixturenames
+
+
+def make_user(username, password=PASSWORD):
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.create_user(username=username, password=password)
+
+
+def build_alpha_world(request) -> SimpleNamespace:
+    root = request.getfixturevalue("tmp_path_factory").mktemp("alpha-world")
+    team = make_team(make_user)
+    scripted_session = scripted_sessions(api_client_of, team)
+    with override_settings(TRELLIS_WEBHOOK_HOSTS=parse_webhook_hosts("127.0.0.1:*")):
+        alpha_rows = build_alpha(team, api_client_of, scripted_session, root, make_user)
+    return SimpleNamespace(team=team, alpha=alpha_rows, beta=build_beta(team, scripted_session, root))
+
+
+ALPHA_WORLD = SharedWorld(reads_alpha_world, build_alpha_world)
+
+
+@pytest.fixture
+def alpha_world(request):
+    """The shared world (built by the first test of a run that reads it), or None for a test
+    that builds its own rows. Set up before ``db``: ``team``, ``alpha`` and ``beta`` ask for it first."""
+    return ALPHA_WORLD.get(request) if reads_alpha_world(request.node) else None
+
+
+@pytest.fixture
+def team(alpha_world, db, make_user):
+    """conftest's ``team``; for a test of the shared world, a copy of the world's (its own
+    model instances: a test may change them)."""
+    if alpha_world is None:
+        return make_team(make_user)
+    return copy_of_team(alpha_world.team)
+
+
+@pytest.fixture
+def alpha(alpha_world, team, api_as, scripted_session, tmp_path, make_user, settings) -> Alpha:
+    settings.TRELLIS_WEBHOOK_HOSTS = parse_webhook_hosts("127.0.0.1:*")
+    if alpha_world is not None:
+        return dataclasses.replace(alpha_world.alpha)
+    return build_alpha(team, api_as, scripted_session, tmp_path, make_user)
+
+
+@pytest.fixture
+def beta(alpha_world, team, api_as, scripted_session, tmp_path) -> Beta:
+    if alpha_world is not None:
+        return dataclasses.replace(alpha_world.beta)
+    return build_beta(team, scripted_session, tmp_path)
 
 
 # --- 1a. the API matrix, generated from config.api.api ------------------------------------

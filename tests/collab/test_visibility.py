@@ -25,7 +25,7 @@ from django.urls import reverse
 from accounts.models import Membership
 from collab.models import Event, Session, SessionShare
 from collab.models.ids import new_id
-from tests.collab.test_authorization import (  # noqa: F401  (alpha, beta: fixtures)
+from tests.collab.test_authorization import (  # noqa: F401  (alpha, alpha_world, beta, team: fixtures)
     COLLAB_PROBES,
     NOT_FOUND_CODES,
     ORIGIN,
@@ -36,6 +36,7 @@ from tests.collab.test_authorization import (  # noqa: F401  (alpha, beta: fixtu
     ROUTES,
     SECRET_BITS,
     alpha,
+    alpha_world,
     api_probe,
     auth_header,
     bearer_token,
@@ -46,6 +47,7 @@ from tests.collab.test_authorization import (  # noqa: F401  (alpha, beta: fixtu
     masked,
     row_counts,
     run_gateway,
+    team,
     tool_targets,
     value_sets,
 )
