@@ -32,7 +32,10 @@ from collab.services.retry import retry_on_deadlock
 from collab.services.webhooks import owe_webhook_deliveries
 from collab.text import clean_text
 
-WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
+def worker_name() -> str:
+    """``host:pid`` of the process claiming a job: read at the claim, never at import — the
+    qcluster's main process imports this module before it forks its workers."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def lease_deadline():
@@ -85,7 +88,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
                     status=JobStatus.RUNNING,
                     version=F("version") + 1,
                     started_at=Now(),
-                    worker=WORKER_NAME,
+                    worker=worker_name(),
                     heartbeat_at=Now(),
                     lease_expires_at=lease_deadline(),
                 )
