@@ -217,7 +217,9 @@ def test_issue16_the_spec_default_applies_and_the_request_overrides_it(team, scr
 
 @pytest.mark.slow
 def test_issue16_enqueue_runs_the_new_input_after_the_running_turn(team, scripted_session, worker):
-    api, sid = scripted_session(team.member, [{"sleep_ms": 400}, {"text": "done: {{prompt}}"}])
+    # the first turn must still be running when the poll below looks (every 50 ms): 400 ms was
+    # missed on a loaded machine (the poll saw it only once it had succeeded)
+    api, sid = scripted_session(team.member, [{"sleep_ms": 2500}, {"text": "done: {{prompt}}"}])
     first = started(api, sid, "one")
     wait_running(api, first)
     second = started(api, sid, "two", "enqueue")
