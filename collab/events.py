@@ -6,13 +6,15 @@ session until commit, so a session's events commit in ``seq`` order and a
 client resuming with ``?after=SEQ`` can never skip one.
 """
 
+import asyncio
 import itertools
 import logging
 import os
 import socket
+import threading
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from asgiref.sync import SyncToAsync, async_to_sync
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
 from django.db import connection, transaction
 
@@ -124,11 +126,53 @@ def push_event(session_id: str, wire: dict) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
+    message = {"type": "collab.event", "event": wire}
     try:
-        async_to_sync(layer.group_send)(session_group(session_id), {"type": "collab.event", "event": wire})
+        loop = _push_loop(layer)
+        if loop is None:
+            async_to_sync(layer.group_send)(session_group(session_id), message)
+        else:
+            asyncio.run_coroutine_threadsafe(layer.group_send(session_group(session_id), message), loop).result(
+                PUSH_TIMEOUT_SECONDS)
     except Exception:  # the log has it; listeners recover on the next event or reconnect
         log.warning("could not push event %s/%s", session_id, wire.get("seq"), exc_info=True)
     wake_relays()
+
+
+# --- one push loop per process (issue 15 item 1) --------------------------------------------------
+#
+# ``async_to_sync`` called from a plain thread (a worker process, a management command) runs the
+# coroutine on a brand-new event loop in a new thread, and channels-redis keeps its connections per
+# loop: every push paid for a thread, a loop and a fresh Redis connection (4–14 ms here, three times
+# per turn in the worker, on the ``?wait=`` answer's critical path). Such threads push on one loop
+# of their process instead, kept in a daemon thread, whose connections are reused. A thread that
+# came from ``sync_to_async`` (a web request, a consumer) keeps ``async_to_sync``: it goes back to
+# its server's own loop, which the in-memory layer needs. Pushes from one thread stay in order: each
+# waits for its ``group_send`` to finish, as before.
+
+PUSH_TIMEOUT_SECONDS = 10
+_loop_lock = threading.Lock()
+_loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+
+
+def _push_loop(layer) -> asyncio.AbstractEventLoop | None:
+    """The process's push loop, or None where ``async_to_sync`` is right (see above)."""
+    global _loop
+    if isinstance(layer, InMemoryChannelLayer):  # its queues belong to the consumers' loop
+        return None
+    if getattr(SyncToAsync.threadlocal, "main_event_loop", None) is not None:
+        return None  # a thread of an async server: async_to_sync hands the push back to its loop
+    try:
+        asyncio.get_running_loop()
+        return None  # called on a loop (async_to_sync refuses it, and says so)
+    except RuntimeError:
+        pass
+    with _loop_lock:
+        if _loop is None or _loop[0] != os.getpid() or _loop[1].is_closed():  # made again after a fork
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="trellis-event-push", daemon=True).start()
+            _loop = (os.getpid(), loop)
+        return _loop[1]
 
 
 # --- waking the embedded relays (collab/live.py) across processes --------------------------------
