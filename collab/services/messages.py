@@ -26,6 +26,7 @@ def append_message(
     move_tip: bool = True,
     actor=None,
     session_locked: bool = False,
+    ends_turn: bool = False,
 ) -> Message:
     """Write a node after ``predecessor`` (default: the branch tip, or its fork point)
     and, unless ``move_tip`` is False (side nodes such as attach pointers), make it the tip.
@@ -35,7 +36,9 @@ def append_message(
     Cost is O(1) in history length: only the predecessor's depth and turn are read.
     Text, tool calls and metadata pass the text boundary (``collab.text``) here, whoever wrote them.
     ``session_locked``: the caller holds the session's row lock already (taken first, in the
-    lock order), so it is not taken again here.
+    lock order), so it is not taken again here. ``ends_turn``: the node closes a turn that ran;
+    the branch's ``turns`` counts it in the statement that moves the tip (the caller counts it
+    in memory).
     """
     if move_tip and not session_locked:
         # the session's row first (its event log is written below): lock order session →
@@ -65,7 +68,8 @@ def append_message(
     )
     if move_tip:
         # last activity orders name resolution and listings: the database's clock (SPEC §7)
-        Branch.objects.filter(pk=branch.pk).update(tip=message, chars=F("chars") + len(text), last_active_at=Now())
+        more = {"turns": F("turns") + 1} if ends_turn else {}
+        Branch.objects.filter(pk=branch.pk).update(tip=message, chars=F("chars") + len(text), last_active_at=Now(), **more)
         branch.tip = message
         branch.chars += len(text)
         branch.last_active_at = now

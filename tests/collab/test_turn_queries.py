@@ -13,7 +13,13 @@ from collab.models import Job, Session
 # measured after issue 15's cuts (the two figures are what a turn costs today; lower them when
 # a cut lands, never raise them without saying why in the commit)
 ADMISSION_QUERIES = 16
-WORKER_QUERIES = 33  # 32 + the project's webhooks read (FOR KEY SHARE) in the completion (issue 16 item 4)
+# 32 + the project's webhooks read (FOR KEY SHARE) in the completion (issue 16 item 4) = 33; then
+# -8: the claim's UPDATE counts the project's running jobs (fair share) and returns the claimed row
+# (UPDATE … RETURNING), as does the completion's; the completion knows the session from the claim;
+# the turn is counted in the UPDATE that moves the tip; no stop check after the answer (the
+# completion's locked read decides); no "is the branch busy" after its one running job ended;
+# the waiting jobs of the project are read with its running count in one statement
+WORKER_QUERIES = 25
 if connection.vendor == "postgresql":
     # an event is one statement there (a data-modifying CTE: the session's number and the row),
     # two on SQLite: 2 events at admission, 3 in the worker
