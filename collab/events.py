@@ -88,6 +88,48 @@ def _append_event(session_id: str, event: Event, touch=None) -> Event:
     return event
 
 
+def _append_events(session_id: str, events: list[Event], touch=None) -> None:
+    """``_append_event`` for several events in one statement: the session's number is bumped by
+    their count, and the i-th event (from 1) gets ``last_event_seq - count + i``."""
+    if len(events) == 1:
+        _append_event(session_id, events[0], touch)
+        return
+    fields = [f for f in Event._meta.concrete_fields if not f.primary_key and f.attname not in ("seq", "project_id")]
+    qn = connection.ops.quote_name
+    columns = [qn(f.column) for f in fields]
+    rows_sql, params = [], []
+    for i, event in enumerate(events, start=1):
+        values = ["%s::integer" ]
+        params.append(i)
+        for f in fields:
+            values.append(f"CAST(%s AS {f.db_type(connection)})")
+            params.append(f.get_db_prep_save(f.pre_save(event, add=True), connection))
+        rows_sql.append(f"({', '.join(values)})")
+    names = ["i", *(f"c{n}" for n in range(len(fields)))]
+    count = len(events)
+    touch_sql = ", last_active_at = %s" if touch is not None else ""
+    head = [connection.ops.adapt_datetimefield_value(touch)] if touch is not None else []
+    pk = Event._meta.pk.column
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH s AS (UPDATE collab_session SET last_event_seq = last_event_seq + %s{touch_sql} WHERE id = %s "
+            f"RETURNING last_event_seq, project_id) "
+            f"INSERT INTO {Event._meta.db_table} ({qn('project_id')}, {qn('seq')}, {', '.join(columns)}) "
+            f"SELECT s.project_id, s.last_event_seq - %s + v.i, {', '.join('v.' + n for n in names[1:])} "
+            f"FROM s CROSS JOIN (VALUES {', '.join(rows_sql)}) AS v({', '.join(names)}) ORDER BY v.i "
+            f"RETURNING {pk}, seq, project_id",
+            [count, *head, session_id, count, *params],
+        )
+        returned = cursor.fetchall()
+    if len(returned) != count:
+        raise LookupError(f"session {session_id} does not exist")
+    first = min(seq for _pk, seq, _project in returned)
+    for pk_value, seq, project_id in returned:
+        event = events[seq - first]
+        event.pk, event.seq, event.project_id = pk_value, seq, project_id
+        event._state.adding, event._state.db = False, connection.alias
+
+
 def _next_project_seq(project_id: int) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -119,6 +161,34 @@ def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, 
     wire = event.as_wire()
     transaction.on_commit(lambda: push_event(session_id, wire))
     return event
+
+
+def send_events_on_commit(session_id: str, events: list) -> list[Event]:
+    """``send_event_on_commit`` for several events of one session at once, in this order: on
+    PostgreSQL one statement takes their numbers (the session's ``last_event_seq`` bumped by
+    their count) and inserts them all; one push after commit sends them in order. ``events``:
+    what ``deferred_event`` makes; the last ``touch`` among them sets the session's last activity."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("send_events_on_commit must run inside transaction.atomic")
+    rows = [Event(session_id=session_id, type=type_, payload=clean_data(payload), actor_id=getattr(actor, "pk", actor))
+            for type_, payload, actor, _touch in events]
+    if not rows:
+        return []
+    touch = next((t for *_rest, t in reversed(events) if t is not None), None)
+    if connection.vendor == "postgresql":
+        _append_events(session_id, rows, touch)
+    else:  # SQLite: one event after the other (number, then row)
+        for n, row in enumerate(rows):
+            row.seq, row.project_id = _next_seq(session_id, touch if n == 0 else None)
+            row.save(force_insert=True)
+    wires = [row.as_wire() for row in rows]
+    transaction.on_commit(lambda: [push_event(session_id, wire) for wire in wires])
+    return rows
+
+
+def deferred_event(type: str, payload: dict, actor=None, *, touch=None) -> tuple:
+    """An event to send later with others of its session (``send_events_on_commit``)."""
+    return (type, payload, actor, touch)
 
 
 def push_event(session_id: str, wire: dict) -> None:

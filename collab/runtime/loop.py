@@ -254,7 +254,11 @@ def drive(turn: TurnContext) -> str:
 def drain(turn: TurnContext) -> None:
     """Before every model call, after all tool results: results owed to this branch join the turn."""
     reconciling = turn.model_calls == 0 and turn.job.kind == JobKind.USER
-    for message in drain_mailbox(turn.branch, turn.job, reconciling=reconciling):
+    # the first drain follows the claim at once: what the claim's UPDATE read is the answer (a
+    # result owed after it waits for the next drain, or the completion's delivery, as one owed
+    # after a lookup here would)
+    owed = getattr(turn.job, "results_owed", None) if turn.model_calls == 0 else None
+    for message in drain_mailbox(turn.branch, turn.job, reconciling=reconciling, owed=owed):
         turn.mailbox_text += (("\n\n" if turn.mailbox_text else "") + message.text)
 
 

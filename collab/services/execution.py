@@ -93,6 +93,10 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
                 claimable = claimable.filter(slot_free)
             won = update_returning(
                 claimable,
+                # whether results wait in the branch's mailbox: the turn's first drain reads it
+                # from here instead of asking again (collab.services.followup.drain_mailbox)
+                returning={"results_owed": Exists(Job.objects.filter(
+                    caller_branch=OuterRef("branch"), followup_state=FollowupState.OWED))},
                 status=JobStatus.RUNNING,
                 version=F("version") + 1,
                 started_at=Now(),
@@ -103,19 +107,21 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
             if not won:
                 return None
             job = won[0]  # the row as the claim left it, read by the UPDATE (no second read)
+            job.results_owed = bool(job.results_owed)
             job.project, job.session, job.branch = project, session, branch  # each read after its lock
             if job.agent_spec_id == spec.pk:
                 job.agent_spec = spec
             _share_reads(job, branch)
+            events = []  # the prompt node's (if written now) and job.running: one statement
             if job.prompt_msg_id is None:
-                write_prompt_node(job, branch)
+                write_prompt_node(job, branch, events=events)
             limit = effective_limit(job.project, "max_live_per_session")
             if limit and not inline:
                 # checked again with the session row locked and this claim counted, so two
                 # claims in one session cannot both take its last live slot
                 if Job.objects.running().filter(session_id=job.session_id).count() > limit:
                     raise _NoLiveSlot
-            send_job_event(job, "job.running", job.session)
+            send_job_event(job, "job.running", job.session, events=events)
             return job
     except _NoLiveSlot:  # rolled back; the job that holds the slot wakes the next one when it ends
         return None
@@ -250,11 +256,13 @@ def finish_job(
         if ran and status != JobStatus.SUCCEEDED:
             # a turn that answered wrote every result before its last model call: nothing dangles
             close_dangling_calls(job, branch, status)
+        events = []  # the answer's and the job's end: one statement
         if final_text is not None:
             final = append_message(
                 branch, role=MessageRole.ASSISTANT, text=final_text, job=job,
                 metadata={"job": job.pk, "final": True, "is_error": is_error}, session_locked=True,
                 ends_turn=ran,  # the turn is counted by the statement that moves the tip
+                events=events,
             )
             if job.kind == JobKind.USER:
                 follow_head(job.session_id, branch.pk, final)
@@ -264,7 +272,7 @@ def finish_job(
             branch.turns += 1
         project = job.project  # loaded with the claimed job (the refresh drops it)
         refresh_from_row(job, ended)  # job.refresh_from_db(), from the row the UPDATE returned
-        send_job_event(job, f"job.{status}", branch.session)
+        send_job_event(job, f"job.{status}", branch.session, events=events)
         owe_webhook_deliveries(job, project, branch.session)  # its webhooks hear of it after commit (issue 16 item 4)
         if job.archive_when_done:
             do_archive_branch(branch, user=job.started_by, reason=AUTOMATIC_REASON, automatic=True)

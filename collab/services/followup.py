@@ -156,14 +156,15 @@ def results_owed(branch: Branch) -> bool:
 
 
 @retry_on_deadlock
-def drain_mailbox(branch: Branch, job: Job | None, *, reconciling: bool = False) -> list:
+def drain_mailbox(branch: Branch, job: Job | None, *, reconciling: bool = False, owed: bool | None = None) -> list:
     """Append every result owed to ``branch`` as an ``agent_message`` node (SPEC §6, P-FLW-1).
 
     Called by the running turn before each model call, after all tool results.
     ``reconciling``: the first drain of a user turn, which settles what finished while the
-    branch was idle (OW §8).
+    branch was idle (OW §8). ``owed``: whether anything is owed, when the caller has just read it
+    (the claim's UPDATE, for the turn's first drain); None: looked up here.
     """
-    if not results_owed(branch):
+    if not (results_owed(branch) if owed is None else owed):
         return []
     written = []
     with transaction.atomic(), kept_on_rollback(branch):

@@ -106,11 +106,14 @@ def kept_on_rollback(branch: Branch):
         raise
 
 
-def update_returning(queryset, **values):
+def update_returning(queryset, *, returning=None, **values):
     """``queryset.update(**values)`` that also hands back the rows it changed, as they are after
     it, read by the UPDATE itself (``UPDATE … RETURNING``): the row lock the UPDATE takes is held
     as they are read, and no second statement reads them again. A conditional UPDATE that
-    matched nothing returns []. Rows are converted as a SELECT of the model would convert them."""
+    matched nothing returns []. Rows are converted as a SELECT of the model would convert them.
+    ``returning``: {name: expression} evaluated by the same statement on each changed row (after
+    the change), set on the instances as attributes (booleans: EXISTS …)."""
+    returning = returning or {}
     model, db = queryset.model, queryset.db
     connection = connections[db]
     if not connection.features.can_return_columns_from_insert:  # SQLite before 3.35: no RETURNING
@@ -118,15 +121,22 @@ def update_returning(queryset, **values):
         pks = list(queryset.values_list("pk", flat=True))
         rows = model._base_manager.using(db).filter(pk__in=pks)
         rows.update(**values)
-        return list(rows)
+        return list(rows.annotate(**returning))
     query = queryset.query.chain(UpdateQuery)
     query.add_update_values(values)
     query.annotations = {}
-    sql, params = query.get_compiler(db).as_sql()  # as_sql sets the query up itself
+    compiler = query.get_compiler(db)
+    sql, params = compiler.as_sql()  # as_sql sets the query up itself
     if not sql:
         return []
     fields = model._meta.concrete_fields
-    sql += " RETURNING " + ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    columns = [connection.ops.quote_name(f.column) for f in fields]
+    params = list(params)
+    for expression in returning.values():
+        extra_sql, extra_params = compiler.compile(expression.resolve_expression(query, allow_joins=False))
+        columns.append(extra_sql)
+        params.extend(extra_params)
+    sql += " RETURNING " + ", ".join(columns)
     with transaction.mark_for_rollback_on_error(using=db), connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -135,8 +145,15 @@ def update_returning(queryset, **values):
     converters = select.get_converters([col for col, _sql, _alias in select.select])
     if converters:
         rows = select.apply_converters(rows, converters)
-    names = [f.attname for f in fields]
-    return [model.from_db(db, names, tuple(row)) for row in rows]
+    names, extra = [f.attname for f in fields], list(returning)
+    instances = []
+    for row in rows:
+        row = tuple(row)
+        instance = model.from_db(db, names, row[:len(names)])
+        for name, value in zip(extra, row[len(names):]):
+            setattr(instance, name, value)
+        instances.append(instance)
+    return instances
 
 
 def refresh_from_row(instance, row) -> None:
