@@ -9,15 +9,27 @@ events and whatever the completion owes (the next queued job on the branch).
 
 import os
 import socket
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from accounts.limits import effective_limit
-from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, Message, MessageRole, is_busy
+from collab.models import (
+    ACTIVE_STATUSES,
+    Branch,
+    FollowupState,
+    InboxEntry,
+    Job,
+    JobKind,
+    JobStatus,
+    Message,
+    MessageRole,
+    is_busy,
+)
 from collab.services.admission import FENCED, enqueue_job, follow_head, send_job_event, write_prompt_node
 from collab.services.archive import AUTOMATIC_REASON, do_archive_branch
 from collab.services.artifacts import store_result
@@ -276,21 +288,62 @@ def finish_job(
         owe_webhook_deliveries(job, project, branch.session)  # its webhooks hear of it after commit (issue 16 item 4)
         if job.archive_when_done:
             do_archive_branch(branch, user=job.started_by, reason=AUTOMATIC_REASON, automatic=True)
-        if ran or not is_busy(branch):
-            # the branch is idle (its turn ended, or a queued job ended before it started): its
-            # inbox goes now, whatever ended it (OP §5.4)
-            drain_inbox_locked(branch)
-        if ran:  # the branch's turn is over: what waited for it may go now
-            deliver_owed_locked(branch, idle=True)  # this job was its one active job
+        if ran:
+            # the branch's turn is over: what waited for it may go now. One statement says what
+            # there is (the branch is locked: its inbox, owed results and queue are read after
+            # the lock); each is then handled as before, only when there is something to handle
+            waiting = _waiting_on(branch.pk, project.pk, background=job.run_in_background)
+            if waiting.inbox:  # its inbox goes now, whatever ended the turn (OP §5.4)
+                drain_inbox_locked(branch)
+            if waiting.owed:
+                deliver_owed_locked(branch, idle=True)  # this job was its one active job
             schedule_naming(branch.pk, branch.turns, branch.name_stage)
-        enqueue_next_on_branch(branch.pk)
-        if ran and effective_limit(project, "max_live_per_session"):
-            enqueue_next_in_session(branch.session_id)
-        if ran and job.run_in_background:
-            wake_waiting_in_project(project, ended_branch_id=branch.pk)
+            if waiting.inbox or waiting.owed:  # jobs may have been admitted above: read again
+                enqueue_next_on_branch(branch.pk)
+            elif waiting.next_on_branch:
+                enqueue_job(waiting.next_on_branch)
+            if effective_limit(project, "max_live_per_session"):
+                enqueue_next_in_session(branch.session_id)
+            if waiting.in_project:
+                wake_waiting_in_project(project, ended_branch_id=branch.pk)
+        else:
+            if not is_busy(branch):
+                # the branch is idle (a queued job ended before it started): its inbox goes now,
+                # whatever ended it (OP §5.4)
+                drain_inbox_locked(branch)
+            enqueue_next_on_branch(branch.pk)
         if owed:
             deliver_owed_after_commit(job.caller_branch_id)
     return job
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    inbox: bool
+    owed: bool
+    next_on_branch: str | None
+    in_project: bool
+
+
+def _waiting_on(branch_id: str, project_id: int, *, background: bool) -> _Waiting:
+    """What waits for a branch whose turn just ended, in one statement: entries in its inbox,
+    results owed to it (any mode), its oldest queued job, and (``background``: the job held a
+    worker slot of its project) queued jobs of its project on other branches. Precondition: the
+    branch is locked (its inbox and queue change only under that lock)."""
+    queued_here = Job.objects.filter(branch_id=branch_id, status=JobStatus.QUEUED).order_by("created_at", "pk")
+    row = Branch.objects.filter(pk=branch_id).annotate(
+        _inbox=Exists(InboxEntry.objects.filter(target_branch_id=branch_id)),
+        _owed=Exists(Job.objects.filter(caller_branch_id=branch_id, followup_state=FollowupState.OWED)),
+        _next=Subquery(queued_here.values("pk")[:1]),
+        _in_project=Exists(
+            Job.objects.filter(project_id=project_id, status=JobStatus.QUEUED, run_in_background=True)
+            .exclude(branch_id=branch_id)
+        ) if background else Value(False),
+    ).values_list("_inbox", "_owed", "_next", "_in_project").first()
+    if row is None:
+        return _Waiting(False, False, None, False)
+    inbox, owed, nxt, in_project = row
+    return _Waiting(bool(inbox), bool(owed), nxt, bool(in_project))
 
 
 DANGLING_RESULT = {

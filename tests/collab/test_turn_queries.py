@@ -19,14 +19,15 @@ from collab.models import Job, Session
 # the turn is counted in the UPDATE that moves the tip; no stop check after the answer (the
 # completion's locked read decides); no "is the branch busy" after its one running job ended; the
 # project's waiting jobs are read with its running count in one statement; the admission's job row
-# names its prompt node from its INSERT on. Events: on PostgreSQL one statement writes all the
+# names its prompt node from its INSERT on; the completion asks in one statement what waits for
+# the branch (inbox, owed results, its next queued job, the project's waiting jobs). Events: on PostgreSQL one statement writes all the
 # events a step has for one session (a data-modifying CTE: the session's numbers and the rows —
 # the prompt node's and job.queued; job.running; the answer's and job.succeeded); SQLite writes
 # each in two (the number, then the row).
 if connection.vendor == "postgresql":
-    ADMISSION_QUERIES, WORKER_QUERIES = 12, 20
+    ADMISSION_QUERIES, WORKER_QUERIES = 12, 17
 else:
-    ADMISSION_QUERIES, WORKER_QUERIES = 15, 24
+    ADMISSION_QUERIES, WORKER_QUERIES = 15, 21
 ADMISSION_COMMITS = 1
 WORKER_COMMITS = 2
 
