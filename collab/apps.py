@@ -1,7 +1,8 @@
 import logging
 
 from django.apps import AppConfig
-from django.db import close_old_connections
+from django.conf import settings
+from django.db import close_old_connections, connections
 
 from collab import worker_name
 
@@ -14,10 +15,25 @@ class CollabConfig(AppConfig):
         # app registry: django_q.signals imports django_q's models, not loaded when this module is
         from django_q.signals import post_spawn
 
+        post_spawn.connect(_keep_worker_connections, dispatch_uid="collab-keep-worker-connections")
         post_spawn.connect(_reconcile_on_worker_start, dispatch_uid="collab-reconcile-on-spawn")
 
         if worker_name.is_worker_process():
             worker_name.install()
+
+
+def _keep_worker_connections(sender, **kwargs):
+    """A worker process keeps its database connections between tasks (``TRELLIS_WORKER_CONN_MAX_AGE``),
+    health-checked before each task reuses one (django-q2 calls ``close_old_connections`` before each
+    task): a turn no longer opens a connection of its own. A web process keeps ``DB_CONN_MAX_AGE``."""
+    age = settings.TRELLIS_WORKER_CONN_MAX_AGE
+    if not age:
+        return
+    for alias in connections:
+        conn = connections[alias]
+        if conn.settings_dict.get("CONN_MAX_AGE") is not None and conn.settings_dict["CONN_MAX_AGE"] < age:
+            conn.settings_dict["CONN_MAX_AGE"] = age
+            conn.settings_dict["CONN_HEALTH_CHECKS"] = True
 
 
 def _reconcile_on_worker_start(sender, proc_name=None, **kwargs):

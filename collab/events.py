@@ -6,13 +6,15 @@ session until commit, so a session's events commit in ``seq`` order and a
 client resuming with ``?after=SEQ`` can never skip one.
 """
 
+import asyncio
 import itertools
 import logging
 import os
 import socket
+import threading
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from asgiref.sync import SyncToAsync, async_to_sync
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
 from django.db import connection, transaction
 
@@ -50,6 +52,84 @@ def _next_seq(session_id: str, touch=None) -> tuple[int, int]:
     return row[0], row[1]
 
 
+def _append_event(session_id: str, event: Event, touch=None) -> Event:
+    """PostgreSQL: take the session's next number (row-locking it until commit, as ``_next_seq``)
+    and insert ``event`` with it in one statement — a data-modifying CTE, whose UPDATE runs
+    exactly once and hands its RETURNING row to the INSERT. ``event`` comes unsaved without
+    ``seq``/``project`` (both read from the session row the UPDATE locked); returns it saved.
+    The columns come from the model, so a field added to Event is written here too."""
+    fields = [f for f in Event._meta.concrete_fields if not f.primary_key]
+    columns, values, params = [], [], []
+    for f in fields:
+        columns.append(connection.ops.quote_name(f.column))
+        if f.attname == "seq":
+            values.append("s.last_event_seq")
+        elif f.attname == "project_id":
+            values.append("s.project_id")
+        else:
+            values.append("%s")
+            params.append(f.get_db_prep_save(f.pre_save(event, add=True), connection))
+    touch_sql = ", last_active_at = %s" if touch is not None else ""
+    head = [connection.ops.adapt_datetimefield_value(touch)] if touch is not None else []
+    pk = Event._meta.pk.column
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH s AS (UPDATE collab_session SET last_event_seq = last_event_seq + 1{touch_sql} WHERE id = %s "
+            f"RETURNING last_event_seq, project_id) "
+            f"INSERT INTO {Event._meta.db_table} ({', '.join(columns)}) SELECT {', '.join(values)} FROM s "
+            f"RETURNING {pk}, seq, project_id",
+            [*head, session_id, *params],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise LookupError(f"session {session_id} does not exist")
+    event.pk, event.seq, event.project_id = row
+    event._state.adding, event._state.db = False, connection.alias
+    return event
+
+
+def _append_events(session_id: str, events: list[Event], touch=None) -> None:
+    """``_append_event`` for several events in one statement: the session's number is bumped by
+    their count, and the i-th event (from 1) gets ``last_event_seq - count + i``."""
+    if len(events) == 1:
+        _append_event(session_id, events[0], touch)
+        return
+    fields = [f for f in Event._meta.concrete_fields if not f.primary_key and f.attname not in ("seq", "project_id")]
+    qn = connection.ops.quote_name
+    columns = [qn(f.column) for f in fields]
+    rows_sql, params = [], []
+    for i, event in enumerate(events, start=1):
+        values = ["%s::integer" ]
+        params.append(i)
+        for f in fields:
+            values.append(f"CAST(%s AS {f.db_type(connection)})")
+            params.append(f.get_db_prep_save(f.pre_save(event, add=True), connection))
+        rows_sql.append(f"({', '.join(values)})")
+    names = ["i", *(f"c{n}" for n in range(len(fields)))]
+    count = len(events)
+    touch_sql = ", last_active_at = %s" if touch is not None else ""
+    head = [connection.ops.adapt_datetimefield_value(touch)] if touch is not None else []
+    pk = Event._meta.pk.column
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH s AS (UPDATE collab_session SET last_event_seq = last_event_seq + %s{touch_sql} WHERE id = %s "
+            f"RETURNING last_event_seq, project_id) "
+            f"INSERT INTO {Event._meta.db_table} ({qn('project_id')}, {qn('seq')}, {', '.join(columns)}) "
+            f"SELECT s.project_id, s.last_event_seq - %s + v.i, {', '.join('v.' + n for n in names[1:])} "
+            f"FROM s CROSS JOIN (VALUES {', '.join(rows_sql)}) AS v({', '.join(names)}) ORDER BY v.i "
+            f"RETURNING {pk}, seq, project_id",
+            [count, *head, session_id, count, *params],
+        )
+        returned = cursor.fetchall()
+    if len(returned) != count:
+        raise LookupError(f"session {session_id} does not exist")
+    first = min(seq for _pk, seq, _project in returned)
+    for pk_value, seq, project_id in returned:
+        event = events[seq - first]
+        event.pk, event.seq, event.project_id = pk_value, seq, project_id
+        event._state.adding, event._state.db = False, connection.alias
+
+
 def _next_project_seq(project_id: int) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -70,13 +150,45 @@ def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, 
         raise RuntimeError("send_event_on_commit must run inside transaction.atomic")
     actor_id = getattr(actor, "pk", actor)
     payload = clean_data(payload)
-    seq, project_id = _next_seq(session_id, touch)
-    event = Event.objects.create(
-        project_id=project_id, session_id=session_id, seq=seq, type=type, payload=payload, actor_id=actor_id
-    )
+    if connection.vendor == "postgresql":
+        event = _append_event(session_id, Event(session_id=session_id, type=type, payload=payload, actor_id=actor_id),
+                              touch)
+    else:  # SQLite has no data-modifying CTE: the number, then the row (the database is held anyway)
+        seq, project_id = _next_seq(session_id, touch)
+        event = Event.objects.create(
+            project_id=project_id, session_id=session_id, seq=seq, type=type, payload=payload, actor_id=actor_id
+        )
     wire = event.as_wire()
     transaction.on_commit(lambda: push_event(session_id, wire))
     return event
+
+
+def send_events_on_commit(session_id: str, events: list) -> list[Event]:
+    """``send_event_on_commit`` for several events of one session at once, in this order: on
+    PostgreSQL one statement takes their numbers (the session's ``last_event_seq`` bumped by
+    their count) and inserts them all; one push after commit sends them in order. ``events``:
+    what ``deferred_event`` makes; the last ``touch`` among them sets the session's last activity."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("send_events_on_commit must run inside transaction.atomic")
+    rows = [Event(session_id=session_id, type=type_, payload=clean_data(payload), actor_id=getattr(actor, "pk", actor))
+            for type_, payload, actor, _touch in events]
+    if not rows:
+        return []
+    touch = next((t for *_rest, t in reversed(events) if t is not None), None)
+    if connection.vendor == "postgresql":
+        _append_events(session_id, rows, touch)
+    else:  # SQLite: one event after the other (number, then row)
+        for n, row in enumerate(rows):
+            row.seq, row.project_id = _next_seq(session_id, touch if n == 0 else None)
+            row.save(force_insert=True)
+    wires = [row.as_wire() for row in rows]
+    transaction.on_commit(lambda: [push_event(session_id, wire) for wire in wires])
+    return rows
+
+
+def deferred_event(type: str, payload: dict, actor=None, *, touch=None) -> tuple:
+    """An event to send later with others of its session (``send_events_on_commit``)."""
+    return (type, payload, actor, touch)
 
 
 def push_event(session_id: str, wire: dict) -> None:
@@ -84,11 +196,53 @@ def push_event(session_id: str, wire: dict) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
+    message = {"type": "collab.event", "event": wire}
     try:
-        async_to_sync(layer.group_send)(session_group(session_id), {"type": "collab.event", "event": wire})
+        loop = _push_loop(layer)
+        if loop is None:
+            async_to_sync(layer.group_send)(session_group(session_id), message)
+        else:
+            asyncio.run_coroutine_threadsafe(layer.group_send(session_group(session_id), message), loop).result(
+                PUSH_TIMEOUT_SECONDS)
     except Exception:  # the log has it; listeners recover on the next event or reconnect
         log.warning("could not push event %s/%s", session_id, wire.get("seq"), exc_info=True)
     wake_relays()
+
+
+# --- one push loop per process (issue 15 item 1) --------------------------------------------------
+#
+# ``async_to_sync`` called from a plain thread (a worker process, a management command) runs the
+# coroutine on a brand-new event loop in a new thread, and channels-redis keeps its connections per
+# loop: every push paid for a thread, a loop and a fresh Redis connection (4–14 ms here, three times
+# per turn in the worker, on the ``?wait=`` answer's critical path). Such threads push on one loop
+# of their process instead, kept in a daemon thread, whose connections are reused. A thread that
+# came from ``sync_to_async`` (a web request, a consumer) keeps ``async_to_sync``: it goes back to
+# its server's own loop, which the in-memory layer needs. Pushes from one thread stay in order: each
+# waits for its ``group_send`` to finish, as before.
+
+PUSH_TIMEOUT_SECONDS = 10
+_loop_lock = threading.Lock()
+_loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+
+
+def _push_loop(layer) -> asyncio.AbstractEventLoop | None:
+    """The process's push loop, or None where ``async_to_sync`` is right (see above)."""
+    global _loop
+    if isinstance(layer, InMemoryChannelLayer):  # its queues belong to the consumers' loop
+        return None
+    if getattr(SyncToAsync.threadlocal, "main_event_loop", None) is not None:
+        return None  # a thread of an async server: async_to_sync hands the push back to its loop
+    try:
+        asyncio.get_running_loop()
+        return None  # called on a loop (async_to_sync refuses it, and says so)
+    except RuntimeError:
+        pass
+    with _loop_lock:
+        if _loop is None or _loop[0] != os.getpid() or _loop[1].is_closed():  # made again after a fork
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="trellis-event-push", daemon=True).start()
+            _loop = (os.getpid(), loop)
+        return _loop[1]
 
 
 # --- waking the embedded relays (collab/live.py) across processes --------------------------------

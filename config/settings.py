@@ -221,6 +221,11 @@ TRELLIS_EVENT_NOTIFY_POLL_INTERVAL = env_int("TRELLIS_EVENT_NOTIFY_POLL_MS", 100
 
 # --- worker (django-q2) ----------------------------------------------------
 Q_TIMEOUT = env_int("TRELLIS_TASK_TIMEOUT", 3600, minimum=1)
+# A worker process runs its tasks one after another on one thread, so it keeps its database
+# connection between them for up to this many seconds (checked before reuse, CONN_HEALTH_CHECKS)
+# instead of DB_CONN_MAX_AGE's: a new PostgreSQL connection cost 5–14 ms per turn (issue 15
+# item 1). 0 = as DB_CONN_MAX_AGE.
+TRELLIS_WORKER_CONN_MAX_AGE = env_int("TRELLIS_WORKER_CONN_MAX_AGE", 300, minimum=0)
 Q_RETRY = env_int("TRELLIS_TASK_RETRY", Q_TIMEOUT + 600, minimum=1)
 if Q_RETRY <= Q_TIMEOUT:
     # django-q2 re-delivers a task after `retry` seconds: if that is not longer than

@@ -140,6 +140,11 @@ class TurnContext:
         status = current_status(self.job)
         if status != JobStatus.RUNNING:
             raise TurnStopped(status)
+        self.check_clock()
+
+    def check_clock(self) -> None:
+        """Raise ``LimitExceeded`` past the project's clock limits (no query)."""
+        now = time.monotonic()
         enforce_clock(self.project, running_for=now - self._started, idle_for=now - self._last_progress)
 
     def progressed(self) -> None:
@@ -236,7 +241,11 @@ def drive(turn: TurnContext) -> str:
         turn.progressed()
         enforce_spend(turn.project, tokens=turn.tokens_in + turn.tokens_out, cost=turn.cost)
         if not response.tool_calls:
-            turn.check_stop(force=True)  # a cancel that came during the last model call wins
+            # a cancel that came during the last model call wins, without a read here: the
+            # completion reads the job under its row lock and ends a ``stopping`` job
+            # ``cancelled`` with the answer not kept (``finish_job``) — the end ``TurnStopped``
+            # would give it — and leaves alone a job someone else ended
+            turn.check_clock()
             return response.text
         turn.policy.enforce_tool_calls(turn.tool_calls, len(response.tool_calls))
         run_tool_step(turn, response)
@@ -245,7 +254,11 @@ def drive(turn: TurnContext) -> str:
 def drain(turn: TurnContext) -> None:
     """Before every model call, after all tool results: results owed to this branch join the turn."""
     reconciling = turn.model_calls == 0 and turn.job.kind == JobKind.USER
-    for message in drain_mailbox(turn.branch, turn.job, reconciling=reconciling):
+    # the first drain follows the claim at once: what the claim's UPDATE read is the answer (a
+    # result owed after it waits for the next drain, or the completion's delivery, as one owed
+    # after a lookup here would)
+    owed = getattr(turn.job, "results_owed", None) if turn.model_calls == 0 else None
+    for message in drain_mailbox(turn.branch, turn.job, reconciling=reconciling, owed=owed):
         turn.mailbox_text += (("\n\n" if turn.mailbox_text else "") + message.text)
 
 

@@ -15,7 +15,7 @@ from django.db.models import Exists, OuterRef, Q
 from django_q.tasks import async_task
 
 from collab.errors import Conflict, Invalid
-from collab.events import send_event_on_commit
+from collab.events import deferred_event, send_event_on_commit, send_events_on_commit
 from collab.models import (
     MAX_PROMPT_CHARS,
     Branch,
@@ -29,6 +29,7 @@ from collab.models import (
     effective_spec_id,
     format_address,
 )
+from collab.models.ids import new_id
 from collab.services.budgets import check_admission_quota
 from collab.services.locking import lock_branch, lock_job, lock_sessions
 from collab.services.messages import append_message
@@ -63,10 +64,15 @@ def job_wire(job: Job) -> dict:
     }
 
 
-def send_job_event(job: Job, type_: str, session: Session | None = None, actor=None) -> None:
+def send_job_event(job: Job, type_: str, session: Session | None = None, actor=None, *, events=None) -> None:
     """A job's state change, on its session's log — and, for an OpenWork child, on the parent
-    session's too (``child.job``), so the parent's agent rail updates live."""
-    send_event_on_commit(job.session_id, type_, job_wire(job), actor=actor)
+    session's too (``child.job``), so the parent's agent rail updates live. ``events``: events of
+    the job's session deferred until now (``append_message``'s), sent first, in one statement."""
+    if events:
+        send_events_on_commit(job.session_id, [*events, deferred_event(type_, job_wire(job), actor)])
+        events.clear()
+    else:
+        send_event_on_commit(job.session_id, type_, job_wire(job), actor=actor)
     session = session if session is not None else job.session
     if session.parent_session_id:
         send_event_on_commit(
@@ -106,6 +112,11 @@ def admit_job(
     if check_quota:
         check_admission_quota(session)
     prompt, header = clean_text(prompt or ""), clean_text(header or "")[:300]
+    # an idle branch gets the prompt node now (read with the branch locked: its open jobs change
+    # only under this lock); its id is the job's prompt_msg from the INSERT on (the foreign key is
+    # checked at commit), so the job row is not written twice
+    idle = not Job.objects.open().filter(branch=locked).exists()
+    prompt_msg_id = new_id() if idle else None
     job = Job.objects.create(
         project_id=session.project_id,
         session=session,
@@ -116,12 +127,14 @@ def admit_job(
         prompt=prompt,
         prompt_header=header,
         parent_msg=locked.tip,
+        prompt_msg_id=prompt_msg_id,
         started_by=started_by,
         **fields,
     )
-    if not Job.objects.open().filter(branch=locked).exclude(pk=job.pk).exists():
-        write_prompt_node(job, locked)
-    send_job_event(job, "job.queued", session, actor=started_by)
+    events = []  # the prompt node's and the job's: one statement
+    if idle:
+        write_prompt_node(job, locked, message_id=prompt_msg_id, events=events)
+    send_job_event(job, "job.queued", session, actor=started_by, events=events)
     if enqueue:
         enqueue_job(job.pk)
     return job
@@ -143,9 +156,11 @@ def check_caller_not_stopping(caller: Job) -> None:
         )
 
 
-def write_prompt_node(job: Job, branch: Branch):
+def write_prompt_node(job: Job, branch: Branch, *, message_id: str | None = None, events: list | None = None):
     """The user-role node that opens the job's turn, at the branch's current tip.
-    Precondition: the job's session and ``branch`` are locked in this transaction."""
+    Precondition: the job's session and ``branch`` are locked in this transaction.
+    ``message_id``: the id the job row already names as its ``prompt_msg`` (the admission);
+    without it the job row is pointed at the new node here (a claim). ``events``: as ``append_message``'s."""
     text = f"{job.prompt_header}\n\n{job.prompt}" if job.prompt_header else job.prompt
     message = append_message(
         branch,
@@ -157,9 +172,12 @@ def write_prompt_node(job: Job, branch: Branch):
         starts_turn=True,
         actor=job.started_by_id if job.kind == JobKind.USER else None,
         session_locked=True,  # by the admission or the claim, before the branch
+        message_id=message_id,
+        events=events,
     )
     job.prompt_msg = message
-    Job.objects.filter(pk=job.pk).update(prompt_msg=message)
+    if message_id is None:
+        Job.objects.filter(pk=job.pk).update(prompt_msg=message)
     if job.kind == JobKind.USER:
         follow_head(job.session_id, branch.pk, message)
     return message

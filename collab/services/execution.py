@@ -9,23 +9,35 @@ events and whatever the completion owes (the next queued job on the branch).
 
 import os
 import socket
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from accounts.limits import effective_limit
-from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, JobStatus, Message, MessageRole, is_busy
+from collab.models import (
+    ACTIVE_STATUSES,
+    Branch,
+    FollowupState,
+    InboxEntry,
+    Job,
+    JobKind,
+    JobStatus,
+    Message,
+    MessageRole,
+    is_busy,
+)
 from collab.services.admission import FENCED, enqueue_job, follow_head, send_job_event, write_prompt_node
 from collab.services.archive import AUTOMATIC_REASON, do_archive_branch
 from collab.services.artifacts import store_result
 from collab.services.deliver import drain_inbox_locked
-from collab.services.fair_share import take_running_slot, wake_waiting_in_project
+from collab.services.fair_share import lock_project_for_claim, running_slot_free, wake_waiting_in_project
 from collab.services.followup import deliver_owed_after_commit, deliver_owed_locked, owes_followup
 from collab.services.budgets import live_slots_free
-from collab.services.locking import lock_branch, lock_job, lock_sessions
+from collab.services.locking import lock_branch, lock_job, lock_sessions, refresh_from_row, update_returning
 from collab.services.messages import append_message
 from collab.services.naming import schedule_naming
 from collab.services.retry import retry_on_deadlock
@@ -58,8 +70,9 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     the cancel's cascade has not reached it yet. A queued job whose branch was archived
     meanwhile is refused instead (``refuse_start``): nothing is written on the branch."""
     # a first look, no lock (everything is read again below, after its lock): the branch and
-    # session come with it, for the archived check and the session's parent (set once, at creation)
-    job = Job.objects.select_related("project", "branch", "session").filter(pk=job_id).first()
+    # session come with it, for the archived check and the session's parent (set once, at creation),
+    # and the spec the job was admitted with (the turn's; never locked, so read here as well as later)
+    job = Job.objects.select_related("project", "branch", "session", "agent_spec").filter(pk=job_id).first()
     if job is None or job.status != JobStatus.QUEUED:
         return None
     if not inline and job.branch.archived:
@@ -67,46 +80,60 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
         return None
     if not inline and not live_slots_free(job.session_id, job.project):
         return None
+    spec = job.agent_spec
     busy = Job.objects.running().filter(branch=OuterRef("branch"))
     earlier = Job.objects.filter(
         branch=OuterRef("branch"), status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at")
     )
     try:
         with transaction.atomic():
-            if not inline and not take_running_slot(job.project_id):
-                return None  # stays queued; woken when a job of its project ends (fair_share)
-            lock_sessions(job.session_id, job.session.parent_session_id)  # lock_session_family, parent known
+            project = job.project  # an inline job runs in its caller's slot: no project lock, no cap
+            slot_free = None
+            if not inline:
+                project = lock_project_for_claim(job.project_id)
+                slot_free = running_slot_free(project)
+            session = lock_sessions(job.session_id, job.session.parent_session_id)[job.session_id]  # lock_session_family, parent known
             branch = lock_branch(job.branch_id)
             if branch.archived and not inline:
                 raise _Archived  # archived since the check above: refused, nothing written
             if job.parent_job_id and _caller_fenced(job):
                 return None
-            won = (
-                Job.objects.filter(pk=job_id, status=JobStatus.QUEUED)
-                .filter(~Exists(busy), ~Exists(earlier))
-                .update(
-                    status=JobStatus.RUNNING,
-                    version=F("version") + 1,
-                    started_at=Now(),
-                    worker=worker_name(),
-                    heartbeat_at=Now(),
-                    lease_expires_at=lease_deadline(),
-                )
+            claimable = Job.objects.filter(pk=job_id, status=JobStatus.QUEUED).filter(~Exists(busy), ~Exists(earlier))
+            if slot_free is not None:
+                # fair share, counted by the UPDATE itself (the project is locked): at the cap the
+                # job stays queued, woken when a job of its project ends (fair_share)
+                claimable = claimable.filter(slot_free)
+            won = update_returning(
+                claimable,
+                # whether results wait in the branch's mailbox: the turn's first drain reads it
+                # from here instead of asking again (collab.services.followup.drain_mailbox)
+                returning={"results_owed": Exists(Job.objects.filter(
+                    caller_branch=OuterRef("branch"), followup_state=FollowupState.OWED))},
+                status=JobStatus.RUNNING,
+                version=F("version") + 1,
+                started_at=Now(),
+                worker=worker_name(),
+                heartbeat_at=Now(),
+                lease_expires_at=lease_deadline(),
             )
             if not won:
                 return None
-            job = Job.objects.select_related("project", "session", "agent_spec").get(pk=job_id)
-            job.branch = branch  # locked above; its tip is read now, after the lock
+            job = won[0]  # the row as the claim left it, read by the UPDATE (no second read)
+            job.results_owed = bool(job.results_owed)
+            job.project, job.session, job.branch = project, session, branch  # each read after its lock
+            if job.agent_spec_id == spec.pk:
+                job.agent_spec = spec
             _share_reads(job, branch)
+            events = []  # the prompt node's (if written now) and job.running: one statement
             if job.prompt_msg_id is None:
-                write_prompt_node(job, branch)
+                write_prompt_node(job, branch, events=events)
             limit = effective_limit(job.project, "max_live_per_session")
             if limit and not inline:
                 # checked again with the session row locked and this claim counted, so two
                 # claims in one session cannot both take its last live slot
                 if Job.objects.running().filter(session_id=job.session_id).count() > limit:
                     raise _NoLiveSlot
-            send_job_event(job, "job.running", job.session)
+            send_job_event(job, "job.running", job.session, events=events)
             return job
     except _NoLiveSlot:  # rolled back; the job that holds the slot wakes the next one when it ends
         return None
@@ -196,10 +223,16 @@ def finish_job(
     owed = owes_followup(job, refused=refused)
     with transaction.atomic():
         # lock order session(s) → branch → job; every row read after its lock
-        ids = Branch.objects.filter(pk=job.branch_id).values_list("session_id", "session__parent_session_id").first()
-        if ids is None:  # its session was deleted while the turn ran: nothing is left to finish
-            return job
-        session_id, parent_id = ids
+        known, on = job._state.fields_cache.get("session"), job._state.fields_cache.get("branch")
+        if known is not None and on is not None and known.pk == job.session_id == on.session_id:
+            # a branch keeps its session, and a session its parent (each set once, at creation):
+            # the claim read them already, after their locks
+            session_id, parent_id = job.session_id, known.parent_session_id
+        else:
+            ids = Branch.objects.filter(pk=job.branch_id).values_list("session_id", "session__parent_session_id").first()
+            if ids is None:  # its session was deleted while the turn ran: nothing is left to finish
+                return job
+            session_id, parent_id = ids
         session = lock_sessions(session_id, parent_id).get(session_id)  # lock_session_family, in one read less
         branch = Branch.objects.select_for_update(no_key=True).filter(pk=job.branch_id).first()  # lock_branch, or gone
         if branch is None or session is None:
@@ -218,7 +251,8 @@ def finish_job(
             is_error, error_code, error_reason = True, "cancelled", "the execution was cancelled"
         ran = current.started_at is not None
         summary, artifact = store_result(current, result_text)
-        Job.objects.filter(guard, pk=job.pk).update(  # matches: the row is locked since the read
+        ended = update_returning(  # matches: the row is locked since the read
+            Job.objects.filter(guard, pk=job.pk),
             status=status,
             version=F("version") + 1,
             finished_at=Now(),
@@ -230,41 +264,86 @@ def finish_job(
             lease_expires_at=None,
             followup_state=FollowupState.OWED if owed else FollowupState.NONE,
             **{k: usage[k] for k in ("model_calls", "tool_calls", "tokens_in", "tokens_out", "cost") if k in usage},
-        )
+        )[0]
         if ran and status != JobStatus.SUCCEEDED:
             # a turn that answered wrote every result before its last model call: nothing dangles
             close_dangling_calls(job, branch, status)
+        events = []  # the answer's and the job's end: one statement
         if final_text is not None:
             final = append_message(
                 branch, role=MessageRole.ASSISTANT, text=final_text, job=job,
                 metadata={"job": job.pk, "final": True, "is_error": is_error}, session_locked=True,
+                ends_turn=ran,  # the turn is counted by the statement that moves the tip
+                events=events,
             )
             if job.kind == JobKind.USER:
                 follow_head(job.session_id, branch.pk, final)
-        if ran:
+        elif ran:
             Branch.objects.filter(pk=branch.pk).update(turns=F("turns") + 1)
+        if ran:
             branch.turns += 1
-        project = job.project  # loaded with the claimed job (refresh_from_db drops it)
-        job.refresh_from_db()
-        send_job_event(job, f"job.{status}", branch.session)
+        project = job.project  # loaded with the claimed job (the refresh drops it)
+        refresh_from_row(job, ended)  # job.refresh_from_db(), from the row the UPDATE returned
+        send_job_event(job, f"job.{status}", branch.session, events=events)
         owe_webhook_deliveries(job, project, branch.session)  # its webhooks hear of it after commit (issue 16 item 4)
         if job.archive_when_done:
             do_archive_branch(branch, user=job.started_by, reason=AUTOMATIC_REASON, automatic=True)
-        if ran or not is_busy(branch):
-            # the branch is idle (its turn ended, or a queued job ended before it started): its
-            # inbox goes now, whatever ended it (OP §5.4)
-            drain_inbox_locked(branch)
-        if ran:  # the branch's turn is over: what waited for it may go now
-            deliver_owed_locked(branch)
+        if ran:
+            # the branch's turn is over: what waited for it may go now. One statement says what
+            # there is (the branch is locked: its inbox, owed results and queue are read after
+            # the lock); each is then handled as before, only when there is something to handle
+            waiting = _waiting_on(branch.pk, project.pk, background=job.run_in_background)
+            if waiting.inbox:  # its inbox goes now, whatever ended the turn (OP §5.4)
+                drain_inbox_locked(branch)
+            if waiting.owed:
+                deliver_owed_locked(branch, idle=True)  # this job was its one active job
             schedule_naming(branch.pk, branch.turns, branch.name_stage)
-        enqueue_next_on_branch(branch.pk)
-        if ran and effective_limit(project, "max_live_per_session"):
-            enqueue_next_in_session(branch.session_id)
-        if ran and job.run_in_background:
-            wake_waiting_in_project(project, ended_branch_id=branch.pk)
+            if waiting.inbox or waiting.owed:  # jobs may have been admitted above: read again
+                enqueue_next_on_branch(branch.pk)
+            elif waiting.next_on_branch:
+                enqueue_job(waiting.next_on_branch)
+            if effective_limit(project, "max_live_per_session"):
+                enqueue_next_in_session(branch.session_id)
+            if waiting.in_project:
+                wake_waiting_in_project(project, ended_branch_id=branch.pk)
+        else:
+            if not is_busy(branch):
+                # the branch is idle (a queued job ended before it started): its inbox goes now,
+                # whatever ended it (OP §5.4)
+                drain_inbox_locked(branch)
+            enqueue_next_on_branch(branch.pk)
         if owed:
             deliver_owed_after_commit(job.caller_branch_id)
     return job
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    inbox: bool
+    owed: bool
+    next_on_branch: str | None
+    in_project: bool
+
+
+def _waiting_on(branch_id: str, project_id: int, *, background: bool) -> _Waiting:
+    """What waits for a branch whose turn just ended, in one statement: entries in its inbox,
+    results owed to it (any mode), its oldest queued job, and (``background``: the job held a
+    worker slot of its project) queued jobs of its project on other branches. Precondition: the
+    branch is locked (its inbox and queue change only under that lock)."""
+    queued_here = Job.objects.filter(branch_id=branch_id, status=JobStatus.QUEUED).order_by("created_at", "pk")
+    row = Branch.objects.filter(pk=branch_id).annotate(
+        _inbox=Exists(InboxEntry.objects.filter(target_branch_id=branch_id)),
+        _owed=Exists(Job.objects.filter(caller_branch_id=branch_id, followup_state=FollowupState.OWED)),
+        _next=Subquery(queued_here.values("pk")[:1]),
+        _in_project=Exists(
+            Job.objects.filter(project_id=project_id, status=JobStatus.QUEUED, run_in_background=True)
+            .exclude(branch_id=branch_id)
+        ) if background else Value(False),
+    ).values_list("_inbox", "_owed", "_next", "_in_project").first()
+    if row is None:
+        return _Waiting(False, False, None, False)
+    inbox, owed, nxt, in_project = row
+    return _Waiting(bool(inbox), bool(owed), nxt, bool(in_project))
 
 
 DANGLING_RESULT = {

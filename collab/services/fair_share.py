@@ -1,8 +1,8 @@
 """Fair share between projects (issue 11 item 6, P-SEC-6): a cap on a project's jobs in worker slots.
 
 A worker claiming a job first takes the project's row lock (lock order: project →
-session → branch → job) and counts the project's jobs running in worker slots;
-at the cap the claim is declined and the job stays queued, so one project's queue
+session → branch → job); the claim's conditional UPDATE counts the project's jobs running
+in worker slots; at the cap the claim is declined and the job stays queued, so one project's queue
 cannot hold every worker while other projects' turns wait. A declined job is
 never lost: when a job of the project ends it wakes the project's oldest waiting
 jobs, and the reconciler re-enqueues any queued job left waiting.
@@ -11,7 +11,8 @@ Inline jobs (a foreground ``agent`` child) run in their caller's slot and neithe
 count nor wait.
 """
 
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, Func, IntegerField, OuterRef, Subquery
+from django.db.models.lookups import LessThan
 
 from accounts.limits import effective_limit
 from accounts.models import Project
@@ -23,16 +24,33 @@ def _in_worker_slots(project_id: int):
     return Job.objects.running().filter(project_id=project_id, run_in_background=True)
 
 
-def take_running_slot(project_id: int) -> bool:
-    """True if the project may start one more job in a worker slot now.
+def _running_count(project_id: int) -> Subquery:
+    """The project's jobs in worker slots, counted inside another statement (one row, always:
+    COUNT without GROUP BY)."""
+    return Subquery(_in_worker_slots(project_id).order_by().annotate(
+        n=Func(F("pk"), function="COUNT", output_field=IntegerField())).values("n"))
 
-    Precondition: inside the claim's transaction, before the job row is touched. The
-    project row stays locked until that transaction ends, so concurrent claims of one
-    project count one after another and the cap is never overshot."""
-    # FOR NO KEY UPDATE: it serializes claims, yet never waits for (or blocks) the key-share locks
-    # every insert of a job or an event of the project takes on this row through its foreign key
-    project = Project.objects.select_for_update(no_key=True).get(pk=project_id)
-    return _in_worker_slots(project_id).count() < effective_limit(project, "max_running_jobs")
+
+def lock_project_for_claim(project_id: int) -> Project:
+    """The project, locked (FOR NO KEY UPDATE) and read after the lock: the first lock of a claim.
+
+    Precondition: inside the claim's transaction, before the job row is touched. The project
+    row stays locked until that transaction ends, so concurrent claims of one project count
+    one after another (``running_slot_free``) and the cap is never overshot."""
+    # NO KEY: it serializes claims, yet never waits for (or blocks) the key-share locks every
+    # insert of a job or an event of the project takes on this row through its foreign key
+    return Project.objects.select_for_update(no_key=True).get(pk=project_id)
+
+
+def running_slot_free(project: Project):
+    """A condition for the claim's own UPDATE (``execution.claim_job``): the project has fewer
+    jobs in worker slots than its cap — counted by that statement, which runs after the project
+    row is locked (``lock_project_for_claim``) and so sees every claim of the project that
+    committed before it. None when the project has no cap."""
+    cap = effective_limit(project, "max_running_jobs")
+    if cap is None:
+        return None
+    return LessThan(_running_count(project.pk), cap)
 
 
 def wake_waiting_in_project(project: Project, *, ended_branch_id: str) -> None:
@@ -42,16 +60,23 @@ def wake_waiting_in_project(project: Project, *, ended_branch_id: str) -> None:
     Precondition: inside the completion transaction of the job that ended (enqueued on commit).
     The ended job's own branch is woken by its own rule (``enqueue_next_on_branch``)."""
     project_id = project.pk
-    free = effective_limit(project, "max_running_jobs") - _in_worker_slots(project_id).count()
-    if free <= 0:
+    cap = effective_limit(project, "max_running_jobs")
+    if cap is None:  # no cap: no claim waits for a slot
         return
     busy = Job.objects.running().filter(branch=OuterRef("branch"))
     earlier = Job.objects.filter(branch=OuterRef("branch"), status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at"))
-    waiting = (
+    # one statement: the oldest waiting jobs, at most the cap of them, each with the project's
+    # running count beside it (the same count for every row: one snapshot); the free slots are
+    # the cap minus that count
+    waiting = list(
         Job.objects.filter(project_id=project_id, status=JobStatus.QUEUED, run_in_background=True)
         .exclude(branch_id=ended_branch_id)
         .filter(~Exists(busy), ~Exists(earlier))
-        .order_by("created_at").values_list("pk", flat=True)[:free]
+        .annotate(running=_running_count(project_id))
+        .order_by("created_at").values_list("pk", "running")[:cap]
     )
-    for job_id in waiting:
+    if not waiting:
+        return
+    free = cap - waiting[0][1]
+    for job_id, _running in waiting[:max(free, 0)]:
         enqueue_job(job_id)

@@ -156,14 +156,15 @@ def results_owed(branch: Branch) -> bool:
 
 
 @retry_on_deadlock
-def drain_mailbox(branch: Branch, job: Job | None, *, reconciling: bool = False) -> list:
+def drain_mailbox(branch: Branch, job: Job | None, *, reconciling: bool = False, owed: bool | None = None) -> list:
     """Append every result owed to ``branch`` as an ``agent_message`` node (SPEC §6, P-FLW-1).
 
     Called by the running turn before each model call, after all tool results.
     ``reconciling``: the first drain of a user turn, which settles what finished while the
-    branch was idle (OW §8).
+    branch was idle (OW §8). ``owed``: whether anything is owed, when the caller has just read it
+    (the claim's UPDATE, for the turn's first drain); None: looked up here.
     """
-    if not results_owed(branch):
+    if not (results_owed(branch) if owed is None else owed):
         return []
     written = []
     with transaction.atomic(), kept_on_rollback(branch):
@@ -195,16 +196,18 @@ def deliver_owed(branch_id: str) -> list[Job]:
         return deliver_owed_locked(lock_for_branch(branch_id))
 
 
-def deliver_owed_locked(branch: Branch) -> list[Job]:
+def deliver_owed_locked(branch: Branch, *, idle: bool = False) -> list[Job]:
     """Precondition: the branch row (and its session's) is locked in the current transaction.
+    ``idle``: the caller knows no turn runs on the branch — the completion of the turn that did
+    (one active job per branch, ``job_one_active_per_branch``) — so it is not looked up.
 
     A result whose caller was cancelled (the caller job is ``stopping`` or ``cancelled``:
     the child was cancelled by that cancel's cascade, or finished as it came) is written
     as a notice on the branch, never turned into a model turn (SPEC §7): a cancelled
     branch stays stopped, and the transcript shows how each child ended."""
-    if is_busy(branch):
+    if not idle and is_busy(branch):
         return []  # the running turn drains them before its next model call
-    bounce_stranded_locked(branch)
+    bounce_stranded_locked(branch, idle=idle)
     admitted = []
     owed = (
         Job.objects.select_related("branch", "caller_job")
@@ -240,13 +243,13 @@ def deliver_owed_locked(branch: Branch) -> list[Job]:
     return admitted
 
 
-def bounce_stranded_locked(branch: Branch) -> list[Job]:
+def bounce_stranded_locked(branch: Branch, *, idle: bool = False) -> list[Job]:
     """Results owed in mode ``mailbox`` to an archived branch with no running turn: no turn will
     ever drain them (archived is final, C4), so each is settled now, once — marked delivered
     (a conditional UPDATE) and bounced to the agent that produced it as a failed result, like a
     turn-mode result refused by an archived caller (OP §5.4, issue 12 item 5). Returns the
     debts settled. Precondition: the branch row (and its session's) is locked."""
-    if not branch.archived or is_busy(branch):
+    if not branch.archived or (not idle and is_busy(branch)):
         return []  # a running turn (archive never cancels it) still drains its mailbox
     exc = Invalid(f"agent {branch.display_name} is archived; its mailbox is never read again", code="archived")
     settled = []

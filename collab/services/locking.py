@@ -4,7 +4,7 @@ The order, everywhere:
 
     project → session(s) → branch(es) → job(s)
 
-- **project**: only a worker's claim takes it (fair share, ``take_running_slot``), first.
+- **project**: only a worker's claim takes it (fair share, ``fair_share.lock_project_for_claim``), first.
 - **sessions**: a root session before its child sessions, otherwise by id
   (``lock_sessions``). Every event row-locks its session (``Session.last_event_seq``),
   so a transaction that writes on a branch or job locks the sessions it will write
@@ -32,6 +32,9 @@ helpers only read the rows.
 """
 
 from contextlib import contextmanager
+
+from django.db import connections, transaction
+from django.db.models.sql import UpdateQuery
 
 from collab.models import Branch, Job, Session
 
@@ -101,3 +104,67 @@ def kept_on_rollback(branch: Branch):
         else:
             branch._state.fields_cache.pop("tip", None)
         raise
+
+
+def update_returning(queryset, *, returning=None, **values):
+    """``queryset.update(**values)`` that also hands back the rows it changed, as they are after
+    it, read by the UPDATE itself (``UPDATE … RETURNING``): the row lock the UPDATE takes is held
+    as they are read, and no second statement reads them again. A conditional UPDATE that
+    matched nothing returns []. Rows are converted as a SELECT of the model would convert them.
+    ``returning``: {name: expression} evaluated by the same statement on each changed row (after
+    the change), set on the instances as attributes (booleans: EXISTS …)."""
+    returning = returning or {}
+    model, db = queryset.model, queryset.db
+    connection = connections[db]
+    if not connection.features.can_return_columns_from_insert:  # SQLite before 3.35: no RETURNING
+        # (its write transaction holds the whole database, so reading the rows first is the same)
+        pks = list(queryset.values_list("pk", flat=True))
+        rows = model._base_manager.using(db).filter(pk__in=pks)
+        rows.update(**values)
+        return list(rows.annotate(**returning))
+    query = queryset.query.chain(UpdateQuery)
+    query.add_update_values(values)
+    query.annotations = {}
+    compiler = query.get_compiler(db)
+    sql, params = compiler.as_sql()  # as_sql sets the query up itself
+    if not sql:
+        return []
+    fields = model._meta.concrete_fields
+    columns = [connection.ops.quote_name(f.column) for f in fields]
+    params = list(params)
+    for expression in returning.values():
+        extra_sql, extra_params = compiler.compile(expression.resolve_expression(query, allow_joins=False))
+        columns.append(extra_sql)
+        params.extend(extra_params)
+    sql += " RETURNING " + ", ".join(columns)
+    with transaction.mark_for_rollback_on_error(using=db), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    select = model._base_manager.using(db).all().query.get_compiler(db)
+    select.setup_query()
+    converters = select.get_converters([col for col, _sql, _alias in select.select])
+    if converters:
+        rows = select.apply_converters(rows, converters)
+    names, extra = [f.attname for f in fields], list(returning)
+    instances = []
+    for row in rows:
+        row = tuple(row)
+        instance = model.from_db(db, names, row[:len(names)])
+        for name, value in zip(extra, row[len(names):]):
+            setattr(instance, name, value)
+        instances.append(instance)
+    return instances
+
+
+def refresh_from_row(instance, row) -> None:
+    """What ``instance.refresh_from_db()`` does, from a row already read (``update_returning``):
+    every field takes the row's value, and cached related rows are dropped (they load again
+    when read)."""
+    for field in instance._meta.concrete_fields:
+        setattr(instance, field.attname, getattr(row, field.attname))
+        if field.is_relation and field.is_cached(instance):
+            field.delete_cached_value(instance)
+    for field in instance._meta.related_objects:
+        if field.is_cached(instance):
+            field.delete_cached_value(instance)
+    instance._state.db = row._state.db

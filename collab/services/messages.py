@@ -4,10 +4,16 @@ from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from collab.events import clip, send_event_on_commit
+from collab.events import clip, deferred_event, send_event_on_commit
 from collab.models import Branch, Message, MessageKind
 from collab.services.locking import lock_session
 from collab.text import clean_data, clean_text
+
+
+def _deferring(events: list):
+    def defer(_session_id, type_, payload, actor=None, touch=None):
+        events.append(deferred_event(type_, payload, actor, touch=touch))
+    return defer
 
 
 def append_message(
@@ -26,6 +32,9 @@ def append_message(
     move_tip: bool = True,
     actor=None,
     session_locked: bool = False,
+    ends_turn: bool = False,
+    message_id: str | None = None,
+    events: list | None = None,
 ) -> Message:
     """Write a node after ``predecessor`` (default: the branch tip, or its fork point)
     and, unless ``move_tip`` is False (side nodes such as attach pointers), make it the tip.
@@ -35,7 +44,11 @@ def append_message(
     Cost is O(1) in history length: only the predecessor's depth and turn are read.
     Text, tool calls and metadata pass the text boundary (``collab.text``) here, whoever wrote them.
     ``session_locked``: the caller holds the session's row lock already (taken first, in the
-    lock order), so it is not taken again here.
+    lock order), so it is not taken again here. ``ends_turn``: the node closes a turn that ran;
+    the branch's ``turns`` counts it in the statement that moves the tip (the caller counts it
+    in memory). ``message_id``: the node's id, when a row written before it names it already.
+    ``events``: a list the node's ``message.created`` is added to, for the caller to send with
+    the next event of the session in one statement (``collab.events.send_events_on_commit``).
     """
     if move_tip and not session_locked:
         # the session's row first (its event log is written below): lock order session →
@@ -48,6 +61,7 @@ def append_message(
     pred = predecessor if predecessor is not None else (branch.tip or branch.forked_from)
     now = timezone.now()
     message = Message.objects.create(
+        **({"id": message_id} if message_id else {}),
         session_id=branch.session_id,
         predecessor=pred,
         branch=branch,
@@ -65,13 +79,14 @@ def append_message(
     )
     if move_tip:
         # last activity orders name resolution and listings: the database's clock (SPEC §7)
-        Branch.objects.filter(pk=branch.pk).update(tip=message, chars=F("chars") + len(text), last_active_at=Now())
+        more = {"turns": F("turns") + 1} if ends_turn else {}
+        Branch.objects.filter(pk=branch.pk).update(tip=message, chars=F("chars") + len(text), last_active_at=Now(), **more)
         branch.tip = message
         branch.chars += len(text)
         branch.last_active_at = now
     # the session's last activity rides on the event's own UPDATE of the session row (locked
     # first above, or by that UPDATE: the event locks it either way), not a commit of its own
-    send_event_on_commit(
+    (send_event_on_commit if events is None else _deferring(events))(
         branch.session_id,
         "message.created",
         {

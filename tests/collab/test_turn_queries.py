@@ -11,9 +11,23 @@ from django.db import connection
 from collab.models import Job, Session
 
 # measured after issue 15's cuts (the two figures are what a turn costs today; lower them when
-# a cut lands, never raise them without saying why in the commit)
-ADMISSION_QUERIES = 16
-WORKER_QUERIES = 33  # 32 + the project's webhooks read (FOR KEY SHARE) in the completion (issue 16 item 4)
+# a cut lands, never raise them without saying why in the commit). Before issue 15 item 1's second
+# round: admission 16, worker 33 (32 + the project's webhooks read, FOR KEY SHARE, issue 16 item 4).
+# Since: the claim's UPDATE counts the project's running jobs (fair share), returns the claimed row
+# (UPDATE … RETURNING) and whether results are owed to the branch (the first drain's question), as
+# the completion's UPDATE returns the ended row; the completion knows the session from the claim;
+# the turn is counted in the UPDATE that moves the tip; no stop check after the answer (the
+# completion's locked read decides); no "is the branch busy" after its one running job ended; the
+# project's waiting jobs are read with its running count in one statement; the admission's job row
+# names its prompt node from its INSERT on; the completion asks in one statement what waits for
+# the branch (inbox, owed results, its next queued job, the project's waiting jobs). Events: on PostgreSQL one statement writes all the
+# events a step has for one session (a data-modifying CTE: the session's numbers and the rows —
+# the prompt node's and job.queued; job.running; the answer's and job.succeeded); SQLite writes
+# each in two (the number, then the row).
+if connection.vendor == "postgresql":
+    ADMISSION_QUERIES, WORKER_QUERIES = 12, 17
+else:
+    ADMISSION_QUERIES, WORKER_QUERIES = 15, 21
 ADMISSION_COMMITS = 1
 WORKER_COMMITS = 2
 
@@ -98,3 +112,24 @@ def test_spec_13_a_scripted_turn_costs_a_bounded_number_of_queries(second_turn):
     assert len(worker) <= WORKER_QUERIES, worker.listing()
     # the physical minimum (SPEC §13): the admission; the claim and the completion
     assert (admission.commits, worker.commits) == (ADMISSION_COMMITS, WORKER_COMMITS)
+
+
+def test_a_turns_events_keep_their_order_and_numbers(second_turn):
+    """The events a turn writes together (one statement on PostgreSQL) come in the order they
+    were made, numbered one after another from the session's count, which ends at the last."""
+    from collab.models import Event
+    from collab.runtime.loop import run_job
+    from collab.services.turns import do_start_user_turn
+
+    user, session = second_turn
+    before = Session.objects.get(pk=session.pk).last_event_seq
+    job = do_start_user_turn(user, session, "second")
+    run_job(job.pk)
+    events = list(Event.objects.filter(session_id=session.pk, seq__gt=before).order_by("seq"))
+    assert [e.type for e in events] == ["message.created", "job.queued", "job.running", "message.created", "job.succeeded"]
+    assert [e.seq for e in events] == list(range(before + 1, before + 6))
+    assert Session.objects.get(pk=session.pk).last_event_seq == before + 5
+    assert {e.project_id for e in events} == {session.project_id}
+    assert events[0].payload["text"] == "second" and events[3].payload["text"] == "ok second"
+    assert [e.payload["status"] for e in events if e.type.startswith("job.")] == ["queued", "running", "succeeded"]
+    assert events[1].actor_id == user.pk and events[0].actor_id == user.pk
