@@ -16,7 +16,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection, transaction
 
-from collab.models import Event
+from collab.models import Event, Message
 from collab.text import bound_text, clean_data
 
 log = logging.getLogger(__name__)
@@ -59,12 +59,15 @@ def _next_project_seq(project_id: int) -> int:
         return cursor.fetchone()[0]
 
 
-def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, *, touch=None) -> Event:
+def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, *, touch=None,
+                         stored: dict | None = None) -> Event:
     """Append an event to the session's log now; push it to live listeners after commit.
 
     Must be called inside ``transaction.atomic``: the event commits or rolls back
     with the change it describes. ``touch`` (a time) also sets the session's last activity,
     in the statement that takes the event's number (no query or commit of its own).
+    ``stored``: what the log row keeps instead of ``payload``, when every reader of the log puts
+    the rest back (``message_event_ref`` / ``with_message_fields``); live listeners get ``payload``.
     """
     if not connection.in_atomic_block:
         raise RuntimeError("send_event_on_commit must run inside transaction.atomic")
@@ -72,9 +75,10 @@ def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, 
     payload = clean_data(payload)
     seq, project_id = _next_seq(session_id, touch)
     event = Event.objects.create(
-        project_id=project_id, session_id=session_id, seq=seq, type=type, payload=payload, actor_id=actor_id
+        project_id=project_id, session_id=session_id, seq=seq, type=type, actor_id=actor_id,
+        payload=payload if stored is None else clean_data(stored),
     )
-    wire = event.as_wire()
+    wire = {**event.as_wire(), "payload": payload}
     transaction.on_commit(lambda: push_event(session_id, wire))
     return event
 
@@ -179,6 +183,53 @@ def clip(text: str, limit: int = MAX_TEXT_IN_EVENT) -> dict:
     if not truncated:
         return {"text": text}
     return {"text": bounded, "text_truncated": True, "text_length": len(text)}
+
+
+MESSAGE_CREATED = "message.created"
+MESSAGE_EVENT_FIELDS = ("id", "session_id", "branch_id", "predecessor_id", "role", "kind", "job_id", "tool_calls", "text")
+
+
+def message_event(message: Message) -> dict:
+    """The payload clients receive in a ``message.created`` event (SPEC §11.1): the message's
+    fields, its text clipped (``clip``). Live listeners get it as written; the log keeps only
+    ``message_event_ref`` and every read of the log rebuilds this from the (immutable) message
+    row — the text is stored once, in the message (issue 15 item 1)."""
+    return {
+        "id": message.id,
+        "address": message.address,
+        "branch": message.branch_id,
+        "predecessor": message.predecessor_id,
+        "role": message.role,
+        "kind": message.kind,
+        "job": message.job_id,
+        "tool_calls": message.tool_calls,
+        **clip(message.text),
+    }
+
+
+def message_event_ref(message: Message) -> dict:
+    """What the log row of a ``message.created`` holds: the message's id (replays cut the DAG
+    at it, ``collab.selectors.dag.replay_cutoff``) and its job (one execution's events are
+    found by ``payload.job``: ``collab.selectors.events.events_after``)."""
+    return {"id": message.id, "job": message.job_id}
+
+
+def with_message_fields(events) -> list:
+    """``Event`` rows read from the log, each ``message.created`` that holds only
+    ``message_event_ref`` given back the payload its live listeners got (``message_event``):
+    one query for the lot, none without such a row. Rows that hold the whole payload (written
+    before issue 15) are left as they are. In place — log rows are never saved again — and
+    returned as a list. Every reader of event payloads goes through here (API, sockets, SSE,
+    pages, activity, audit)."""
+    events = list(events)
+    refs = [e for e in events if e.type == MESSAGE_CREATED and isinstance(e.payload, dict)
+            and "role" not in e.payload and isinstance(e.payload.get("id"), str)]
+    if refs:
+        messages = Message.objects.only(*MESSAGE_EVENT_FIELDS).in_bulk({e.payload["id"] for e in refs})
+        for e in refs:
+            if (message := messages.get(e.payload["id"])) is not None:
+                e.payload = {**message_event(message), **e.payload}
+    return events
 
 
 def record_project_event(project_id: int, type: str, payload: dict, actor=None) -> Event:

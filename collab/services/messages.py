@@ -4,7 +4,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from collab.events import clip, send_event_on_commit
+from collab.events import MESSAGE_CREATED, message_event, message_event_ref, send_event_on_commit
 from collab.models import Branch, Message, MessageKind
 from collab.services.locking import lock_session
 from collab.text import clean_data, clean_text
@@ -70,22 +70,11 @@ def append_message(
         branch.chars += len(text)
         branch.last_active_at = now
     # the session's last activity rides on the event's own UPDATE of the session row (locked
-    # first above, or by that UPDATE: the event locks it either way), not a commit of its own
+    # first above, or by that UPDATE: the event locks it either way), not a commit of its own.
+    # The log keeps a reference, not a second copy of the text (issue 15 item 1): its readers
+    # rebuild the payload from this row (``collab.events.with_message_fields``).
     send_event_on_commit(
-        branch.session_id,
-        "message.created",
-        {
-            "id": message.id,
-            "address": message.address,
-            "branch": branch.id,
-            "predecessor": pred.id if pred else None,
-            "role": role,
-            "kind": kind,
-            "job": getattr(job, "pk", job),
-            "tool_calls": tool_calls,
-            **clip(text),
-        },
-        actor=actor,
-        touch=now,
+        branch.session_id, MESSAGE_CREATED, message_event(message), actor=actor, touch=now,
+        stored=message_event_ref(message),
     )
     return message
