@@ -12,7 +12,11 @@ constant per message"): indexes that every turn paid for and no query needs.
   ``LIKE 'prefix%'`` under a non-C collation, and no query matches ids by prefix; equality
   lookups use the plain index. The ``collab_branch`` and ``collab_session`` rows, updated on
   every turn, get a fillfactor that leaves room on their page for those HOT row versions.
+
+SQLite alters a field by rebuilding its table, which drops the table's triggers: the job
+transition guard (0004, as 0013 left it) is put back after, both ways.
 """
+import importlib
 
 import django.db.models.deletion
 from django.conf import settings
@@ -35,7 +39,16 @@ def _like_indexes(apps, schema_editor):
                 yield model, field, schema_editor._create_index_name(model._meta.db_table, [field.column], suffix="_like")
 
 
+def restore_job_transition_guard(apps, schema_editor):
+    """SQLite only: the trigger of 0013, lost when collab_job was rebuilt (PostgreSQL keeps it)."""
+    if schema_editor.connection.vendor == "sqlite":
+        guard = importlib.import_module("collab.migrations.0013_stopping_ends_cancelled")
+        for statement in guard.sqlite(guard.LEGAL):
+            schema_editor.execute(statement)
+
+
 def drop_like_indexes(apps, schema_editor):
+    restore_job_transition_guard(apps, schema_editor)
     if schema_editor.connection.vendor != "postgresql":
         return
     for model, _, index in _like_indexes(apps, schema_editor):
@@ -62,6 +75,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # undone last: after the fields below are altered back (rebuilding collab_job on SQLite)
+        migrations.RunPython(migrations.RunPython.noop, restore_job_transition_guard, elidable=False),
         migrations.RemoveIndex(
             model_name='event',
             name='event_type_created',
