@@ -16,7 +16,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection, transaction
 
-from collab.models import Event, Message
+from collab.models import Event, Job, Message
 from collab.text import bound_text, clean_data
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, 
     with the change it describes. ``touch`` (a time) also sets the session's last activity,
     in the statement that takes the event's number (no query or commit of its own).
     ``stored``: what the log row keeps instead of ``payload``, when every reader of the log puts
-    the rest back (``message_event_ref`` / ``with_message_fields``); live listeners get ``payload``.
+    the rest back (``message_event_ref`` / ``with_full_payloads``); live listeners get ``payload``.
     """
     if not connection.in_atomic_block:
         raise RuntimeError("send_event_on_commit must run inside transaction.atomic")
@@ -214,13 +214,32 @@ def message_event_ref(message: Message) -> dict:
     return {"id": message.id, "job": message.job_id}
 
 
-def with_message_fields(events) -> list:
-    """``Event`` rows read from the log, each ``message.created`` that holds only
-    ``message_event_ref`` given back the payload its live listeners got (``message_event``):
-    one query for the lot, none without such a row. Rows that hold the whole payload (written
-    before issue 15) are left as they are. In place — log rows are never saved again — and
-    returned as a list. Every reader of event payloads goes through here (API, sockets, SSE,
-    pages, activity, audit)."""
+def job_event_ref(type: str, payload: dict) -> dict:
+    """What the log row of a job's state change (``job.queued``, ``job.running``, ``job.<end>``,
+    payload ``collab.services.admission.job_wire``) holds: its fields less those a reader
+    derives — the status its type names, the job's kind and branch (fixed for its life), and
+    ``is_error``/``error_code`` while they are unset. ``job`` and ``version`` always stay."""
+    derived = _job_derived(type, payload.get("kind"), payload.get("branch"))
+    return {k: v for k, v in payload.items() if k not in derived or derived[k] != v}
+
+
+def _job_derived(type: str, kind, branch) -> dict:
+    return {"status": type.removeprefix("job."), "kind": kind, "branch": branch, "is_error": False, "error_code": ""}
+
+
+def _is_job_ref(event) -> bool:
+    return (event.type.startswith("job.") and isinstance(event.payload, dict) and "kind" not in event.payload
+            and isinstance(event.payload.get("job"), str))
+
+
+def with_full_payloads(events) -> list:
+    """``Event`` rows read from the log, each stored as a reference given back the payload its
+    live listeners got: a ``message.created`` holding ``message_event_ref`` its message's fields
+    (``message_event``), a job's state change holding ``job_event_ref`` the fields derived from
+    its type and job. One query for the messages and one for the jobs, none without such rows.
+    Rows that hold the whole payload (written before issue 15) are left as they are. In place —
+    log rows are never saved again — and returned as a list. Every reader of event payloads goes
+    through here (API, sockets, SSE, pages, activity, audit)."""
     events = list(events)
     refs = [e for e in events if e.type == MESSAGE_CREATED and isinstance(e.payload, dict)
             and "role" not in e.payload and isinstance(e.payload.get("id"), str)]
@@ -229,6 +248,15 @@ def with_message_fields(events) -> list:
         for e in refs:
             if (message := messages.get(e.payload["id"])) is not None:
                 e.payload = {**message_event(message), **e.payload}
+    job_refs = [e for e in events if _is_job_ref(e)]
+    if job_refs:
+        jobs = {pk: (kind, branch) for pk, kind, branch in
+                Job.objects.filter(pk__in={e.payload["job"] for e in job_refs}).values_list("pk", "kind", "branch_id")}
+        for e in job_refs:
+            if (job := jobs.get(e.payload["job"])) is not None:
+                derived = _job_derived(e.type, *job)
+                # job_wire's order: job, status, version, kind, branch, is_error, error_code
+                e.payload = {"job": None, "status": derived.pop("status"), "version": None, **derived, **e.payload}
     return events
 
 

@@ -15,7 +15,7 @@ from django.db.models import Exists, OuterRef, Q
 from django_q.tasks import async_task
 
 from collab.errors import Conflict, Invalid
-from collab.events import send_event_on_commit
+from collab.events import job_event_ref, send_event_on_commit
 from collab.models import (
     MAX_PROMPT_CHARS,
     Branch,
@@ -66,7 +66,8 @@ def job_wire(job: Job) -> dict:
 def send_job_event(job: Job, type_: str, session: Session | None = None, actor=None) -> None:
     """A job's state change, on its session's log — and, for an OpenWork child, on the parent
     session's too (``child.job``), so the parent's agent rail updates live."""
-    send_event_on_commit(job.session_id, type_, job_wire(job), actor=actor)
+    wire = job_wire(job)  # the log keeps what its readers cannot derive (issue 15 item 1)
+    send_event_on_commit(job.session_id, type_, wire, actor=actor, stored=job_event_ref(type_, wire))
     session = session if session is not None else job.session
     if session.parent_session_id:
         send_event_on_commit(

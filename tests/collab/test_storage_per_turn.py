@@ -5,10 +5,10 @@ not a second copy of the text, while every reader still gets the whole payload (
 indexes no query needs do not exist (migration 0018)."""
 
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
-from collab.events import message_event, send_event_on_commit, with_message_fields
-from collab.models import Event, Message
+from collab.events import message_event, send_event_on_commit, with_full_payloads
+from collab.models import Event, Job, Message
 from collab.selectors.events import events_after
 
 PER_TURN_TABLES = ("collab_event", "collab_message", "collab_job", "collab_branch", "collab_session")
@@ -29,6 +29,25 @@ def test_a_message_created_event_stores_the_message_id_and_job_not_its_text(team
     assert [e.payload for e in stored] == [{"id": m.id, "job": m.job_id} for m in messages]
 
 
+def test_a_job_event_stores_what_cannot_be_derived_from_its_type_and_job(team, scripted_session, run_queued):
+    api, sid = scripted_session(team.member, [{"text": "ok"}])
+    jid = api.post(f"/api/sessions/{sid}/turns", {"prompt": "hello"}).json()["execution_id"]
+    run_queued()
+
+    stored = Event.objects.filter(session_id=sid, type__startswith="job.").order_by("seq")
+    assert [(e.type, e.payload) for e in stored] == [
+        ("job.queued", {"job": jid, "version": 1}),
+        ("job.running", {"job": jid, "version": 2}),
+        ("job.succeeded", {"job": jid, "version": 3}),
+    ]
+    job = Job.objects.get(pk=jid)
+    read = [e["payload"] for e in api.get(f"/api/sessions/{sid}/events", after=0).json()["events"]
+            if e["type"].startswith("job.")]
+    assert read == [{"job": jid, "status": status, "version": version, "kind": "user", "branch": job.branch_id,
+                     "is_error": False, "error_code": ""}
+                    for status, version in (("queued", 1), ("running", 2), ("succeeded", 3))]
+
+
 def test_readers_of_the_log_get_the_payload_live_listeners_got(team, scripted_session, run_queued, monkeypatch):
     pushed = []
     monkeypatch.setattr("collab.events.push_event", lambda session_id, wire: pushed.append(wire))
@@ -45,7 +64,11 @@ def test_readers_of_the_log_get_the_payload_live_listeners_got(team, scripted_se
     [live] = [w["payload"] for w in pushed if w["type"] == "message.created"]
     assert live == expected
     assert message_created(api, sid)[-1] == expected
-    [row] = with_message_fields(Event.objects.filter(session_id=sid, type="message.created", seq__gt=2))
+    # every event the worker pushed (claim, answer, completion) reads back from the log the same
+    logged = {e["seq"]: e for e in api.get(f"/api/sessions/{sid}/events", after=0).json()["events"]}
+    assert [w["type"] for w in pushed] == ["job.running", "message.created", "job.succeeded"]
+    assert [logged[w["seq"]] for w in pushed] == pushed
+    [row] = with_full_payloads(Event.objects.filter(session_id=sid, type="message.created", seq__gt=2))
     assert row.payload == expected
 
 
@@ -74,19 +97,26 @@ def test_rows_that_hold_the_whole_payload_are_read_as_they_are(team, scripted_se
     assert wire["payload"] == old
 
 
-def test_a_page_of_events_reads_its_messages_in_one_query(team, scripted_session, run_queued,
-                                                          django_assert_num_queries):
+def test_a_page_of_events_reads_its_messages_and_jobs_in_one_query_each(team, scripted_session, run_queued,
+                                                                         django_assert_num_queries):
     api, sid = scripted_session(team.member, [{"text": "ok"}])
     for prompt in ("one", "two", "three"):
         assert api.post(f"/api/sessions/{sid}/turns", {"prompt": prompt}).status_code == 202
     run_queued()
-    events = list(Event.objects.filter(session_id=sid))
-    assert sum(e.type == "message.created" for e in events) == 6
+    def log():
+        return list(Event.objects.filter(session_id=sid))  # read afresh: the payloads are rebuilt in place
+    assert sum(e.type == "message.created" for e in log()) == 6
 
+    events, no_messages, neither = log(), [e for e in log() if e.type != "message.created"], log()[:1]
+    assert neither[0].type == "session.created"
+    with django_assert_num_queries(2):
+        with_full_payloads(events)
     with django_assert_num_queries(1):
-        with_message_fields(events)
+        with_full_payloads(no_messages)
     with django_assert_num_queries(0):
-        with_message_fields([e for e in events if e.type != "message.created"])
+        with_full_payloads(neither)
+    with django_assert_num_queries(0):
+        with_full_payloads(events)  # rebuilt already
 
 
 def indexes(table: str, unique: bool = True) -> dict:
@@ -137,3 +167,14 @@ def test_per_turn_tables_keep_no_pattern_ops_copy_of_their_indexes(db):
         assert cursor.fetchall() == []
         cursor.execute("SELECT relname, reloptions FROM pg_class WHERE relname IN ('collab_branch', 'collab_session')")
         assert dict(cursor.fetchall()) == {"collab_branch": ["fillfactor=70"], "collab_session": ["fillfactor=70"]}
+
+
+def test_the_job_transition_guard_survives_the_migration(team, scripted_session, run_queued):
+    """Migration 0018 rebuilds collab_job on SQLite, which drops its triggers: the guard of 0004
+    and 0013 is put back (PostgreSQL keeps it)."""
+    api, sid = scripted_session(team.member, [{"text": "ok"}])
+    jid = api.post(f"/api/sessions/{sid}/turns", {"prompt": "hello"}).json()["execution_id"]
+    run_queued()
+    assert Job.objects.get(pk=jid).status == "succeeded"
+    with pytest.raises(DatabaseError), transaction.atomic():
+        Job.objects.filter(pk=jid).update(status="running")
