@@ -72,7 +72,7 @@ def append_message(
     # the session's last activity rides on the event's own UPDATE of the session row (locked
     # first above, or by that UPDATE: the event locks it either way), not a commit of its own.
     # The log keeps a reference, not a second copy of the text (issue 15 item 1): its readers
-    # rebuild the payload from this row (``collab.events.with_message_fields``).
+    # rebuild the payload from this row (``collab.events.with_full_payloads``).
     send_event_on_commit(
         branch.session_id, MESSAGE_CREATED, message_event(message), actor=actor, touch=now,
         stored=message_event_ref(message),
