@@ -18,7 +18,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
 from django.db import connection, transaction
 
-from collab.models import Event
+from collab.models import Event, Job, Message
 from collab.text import bound_text, clean_data
 
 log = logging.getLogger(__name__)
@@ -139,26 +139,30 @@ def _next_project_seq(project_id: int) -> int:
         return cursor.fetchone()[0]
 
 
-def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, *, touch=None) -> Event:
+def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, *, touch=None,
+                         stored: dict | None = None) -> Event:
     """Append an event to the session's log now; push it to live listeners after commit.
 
     Must be called inside ``transaction.atomic``: the event commits or rolls back
     with the change it describes. ``touch`` (a time) also sets the session's last activity,
     in the statement that takes the event's number (no query or commit of its own).
+    ``stored``: what the log row keeps instead of ``payload``, when every reader of the log puts
+    the rest back (``message_event_ref`` / ``with_full_payloads``); live listeners get ``payload``.
     """
     if not connection.in_atomic_block:
         raise RuntimeError("send_event_on_commit must run inside transaction.atomic")
     actor_id = getattr(actor, "pk", actor)
     payload = clean_data(payload)
+    kept = payload if stored is None else clean_data(stored)
     if connection.vendor == "postgresql":
-        event = _append_event(session_id, Event(session_id=session_id, type=type, payload=payload, actor_id=actor_id),
+        event = _append_event(session_id, Event(session_id=session_id, type=type, payload=kept, actor_id=actor_id),
                               touch)
     else:  # SQLite has no data-modifying CTE: the number, then the row (the database is held anyway)
         seq, project_id = _next_seq(session_id, touch)
         event = Event.objects.create(
-            project_id=project_id, session_id=session_id, seq=seq, type=type, payload=payload, actor_id=actor_id
+            project_id=project_id, session_id=session_id, seq=seq, type=type, payload=kept, actor_id=actor_id
         )
-    wire = event.as_wire()
+    wire = {**event.as_wire(), "payload": payload}
     transaction.on_commit(lambda: push_event(session_id, wire))
     return event
 
@@ -170,25 +174,29 @@ def send_events_on_commit(session_id: str, events: list) -> list[Event]:
     what ``deferred_event`` makes; the last ``touch`` among them sets the session's last activity."""
     if not connection.in_atomic_block:
         raise RuntimeError("send_events_on_commit must run inside transaction.atomic")
-    rows = [Event(session_id=session_id, type=type_, payload=clean_data(payload), actor_id=getattr(actor, "pk", actor))
-            for type_, payload, actor, _touch in events]
+    rows, payloads = [], []
+    for type_, payload, actor, _touch, stored in events:
+        payloads.append(clean_data(payload))
+        rows.append(Event(session_id=session_id, type=type_, actor_id=getattr(actor, "pk", actor),
+                          payload=payloads[-1] if stored is None else clean_data(stored)))
     if not rows:
         return []
-    touch = next((t for *_rest, t in reversed(events) if t is not None), None)
+    touch = next((touch for *_rest, touch, _stored in reversed(events) if touch is not None), None)
     if connection.vendor == "postgresql":
         _append_events(session_id, rows, touch)
     else:  # SQLite: one event after the other (number, then row)
         for n, row in enumerate(rows):
             row.seq, row.project_id = _next_seq(session_id, touch if n == 0 else None)
             row.save(force_insert=True)
-    wires = [row.as_wire() for row in rows]
+    wires = [{**row.as_wire(), "payload": payload} for row, payload in zip(rows, payloads)]
     transaction.on_commit(lambda: [push_event(session_id, wire) for wire in wires])
     return rows
 
 
-def deferred_event(type: str, payload: dict, actor=None, *, touch=None) -> tuple:
-    """An event to send later with others of its session (``send_events_on_commit``)."""
-    return (type, payload, actor, touch)
+def deferred_event(type: str, payload: dict, actor=None, *, touch=None, stored: dict | None = None) -> tuple:
+    """An event to send later with others of its session (``send_events_on_commit``); the
+    arguments mean what they mean to ``send_event_on_commit``."""
+    return (type, payload, actor, touch, stored)
 
 
 def push_event(session_id: str, wire: dict) -> None:
@@ -333,6 +341,81 @@ def clip(text: str, limit: int = MAX_TEXT_IN_EVENT) -> dict:
     if not truncated:
         return {"text": text}
     return {"text": bounded, "text_truncated": True, "text_length": len(text)}
+
+
+MESSAGE_CREATED = "message.created"
+MESSAGE_EVENT_FIELDS = ("id", "session_id", "branch_id", "predecessor_id", "role", "kind", "job_id", "tool_calls", "text")
+
+
+def message_event(message: Message) -> dict:
+    """The payload clients receive in a ``message.created`` event (SPEC §11.1): the message's
+    fields, its text clipped (``clip``). Live listeners get it as written; the log keeps only
+    ``message_event_ref`` and every read of the log rebuilds this from the (immutable) message
+    row — the text is stored once, in the message (issue 15 item 1)."""
+    return {
+        "id": message.id,
+        "address": message.address,
+        "branch": message.branch_id,
+        "predecessor": message.predecessor_id,
+        "role": message.role,
+        "kind": message.kind,
+        "job": message.job_id,
+        "tool_calls": message.tool_calls,
+        **clip(message.text),
+    }
+
+
+def message_event_ref(message: Message) -> dict:
+    """What the log row of a ``message.created`` holds: the message's id (replays cut the DAG
+    at it, ``collab.selectors.dag.replay_cutoff``) and its job (one execution's events are
+    found by ``payload.job``: ``collab.selectors.events.events_after``)."""
+    return {"id": message.id, "job": message.job_id}
+
+
+def job_event_ref(type: str, payload: dict) -> dict:
+    """What the log row of a job's state change (``job.queued``, ``job.running``, ``job.<end>``,
+    payload ``collab.services.admission.job_wire``) holds: its fields less those a reader
+    derives — the status its type names, the job's kind and branch (fixed for its life), and
+    ``is_error``/``error_code`` while they are unset. ``job`` and ``version`` always stay."""
+    derived = _job_derived(type, payload.get("kind"), payload.get("branch"))
+    return {k: v for k, v in payload.items() if k not in derived or derived[k] != v}
+
+
+def _job_derived(type: str, kind, branch) -> dict:
+    return {"status": type.removeprefix("job."), "kind": kind, "branch": branch, "is_error": False, "error_code": ""}
+
+
+def _is_job_ref(event) -> bool:
+    return (event.type.startswith("job.") and isinstance(event.payload, dict) and "kind" not in event.payload
+            and isinstance(event.payload.get("job"), str))
+
+
+def with_full_payloads(events) -> list:
+    """``Event`` rows read from the log, each stored as a reference given back the payload its
+    live listeners got: a ``message.created`` holding ``message_event_ref`` its message's fields
+    (``message_event``), a job's state change holding ``job_event_ref`` the fields derived from
+    its type and job. One query for the messages and one for the jobs, none without such rows.
+    Rows that hold the whole payload (written before issue 15) are left as they are. In place —
+    log rows are never saved again — and returned as a list. Every reader of event payloads goes
+    through here (API, sockets, SSE, pages, activity, audit)."""
+    events = list(events)
+    refs = [e for e in events if e.type == MESSAGE_CREATED and isinstance(e.payload, dict)
+            and "role" not in e.payload and isinstance(e.payload.get("id"), str)]
+    if refs:
+        messages = Message.objects.only(*MESSAGE_EVENT_FIELDS).in_bulk({e.payload["id"] for e in refs})
+        for e in refs:
+            if (message := messages.get(e.payload["id"])) is not None:
+                e.payload = {**message_event(message), **e.payload}
+    job_refs = [e for e in events if _is_job_ref(e)]
+    if job_refs:
+        jobs = {pk: (kind, branch) for pk, kind, branch in
+                Job.objects.filter(pk__in={e.payload["job"] for e in job_refs}).values_list("pk", "kind", "branch_id")}
+        for e in job_refs:
+            if (job := jobs.get(e.payload["job"])) is not None:
+                derived = _job_derived(e.type, *job)
+                # job_wire's order: job, status, version, kind, branch, is_error, error_code
+                e.payload = {"job": None, "status": derived.pop("status"), "version": None, **derived, **e.payload}
+    return events
 
 
 def record_project_event(project_id: int, type: str, payload: dict, actor=None) -> Event:

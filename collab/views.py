@@ -47,7 +47,7 @@ from collab.selectors.stats import project_stats, session_stats
 from collab.selectors.dag import dag_page
 from collab.selectors.shapes import session_usage
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
-from collab.selectors.audit import event_record, project_events
+from collab.selectors.audit import audit_rows, event_records, project_events
 from collab.services.projects import do_set_limits, do_update_project
 from collab.services.watch import do_decide_hold
 from collab.services.webhooks import do_create_webhook, do_delete_webhook, do_rotate_webhook_secret, do_update_webhook
@@ -545,11 +545,12 @@ def audit(request, slug):
     filters = {k: request.GET.get(k, "").strip() for k in AUDIT_FILTERS}
     events = project_events(project, viewer=request.user, **filters)
     if request.GET.get("format") == "jsonl":
-        lines = (json.dumps(event_record(e), ensure_ascii=False) + "\n" for e in events.iterator(chunk_size=500))
+        lines = (json.dumps(record, ensure_ascii=False) + "\n" for record in event_records(events))
         response = StreamingHttpResponse(lines, content_type="application/x-ndjson; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="{project.slug}-events.jsonl"'
         return response
     page = Paginator(events, AUDIT_PAGE_SIZE).get_page(request.GET.get("page"))
+    page.object_list = audit_rows(page.object_list)
     query = urlencode({k: v for k, v in filters.items() if v})
     return render(request, "collab/audit.html", {"project": project, "page": page, "filters": filters, "query": query})
 

@@ -46,10 +46,17 @@ class Branch(models.Model):
     """
 
     id = id_field()
-    session = models.ForeignKey("collab.Session", on_delete=models.CASCADE, related_name="branches")
+    # no index of its own: branch_session_archived leads with it
+    session = models.ForeignKey("collab.Session", on_delete=models.CASCADE, related_name="branches", db_index=False)
     name = models.CharField(max_length=100, blank=True, default="")
     name_stage = models.PositiveSmallIntegerField(choices=NameStage.choices, default=NameStage.NONE)
-    tip = models.ForeignKey("collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # not indexed: nothing looks a branch up by its tip, and the tip moves on every message — an
+    # index on it would make each of those updates write a new entry in every index of the table
+    # instead of a heap-only (HOT) row version (issue 15 item 1). Only deleting a session's
+    # messages reads branches by tip (SET_NULL), and that deletes the session's branches anyway.
+    tip = models.ForeignKey(
+        "collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
     forked_from = models.ForeignKey(
         "collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks",
         help_text="the node this branch's first message follows (null for a new root)",

@@ -83,8 +83,10 @@ class Job(models.Model):
 
     id = id_field()
     project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="jobs")
-    session = models.ForeignKey("collab.Session", on_delete=models.CASCADE, related_name="jobs")
-    branch = models.ForeignKey("collab.Branch", on_delete=models.CASCADE, related_name="jobs")
+    # session, branch, caller_branch: no index of their own, job_session_status, job_branch_status and
+    # job_caller_followup lead with them
+    session = models.ForeignKey("collab.Session", on_delete=models.CASCADE, related_name="jobs", db_index=False)
+    branch = models.ForeignKey("collab.Branch", on_delete=models.CASCADE, related_name="jobs", db_index=False)
     agent_spec = models.ForeignKey("collab.AgentSpec", null=True, blank=True, on_delete=models.SET_NULL)
     kind = models.CharField(max_length=16, choices=JobKind.choices)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
@@ -104,7 +106,7 @@ class Job(models.Model):
     )
     caller_msg = models.ForeignKey("collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     caller_branch = models.ForeignKey(
-        "collab.Branch", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        "collab.Branch", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
     caller_job = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     parent_job = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")

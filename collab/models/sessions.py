@@ -27,7 +27,8 @@ class Session(models.Model):
     """
 
     id = id_field()
-    project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="sessions")
+    # no index of its own: session_project_recent leads with it
+    project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="sessions", db_index=False)
     title = models.CharField(max_length=200, blank=True, default="")
     agent_spec = models.ForeignKey("collab.AgentSpec", null=True, blank=True, on_delete=models.SET_NULL)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
@@ -114,11 +115,12 @@ class Message(models.Model):
     """
 
     id = id_field()
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages")
+    # session and branch: no index of their own, message_session_keyset and message_branch_depth lead with them
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages", db_index=False)
     predecessor = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="successors"
     )
-    branch = models.ForeignKey("collab.Branch", on_delete=models.CASCADE, related_name="messages")
+    branch = models.ForeignKey("collab.Branch", on_delete=models.CASCADE, related_name="messages", db_index=False)
     job = models.ForeignKey("collab.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="messages")
     role = models.CharField(max_length=16, choices=MessageRole.choices)
     kind = models.CharField(max_length=16, choices=MessageKind.choices, default=MessageKind.NORMAL)
@@ -135,8 +137,8 @@ class Message(models.Model):
         ordering = ["depth", "created_at"]
         indexes = [
             models.Index(fields=["branch", "depth"], name="message_branch_depth"),
-            models.Index(fields=["session", "created_at"], name="message_session_created"),
-            # the session DAG's keyset pages: (created_at, id) in one index, newest first (issue 13 item 4)
+            # the session DAG's keyset pages: (created_at, id) in one index, newest first (issue 13 item 4);
+            # read backwards it serves every (session, created_at) order and range too
             models.Index(fields=["session", "-created_at", "-id"], name="message_session_keyset"),
         ]
         constraints = [

@@ -7,6 +7,7 @@ from django.utils.dateparse import parse_datetime
 from django.db.models import Q
 
 from collab.access import visible_session_ids
+from collab.events import with_full_payloads
 from collab.errors import Invalid
 from collab.models import Event
 
@@ -45,6 +46,24 @@ def project_events(project, *, viewer, session: str = "", type: str = "", actor:
     if (end := _when(until, "until")) is not None:
         qs = qs.filter(created_at__lt=end)
     return qs
+
+
+def audit_rows(events) -> list:
+    """A page of ``project_events`` ready to show: events stored as references given their whole
+    payload back (``collab.events.with_full_payloads``; a query for messages, one for jobs)."""
+    return with_full_payloads(events)
+
+
+def event_records(events, chunk: int = 500):
+    """``project_events`` as ``event_record`` dicts, streamed ``chunk`` rows at a time (one query
+    per chunk for the rows, and for its events' messages and jobs: ``with_full_payloads``)."""
+    batch = []
+    for event in events.iterator(chunk_size=chunk):
+        batch.append(event)
+        if len(batch) == chunk:
+            yield from map(event_record, with_full_payloads(batch))
+            batch = []
+    yield from map(event_record, with_full_payloads(batch))
 
 
 def event_record(event: Event) -> dict:

@@ -1,3 +1,4 @@
+from collab.events import with_full_payloads
 from collab.models import Event, Session
 from collab.selectors.redact import Memo, redact_wires
 
@@ -8,13 +9,15 @@ def events_after(session_id: str, after: int = 0, limit: int = PAGE, *, viewer, 
                  job: str | None = None) -> list[dict]:
     """A session's events with ``seq > after``, ascending, as wires ``viewer`` may see: fields
     naming a session they may not see are blanked (issue 17; at most four more queries per
-    page). With ``job``, only the events about that execution (``payload.job``: its status
-    changes, the messages it wrote, its deltas). Callers authorize the session first."""
+    page, and up to two that give events stored as references their whole payload back:
+    ``collab.events.with_full_payloads``). With ``job``, only the events about that execution
+    (``payload.job``: its status changes, the messages it wrote, its deltas). Callers authorize
+    the session first."""
     events = Event.objects.filter(session_id=session_id, seq__gt=after)
     if job is not None:
         events = events.filter(payload__job=job)
     events = events.order_by("seq")[:limit]
-    return redact_wires(viewer, session_id, [e.as_wire() for e in events], memo)
+    return redact_wires(viewer, session_id, [e.as_wire() for e in with_full_payloads(events)], memo)
 
 
 def event_seqs(session_ids) -> dict[str, int]:

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 from collab.access import visible_session_ids
+from collab.events import with_full_payloads
 from collab.models import Branch, Job, Message, MessageKind, Session
 
 REDACTED = "another session"
@@ -244,8 +245,9 @@ def redact_calls(calls: list, hidden: dict[str, str]) -> tuple[list, bool]:
 
 
 def redact_events(viewer, session_id: str, events) -> list[dict]:
-    """``Event`` rows of one session as the wires ``viewer`` may see (at most four queries)."""
-    return redact_wires(viewer, session_id, [e.as_wire() for e in events])
+    """``Event`` rows of one session as the wires ``viewer`` may see (at most six queries: up to
+    two give events stored as references their whole payload back, in place on the rows)."""
+    return redact_wires(viewer, session_id, [e.as_wire() for e in with_full_payloads(events)])
 
 
 def redact_messages(viewer, session_id: str, messages) -> dict[str, str]:

@@ -15,7 +15,7 @@ from django.db.models import Exists, OuterRef, Q
 from django_q.tasks import async_task
 
 from collab.errors import Conflict, Invalid
-from collab.events import deferred_event, send_event_on_commit, send_events_on_commit
+from collab.events import deferred_event, job_event_ref, send_event_on_commit, send_events_on_commit
 from collab.models import (
     MAX_PROMPT_CHARS,
     Branch,
@@ -67,12 +67,15 @@ def job_wire(job: Job) -> dict:
 def send_job_event(job: Job, type_: str, session: Session | None = None, actor=None, *, events=None) -> None:
     """A job's state change, on its session's log — and, for an OpenWork child, on the parent
     session's too (``child.job``), so the parent's agent rail updates live. ``events``: events of
-    the job's session deferred until now (``append_message``'s), sent first, in one statement."""
+    the job's session deferred until now (``append_message``'s), sent first, in one statement.
+    The log keeps what its readers cannot derive (``job_event_ref``, issue 15 item 1)."""
+    wire = job_wire(job)
+    stored = job_event_ref(type_, wire)
     if events:
-        send_events_on_commit(job.session_id, [*events, deferred_event(type_, job_wire(job), actor)])
+        send_events_on_commit(job.session_id, [*events, deferred_event(type_, wire, actor, stored=stored)])
         events.clear()
     else:
-        send_event_on_commit(job.session_id, type_, job_wire(job), actor=actor)
+        send_event_on_commit(job.session_id, type_, wire, actor=actor, stored=stored)
     session = session if session is not None else job.session
     if session.parent_session_id:
         send_event_on_commit(

@@ -4,15 +4,15 @@ from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from collab.events import clip, deferred_event, send_event_on_commit
+from collab.events import MESSAGE_CREATED, deferred_event, message_event, message_event_ref, send_event_on_commit
 from collab.models import Branch, Message, MessageKind
 from collab.services.locking import lock_session
 from collab.text import clean_data, clean_text
 
 
 def _deferring(events: list):
-    def defer(_session_id, type_, payload, actor=None, touch=None):
-        events.append(deferred_event(type_, payload, actor, touch=touch))
+    def defer(_session_id, type_, payload, actor=None, touch=None, stored=None):
+        events.append(deferred_event(type_, payload, actor, touch=touch, stored=stored))
     return defer
 
 
@@ -85,22 +85,11 @@ def append_message(
         branch.chars += len(text)
         branch.last_active_at = now
     # the session's last activity rides on the event's own UPDATE of the session row (locked
-    # first above, or by that UPDATE: the event locks it either way), not a commit of its own
+    # first above, or by that UPDATE: the event locks it either way), not a commit of its own.
+    # The log keeps a reference, not a second copy of the text (issue 15 item 1): its readers
+    # rebuild the payload from this row (``collab.events.with_full_payloads``).
     (send_event_on_commit if events is None else _deferring(events))(
-        branch.session_id,
-        "message.created",
-        {
-            "id": message.id,
-            "address": message.address,
-            "branch": branch.id,
-            "predecessor": pred.id if pred else None,
-            "role": role,
-            "kind": kind,
-            "job": getattr(job, "pk", job),
-            "tool_calls": tool_calls,
-            **clip(text),
-        },
-        actor=actor,
-        touch=now,
+        branch.session_id, MESSAGE_CREATED, message_event(message), actor=actor, touch=now,
+        stored=message_event_ref(message),
     )
     return message

@@ -1,0 +1,180 @@
+"""Storage per turn (issue 15 item 1, SPEC §13 "History": storage grows linearly, ≈ the text plus
+a small constant per message). ``bench/storage.py`` measures the bytes; these tests pin what was
+cut so the bytes cannot creep back: a ``message.created`` event stores a reference to its message,
+not a second copy of the text, while every reader still gets the whole payload (SPEC §11.1); and
+indexes no query needs do not exist (migration 0018)."""
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+
+from collab.events import message_event, send_event_on_commit, with_full_payloads
+from collab.models import Event, Job, Message
+from collab.selectors.events import events_after
+
+PER_TURN_TABLES = ("collab_event", "collab_message", "collab_job", "collab_branch", "collab_session")
+
+
+def message_created(api, sid) -> list[dict]:
+    return [e["payload"] for e in api.get(f"/api/sessions/{sid}/events", after=0).json()["events"]
+            if e["type"] == "message.created"]
+
+
+def test_a_message_created_event_stores_the_message_id_and_job_not_its_text(team, scripted_session, run_queued):
+    api, sid = scripted_session(team.member, [{"text": "echo: {{prompt}}"}])
+    assert api.post(f"/api/sessions/{sid}/turns", {"prompt": "hello"}).status_code == 202
+    run_queued()
+
+    messages = list(Message.objects.filter(session_id=sid).order_by("depth"))
+    stored = Event.objects.filter(session_id=sid, type="message.created").order_by("seq")
+    assert [e.payload for e in stored] == [{"id": m.id, "job": m.job_id} for m in messages]
+
+
+def test_a_job_event_stores_what_cannot_be_derived_from_its_type_and_job(team, scripted_session, run_queued):
+    api, sid = scripted_session(team.member, [{"text": "ok"}])
+    jid = api.post(f"/api/sessions/{sid}/turns", {"prompt": "hello"}).json()["execution_id"]
+    run_queued()
+
+    stored = Event.objects.filter(session_id=sid, type__startswith="job.").order_by("seq")
+    assert [(e.type, e.payload) for e in stored] == [
+        ("job.queued", {"job": jid, "version": 1}),
+        ("job.running", {"job": jid, "version": 2}),
+        ("job.succeeded", {"job": jid, "version": 3}),
+    ]
+    job = Job.objects.get(pk=jid)
+    read = [e["payload"] for e in api.get(f"/api/sessions/{sid}/events", after=0).json()["events"]
+            if e["type"].startswith("job.")]
+    assert read == [{"job": jid, "status": status, "version": version, "kind": "user", "branch": job.branch_id,
+                     "is_error": False, "error_code": ""}
+                    for status, version in (("queued", 1), ("running", 2), ("succeeded", 3))]
+
+
+def test_readers_of_the_log_get_the_payload_live_listeners_got(team, scripted_session, run_queued, monkeypatch):
+    pushed = []
+    monkeypatch.setattr("collab.events.push_event", lambda session_id, wire: pushed.append(wire))
+    api, sid = scripted_session(team.member, [{"text": "echo: {{prompt}}"}])
+    assert api.post(f"/api/sessions/{sid}/turns", {"prompt": "hello"}).status_code == 202
+    run_queued()
+
+    answer = Message.objects.get(session_id=sid, role="assistant")
+    expected = {
+        "id": answer.id, "address": f"{sid}:{answer.id}", "branch": answer.branch_id,
+        "predecessor": answer.predecessor_id, "role": "assistant", "kind": "normal", "job": answer.job_id,
+        "tool_calls": None, "text": "echo: hello",
+    }
+    [live] = [w["payload"] for w in pushed if w["type"] == "message.created"]
+    assert live == expected
+    assert message_created(api, sid)[-1] == expected
+    # every event the worker pushed (claim, answer, completion) reads back from the log the same
+    logged = {e["seq"]: e for e in api.get(f"/api/sessions/{sid}/events", after=0).json()["events"]}
+    assert [w["type"] for w in pushed] == ["job.running", "message.created", "job.succeeded"]
+    assert [logged[w["seq"]] for w in pushed] == pushed
+    [row] = with_full_payloads(Event.objects.filter(session_id=sid, type="message.created", seq__gt=2))
+    assert row.payload == expected
+
+
+def test_a_long_text_comes_back_clipped_as_it_was_sent(team, scripted_session, run_queued):
+    api, sid = scripted_session(team.member, [{"text": "ok"}])
+    prompt = "a" * 3000 + "b" * 3000
+    assert api.post(f"/api/sessions/{sid}/turns", {"prompt": prompt}).status_code == 202
+    run_queued()
+
+    first = message_created(api, sid)[0]
+    assert first["text_truncated"] is True and first["text_length"] == len(prompt)
+    assert first["text"] == message_event(Message.objects.get(session_id=sid, role="user"))["text"]
+    assert first["text"].startswith("aaa") and first["text"].endswith("bbb") and len(first["text"]) < len(prompt)
+
+
+def test_rows_that_hold_the_whole_payload_are_read_as_they_are(team, scripted_session, run_queued):
+    api, sid = scripted_session(team.member, [{"text": "ok"}])
+    assert api.post(f"/api/sessions/{sid}/turns", {"prompt": "hi"}).status_code == 202
+    run_queued()
+    message = Message.objects.get(session_id=sid, role="assistant")
+    old = {**message_event(message), "text": "as logged before issue 15"}
+    with transaction.atomic():
+        seq = send_event_on_commit(sid, "message.created", old).seq
+
+    [wire] = events_after(sid, seq - 1, viewer=team.member)
+    assert wire["payload"] == old
+
+
+def test_a_page_of_events_reads_its_messages_and_jobs_in_one_query_each(team, scripted_session, run_queued,
+                                                                         django_assert_num_queries):
+    api, sid = scripted_session(team.member, [{"text": "ok"}])
+    for prompt in ("one", "two", "three"):
+        assert api.post(f"/api/sessions/{sid}/turns", {"prompt": prompt}).status_code == 202
+    run_queued()
+    def log():
+        return list(Event.objects.filter(session_id=sid))  # read afresh: the payloads are rebuilt in place
+    assert sum(e.type == "message.created" for e in log()) == 6
+
+    events, no_messages, neither = log(), [e for e in log() if e.type != "message.created"], log()[:1]
+    assert neither[0].type == "session.created"
+    with django_assert_num_queries(2):
+        with_full_payloads(events)
+    with django_assert_num_queries(1):
+        with_full_payloads(no_messages)
+    with django_assert_num_queries(0):
+        with_full_payloads(neither)
+    with django_assert_num_queries(0):
+        with_full_payloads(events)  # rebuilt already
+
+
+def indexes(table: str, unique: bool = True) -> dict:
+    """{index name: [columns]} of ``table`` (unique ones too unless ``unique`` is False), read from
+    the catalog (Django's SQLite introspection cannot parse these tables' CHECKs)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT i.relname, x.indisunique, array_agg(a.attname ORDER BY k.n) FROM pg_index x "
+                "JOIN pg_class i ON i.oid = x.indexrelid JOIN unnest(x.indkey) WITH ORDINALITY k(attnum, n) ON true "
+                "JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum "
+                "WHERE x.indrelid = %s::regclass GROUP BY i.relname, x.indisunique", [table])
+            rows = cursor.fetchall()
+        else:
+            rows = []
+            for _, name, is_unique, *_ in cursor.execute(f"PRAGMA index_list({table})").fetchall():
+                columns = [r[2] for r in cursor.execute(f"PRAGMA index_info({name})").fetchall()]
+                rows.append((name, bool(is_unique), columns))
+    return {name: list(columns) for name, is_unique, columns in rows if unique or not is_unique}
+
+
+def test_indexes_no_query_needs_do_not_exist(db):
+    assert "event_type_created" not in indexes("collab_event")  # no query filters events on type alone
+    assert "message_session_created" not in indexes("collab_message")  # message_session_keyset, backwards
+    # a foreign key that leads a composite index keeps no index of its own
+    for table, column in [("collab_event", "session_id"), ("collab_event", "project_id"),
+                          ("collab_message", "session_id"), ("collab_message", "branch_id"),
+                          ("collab_job", "session_id"), ("collab_job", "branch_id"), ("collab_job", "caller_branch_id"),
+                          ("collab_branch", "session_id"), ("collab_session", "project_id"),
+                          ("collab_branch", "tip_id")]:  # the tip moves on every message: HOT updates
+        assert [column] not in indexes(table, unique=False).values(), (table, column)
+
+
+def test_the_indexes_that_back_rules_and_reads_remain(db):
+    event, message, job = indexes("collab_event"), indexes("collab_message"), indexes("collab_job")
+    assert {"event_seq_unique_per_project", "event_project_created", "event_actor"} <= set(event)
+    assert ["session_id", "seq"] in event.values()  # event_seq_unique_per_session (an autoindex on SQLite)
+    assert {"message_branch_depth", "message_session_keyset", "message_dedupe_key_unique"} <= set(message)
+    assert {"job_branch_status", "job_session_status", "job_caller_followup", "job_status_lease",
+            "job_one_active_per_branch", "job_one_followup_per_job"} <= set(job)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's varchar_pattern_ops indexes and fillfactor")
+def test_per_turn_tables_keep_no_pattern_ops_copy_of_their_indexes(db):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = ANY(%s) AND indexdef LIKE '%%pattern_ops%%'",
+                       [list(PER_TURN_TABLES)])
+        assert cursor.fetchall() == []
+        cursor.execute("SELECT relname, reloptions FROM pg_class WHERE relname IN ('collab_branch', 'collab_session')")
+        assert dict(cursor.fetchall()) == {"collab_branch": ["fillfactor=70"], "collab_session": ["fillfactor=70"]}
+
+
+def test_the_job_transition_guard_survives_the_migration(team, scripted_session, run_queued):
+    """Migration 0018 rebuilds collab_job on SQLite, which drops its triggers: the guard of 0004
+    and 0013 is put back (PostgreSQL keeps it)."""
+    api, sid = scripted_session(team.member, [{"text": "ok"}])
+    jid = api.post(f"/api/sessions/{sid}/turns", {"prompt": "hello"}).json()["execution_id"]
+    run_queued()
+    assert Job.objects.get(pk=jid).status == "succeeded"
+    with pytest.raises(DatabaseError), transaction.atomic():
+        Job.objects.filter(pk=jid).update(status="running")
