@@ -200,6 +200,10 @@ async def measure(port, env, setup, args, pid: int) -> dict:
             else:
                 missing += 1
                 missed.add(seq)
+    by_event = {seq: sorted((a[seq] - t) * 1000 for a in per_client if seq in a) for seq, t in commits.items()}
+    slowest = sorted(((lat[len(lat) // 2], seq) for seq, lat in by_event.items() if lat), reverse=True)[:3]
+    print("slowest events (seq: median over clients): "
+          + ", ".join(f"{seq}: {ms:.0f} ms" for ms, seq in slowest), file=sys.stderr)
     if missed:
         print(f"events some client never got: {sorted(missed)} (committed {sorted(commits)}); "
               f"per client: {[len(a) for a in per_client]}", file=sys.stderr)

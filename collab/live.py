@@ -1,11 +1,13 @@
-"""Carrying events from the database to sockets when there is no shared channel layer.
+"""Carrying events to a process's sockets: the database relay for the embedded default, and
+the fan-out that serves every socket of the process (both layers).
 
 On the embedded default the worker is another process with its own in-memory
 channel layer, so its pushes never reach the web process. Each web process
 therefore runs one relay per event loop that watches ``Session.last_event_seq``
 for the sessions its sockets follow and pokes their group when it grows; the
-consumers then read the new events from the log. One cheap query per wake-up
-however many sockets are open.
+process's fan-out (below) then reads the new events from the log, once for all
+its sockets on the session. One cheap query per wake-up however many sockets
+are open.
 
 It does not wait out a poll interval per event: a process that commits events
 wakes the relays of the other processes on the machine right after the commit
@@ -210,7 +212,7 @@ class Feed:
     async def receive(self) -> None:
         """This feed's channel: pushed events, relay pokes, the session's access changes."""
         layer = self.fanout.layer
-        while True:
+        while self.fanout.feeds.get(self.session_id) is self:
             try:
                 message = await layer.receive(self.channel)
             except asyncio.CancelledError:
@@ -377,18 +379,17 @@ class Fanout:
             mine["subs"].pop(sub, None)
             if not mine["subs"]:
                 del self.users[sub.key]
-                if mine["task"] is not None:
-                    mine["task"].cancel()
+                _stop(mine["task"])
                 if mine["channel"]:
                     await self._quietly(self.layer.group_discard(user_group(sub.key), mine["channel"]))
         if not feed.subs and self.feeds.get(feed.session_id) is feed:
             del self.feeds[feed.session_id]
             for task in feed.tasks:
-                task.cancel()
+                _stop(task)
             if self.relay:
                 self.relay.unwatch(feed.session_id)
-            if not self.feeds and self.watchdog is not None:
-                self.watchdog.cancel()
+            if not self.feeds:
+                _stop(self.watchdog)
             if feed.channel:
                 await self._quietly(self.layer.group_discard(session_group(feed.session_id), feed.channel))
 
@@ -412,7 +413,7 @@ class Fanout:
         mine["subs"][sub] = None
 
     async def _receive_user(self, key, mine: dict) -> None:
-        while True:
+        while self.users.get(key) is mine:
             try:
                 message = await self.layer.receive(mine["channel"])
             except asyncio.CancelledError:
@@ -472,6 +473,14 @@ class Fanout:
         for feed in feeds:
             if feed.session_id in seqs:
                 feed.notify(seqs[feed.session_id])
+
+
+def _stop(task: asyncio.Task | None) -> None:
+    """Cancel one of the fan-out's tasks — unless it is the one running: a socket closed from a
+    message that task is handling (access lost, token revoked) must still be closed; that task
+    ends by itself once it sees it has nothing left to serve."""
+    if task is not None and task is not asyncio.current_task():
+        task.cancel()
 
 
 _fanouts: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Fanout]" = weakref.WeakKeyDictionary()
