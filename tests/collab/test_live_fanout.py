@@ -11,6 +11,8 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import transaction
 
+from collab.models import Branch
+
 from tests.collab.test_authorization import auth_header, bearer_token
 from tests.collab.test_live_events import ORIGIN, RECV_TIMEOUT, assert_contiguous, communicator, frames_through, run
 
@@ -45,6 +47,8 @@ def test_two_viewers_on_one_session_get_each_their_own_frame_of_one_event(transa
     nothing of P (id or title) in the reader's frames, before and after it."""
     open_sid, private_sid = private_beside_open
     start = last_seq(open_sid)
+    private_branch = Branch.objects.filter(session_id=private_sid).values_list("pk", flat=True).first()
+    assert private_branch
     tokens = {"creator": bearer_token(team.member), "reader": bearer_token(team.viewer)}
 
     async def body():
@@ -57,6 +61,8 @@ def test_two_viewers_on_one_session_get_each_their_own_frame_of_one_event(transa
             seqs.append(await sync_to_async(write)(open_sid, {"session": private_sid, "name": "Private plans",
                                                               "text": f"see {private_sid} for Private plans"}))
             seqs.append(await sync_to_async(write)(open_sid, {"n": 2}))
+            for n in (3, 4):  # a branch of P: unknown to the feed at first, then known — blanked both times
+                seqs.append(await sync_to_async(write)(open_sid, {"branch": private_branch, "n": n}))
             return seqs, {name: await frames_through(comm, seqs[-1]) for name, comm in socks.items()}
         finally:
             for comm in socks.values():
@@ -73,6 +79,9 @@ def test_two_viewers_on_one_session_get_each_their_own_frame_of_one_event(transa
     assert blanked["session"] is None and blanked["name"] is None and blanked.get("redacted") is True
     assert private_sid not in str(frames["reader-1"]) and "Private plans" not in str(frames["reader-1"])
     assert frames["reader-1"][0] == frames["creator-1"][0] and frames["reader-1"][2] == frames["creator-1"][2]
+    for i in (3, 4):
+        assert frames["creator-1"][i]["payload"]["branch"] == private_branch
+        assert frames["reader-1"][i]["payload"]["branch"] is None and frames["reader-1"][i]["payload"]["redacted"]
 
 
 def test_the_queries_per_event_do_not_grow_with_the_sockets(transactional_db, team, private_beside_open, settings,
