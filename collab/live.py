@@ -197,6 +197,7 @@ class Feed:
         self.joined = asyncio.Event()
         self.channel: str | None = None
         self.tasks: list[asyncio.Task] = []
+        self.reads: dict[tuple, asyncio.Future] = {}  # (viewer, after) → the log read under way
 
     # -- arrivals --------------------------------------------------------------------------------
 
@@ -301,13 +302,28 @@ class Feed:
                 sub.last_seq = seq
                 await sub.send(text)
 
+    async def read_log(self, sub: Subscriber) -> list[dict]:
+        """The log after ``sub.last_seq`` as its viewer sees it (a page). Sockets of one viewer
+        reading from the same seq share one read — a reconnect storm after a restart costs one
+        query per (viewer, seq), not one per socket. Sharing a read that began before this socket
+        subscribed loses nothing: what it does not return was committed after it began, so after
+        the feed joined the group, and reaches this socket as a live frame (or through another
+        read when the feed has delivered it already: ``through``)."""
+        key = (sub.key, sub.last_seq)
+        read = self.reads.get(key)
+        if read is None:
+            read = self.reads[key] = asyncio.ensure_future(
+                _events_after(self.session_id, sub.last_seq, PAGE, viewer=sub.viewer, memo=self.memo))
+            read.add_done_callback(lambda done: self.reads.pop(key, None) if self.reads.get(key) is done else None)
+        return await asyncio.shield(read)  # one reader going away does not cancel the others' read
+
     async def read_for(self, sub: Subscriber) -> None:
         """A subscriber's own catch-up: the log after its ``last_seq``, redacted for its viewer,
         until it has read through what the feed has started to deliver; then it is live."""
         try:
             while sub in self.subs:
                 sub.again = False
-                wires = await _events_after(self.session_id, sub.last_seq, PAGE, viewer=sub.viewer, memo=self.memo)
+                wires = await self.read_log(sub)
                 for wire in wires:
                     if sub not in self.subs:
                         return
