@@ -31,6 +31,14 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
     channel_layer_alias = "trellis.none"
     subscription = None
 
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # also when the application is cancelled (daphne, or a test, gave up waiting for it
+            # to end) and ``disconnect`` never ran: the process's feed forgets this socket
+            await self.unsubscribe()
+
     async def connect(self):
         self.sid = self.scope["url_route"]["kwargs"]["sid"]
         try:

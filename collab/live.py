@@ -355,34 +355,48 @@ class Fanout:
 
     async def subscribe(self, consumer, session_id: str, viewer, after: int) -> Subscriber:
         """Follow ``session_id`` for ``consumer`` from ``after`` (the caller authorized it): the log
-        after ``after`` first, then the live events."""
-        feed = self.feeds.get(session_id)
-        if feed is None:
-            feed = self.feeds[session_id] = Feed(self, session_id)
-            feed.target = feed.through = after
-            loop = asyncio.get_running_loop()
-            try:
-                if self.layer is not None:
-                    feed.channel = await self.layer.new_channel()
-                    await self.layer.group_add(session_group(session_id), feed.channel)
-                    feed.tasks.append(loop.create_task(feed.receive()))
-            except BaseException:
-                del self.feeds[session_id]
-                raise
-            finally:
-                feed.joined.set()
-            feed.tasks.append(loop.create_task(feed.run()))
-            if self.relay:
-                self.relay.watch(session_id, after)
-        await feed.joined.wait()  # pushes after this point reach the feed: the log covers the rest
-        if self.feeds.get(session_id) is not feed:  # its first subscriber could not join the group
-            raise RuntimeError(f"could not follow session {session_id}")
+        after ``after`` first, then the live events. Cancelled half-way (the socket's application
+        cancelled while the layer is slow), it leaves nothing behind."""
+        feed = await self._feed(session_id, after)
         sub = Subscriber(feed, consumer, viewer, after)
         feed.subs[sub] = None
-        await self._join_user(sub)
+        try:
+            await self._join_user(sub)
+        except BaseException:
+            await self.unsubscribe(sub)
+            raise
         self._start_watchdog()
         sub.catch_up()
         return sub
+
+    async def _feed(self, session_id: str, after: int) -> Feed:
+        """The session's feed, joined to the session's group (made now if there is none)."""
+        while True:
+            feed = self.feeds.get(session_id)
+            if feed is None:
+                feed = self.feeds[session_id] = Feed(self, session_id)
+                feed.target = feed.through = after
+                loop = asyncio.get_running_loop()
+                try:
+                    if self.layer is not None:
+                        feed.channel = await self.layer.new_channel()
+                        await self.layer.group_add(session_group(session_id), feed.channel)
+                        feed.tasks.append(loop.create_task(feed.receive()))
+                except BaseException:
+                    if self.feeds.get(session_id) is feed:
+                        del self.feeds[session_id]
+                    if feed.channel:
+                        await self._quietly(self.layer.group_discard(session_group(session_id), feed.channel))
+                    raise
+                finally:
+                    feed.joined.set()
+                feed.tasks.append(loop.create_task(feed.run()))
+                if self.relay:
+                    self.relay.watch(session_id, after)
+            await feed.joined.wait()  # pushes after this point reach the feed: the log covers the rest
+            if self.feeds.get(session_id) is feed:
+                return feed
+            # its maker could not join the group (or was cancelled): try again
 
     async def unsubscribe(self, sub: Subscriber) -> None:
         feed = sub.feed
@@ -417,16 +431,27 @@ class Fanout:
             log.warning("channel layer call failed", exc_info=True)
 
     async def _join_user(self, sub: Subscriber) -> None:
-        mine = self.users.get(sub.key)
-        if mine is None:
-            mine = self.users[sub.key] = {"subs": {}, "channel": None, "task": None, "joined": asyncio.Event()}
-            if self.layer is not None and sub.key is not None:
-                mine["channel"] = await self.layer.new_channel()
-                await self.layer.group_add(user_group(sub.key), mine["channel"])
-                mine["task"] = asyncio.get_running_loop().create_task(self._receive_user(sub.key, mine))
-            mine["joined"].set()
-        await mine["joined"].wait()
-        mine["subs"][sub] = None
+        while True:
+            mine = self.users.get(sub.key)
+            if mine is None:
+                mine = self.users[sub.key] = {"subs": {}, "channel": None, "task": None, "joined": asyncio.Event()}
+                try:
+                    if self.layer is not None and sub.key is not None:
+                        mine["channel"] = await self.layer.new_channel()
+                        await self.layer.group_add(user_group(sub.key), mine["channel"])
+                        mine["task"] = asyncio.get_running_loop().create_task(self._receive_user(sub.key, mine))
+                except BaseException:
+                    if self.users.get(sub.key) is mine:
+                        del self.users[sub.key]
+                    if mine["channel"]:
+                        await self._quietly(self.layer.group_discard(user_group(sub.key), mine["channel"]))
+                    raise
+                finally:
+                    mine["joined"].set()
+            await mine["joined"].wait()
+            if self.users.get(sub.key) is mine:
+                mine["subs"][sub] = None
+                return
 
     async def _receive_user(self, key, mine: dict) -> None:
         while self.users.get(key) is mine:
