@@ -12,7 +12,9 @@ process — standing for a worker — appends ``--events`` messages to the sessi
 each (``services.messages.append_message``: one ``message.created`` event), ``--gap-ms`` apart.
 The committer stamps each event's commit (an on-commit hook that runs before the push); every
 client stamps its arrival; the figure is arrival − commit over every (client, event) pair:
-p50, p99 and the worst, and how many never arrived.
+p50, p99 and the worst, and how many never arrived. Beside them, the CPU time the web process
+spent from the first commit until every client had the last event (``/proc``), per event and
+per event per socket: unlike the latencies it hardly depends on what else loads the machine.
 
 Layouts:
 
@@ -156,7 +158,14 @@ async def client(port, sid, token, after, arrivals: dict, connected: asyncio.Eve
         writer.close()
 
 
-async def measure(port, env, setup, args) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(port, env, setup, args, pid: int) -> dict:
     sid, token, after = setup["sid"], setup["token"], int(setup["seq"])
     connected, count = asyncio.Event(), [0]
     per_client = [dict() for _ in range(args.clients)]
@@ -165,6 +174,7 @@ async def measure(port, env, setup, args) -> dict:
              for i in range(args.clients)]
     await asyncio.wait_for(connected.wait(), 600)
     await asyncio.sleep(1.0)  # every consumer has joined its group and read the (empty) log
+    cpu_before = cpu_seconds(pid)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "bench/live.py", "--phase", "commit", "--sid", sid, "--events", str(args.events),
         "--gap-ms", str(args.gap_ms), cwd=_common.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -178,6 +188,7 @@ async def measure(port, env, setup, args) -> dict:
     while any(last not in c for c in per_client) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)
+    cpu = cpu_seconds(pid) - cpu_before  # the web process's work for the events (and its idle ticks)
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -189,10 +200,14 @@ async def measure(port, env, setup, args) -> dict:
             else:
                 missing += 1
                 missed.add(seq)
+    by_event = {seq: sorted((a[seq] - t) * 1000 for a in per_client if seq in a) for seq, t in commits.items()}
+    slowest = sorted(((lat[len(lat) // 2], seq) for seq, lat in by_event.items() if lat), reverse=True)[:3]
+    print("slowest events (seq: median over clients): "
+          + ", ".join(f"{seq}: {ms:.0f} ms" for ms, seq in slowest), file=sys.stderr)
     if missed:
         print(f"events some client never got: {sorted(missed)} (committed {sorted(commits)}); "
               f"per client: {[len(a) for a in per_client]}", file=sys.stderr)
-    return {"latencies": latencies, "missing": missing, "events": len(commits)}
+    return {"latencies": latencies, "missing": missing, "events": len(commits), "cpu": cpu, "clients": args.clients}
 
 
 # --- orchestration ------------------------------------------------------------------------------
@@ -225,7 +240,7 @@ def run_layout(env: dict, args) -> dict:
     with tempfile.TemporaryFile("w+") as log:
         proc = daphne(env, port, log)
         try:
-            return asyncio.run(measure(port, env, setup, args))
+            return asyncio.run(measure(port, env, setup, args, proc.pid))
         finally:
             _common.stop(proc, 15)
             log.seek(0)
@@ -257,6 +272,9 @@ def rows_for(label: str, r: dict, target: str) -> list:
         (f"{label} commit→client p99", f"{_common.percentile(lat, 0.99):.1f} ms", target),
         (f"{label} commit→client worst", f"{max(lat):.1f} ms", ""),
     ]
+    per_event = r["cpu"] / max(r["events"], 1)
+    rows.append((f"{label} web process CPU per event", f"{per_event * 1000:.1f} ms", "(load-independent)"))
+    rows.append((f"{label} web process CPU per event per socket", f"{per_event / r['clients'] * 1e6:.0f} µs", ""))
     if r["missing"]:
         rows.append((f"{label} deliveries missing", str(r["missing"]), "0"))
     return rows

@@ -1,11 +1,13 @@
-"""Carrying events from the database to sockets when there is no shared channel layer.
+"""Carrying events to a process's sockets: the database relay for the embedded default, and
+the fan-out that serves every socket of the process (both layers).
 
 On the embedded default the worker is another process with its own in-memory
 channel layer, so its pushes never reach the web process. Each web process
 therefore runs one relay per event loop that watches ``Session.last_event_seq``
 for the sessions its sockets follow and pokes their group when it grows; the
-consumers then read the new events from the log. One cheap query per wake-up
-however many sockets are open.
+process's fan-out (below) then reads the new events from the log, once for all
+its sockets on the session. One cheap query per wake-up however many sockets
+are open.
 
 It does not wait out a poll interval per event: a process that commits events
 wakes the relays of the other processes on the machine right after the commit
@@ -18,6 +20,9 @@ reach its sockets through its in-memory layer directly.
 """
 
 import asyncio
+import json
+import logging
+import time
 import weakref
 from collections import Counter
 
@@ -26,7 +31,9 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from collab.events import close_relay_socket, open_relay_socket, session_group
-from collab.selectors.events import event_seqs
+from collab.selectors.events import PAGE, event_seqs, events_after, events_after_raw
+from collab.selectors.redact import Memo, names_no_other_session, redact_wires_for
+from collab.services.members import user_group
 
 _current_seqs = database_sync_to_async(event_seqs)
 
@@ -101,3 +108,428 @@ def relay() -> EventRelay | None:
     if loop not in _relays:
         _relays[loop] = EventRelay()
     return _relays[loop]
+
+
+# --- fan-out: one reader per session per process, however many sockets follow it ----------------
+#
+# A process's sockets on one session share a ``Feed``: the feed's own channel is the one member
+# of the session's group in this process, so a pushed event (or a relay poke) arrives here once,
+# not once per socket. The feed takes the events from the push — or, after a gap, from the log in
+# one query — redacts them once per viewer (``redact_wires_for``: no query at all when an event
+# names no session but this one, which is nearly every event), encodes each distinct frame once
+# and hands the same text to every socket, from the event loop: no trip to the sync thread per
+# socket. The cost of an event is one read at most, one redaction per distinct viewer and one
+# ``send`` per socket.
+#
+# Guarantees, per socket: frames in ``seq`` order, no gap, no repeat. Each subscriber records
+# the last seq it was sent; a frame goes to it only when it is the next one. A subscriber that
+# joins (or falls behind) reads the log itself, redacted for its viewer — exactly what the
+# consumer did before — and joins the live frames once it has read through what the feed has
+# started to deliver (``Feed.through``, set before any delivery yields). A push that is lost or
+# arrives out of order is read from the log at the next push or poke; the feed also looks at the
+# sessions' event counters every ``SAFETY_SECONDS`` (one query per process) and after the
+# layer failed, so a lost last push is not waited out until the next event.
+#
+# Membership changes reach the sockets through the fan-out too (the consumers hold no channel of
+# their own): ``collab.access_changed`` (to the user's group, or the session's) makes each
+# affected viewer's access be checked once, and the sockets of a viewer who lost it closed;
+# ``collab.token_revoked`` closes the sockets opened with that token.
+
+log = logging.getLogger(__name__)
+
+SAFETY_SECONDS = 10.0  # a lost push waits at most this long (the relay polls faster on its own)
+REJOIN_SECONDS = 3600.0  # channels-redis forgets group members after a day: join again hourly
+
+
+class Subscriber:
+    """One socket following one session (``consumer``: a ``collab.consumers.SessionConsumer``)."""
+
+    def __init__(self, feed: "Feed", consumer, viewer, last_seq: int):
+        self.feed = feed
+        self.consumer = consumer
+        self.viewer = viewer
+        self.key = getattr(viewer, "pk", None)  # what redaction depends on: the person
+        self.last_seq = last_seq
+        self.live = False  # True once it has read the log through what the feed delivers
+        self.reading: asyncio.Task | None = None  # its own catch-up from the log
+        self.again = False
+
+    async def send(self, text: str) -> None:
+        try:
+            await self.consumer.send(text_data=text)
+        except Exception:  # the socket went away under us: it is unsubscribed by its disconnect
+            log.debug("send to a closing socket failed", exc_info=True)
+
+    def catch_up(self) -> None:
+        """Read the log from ``last_seq`` for this viewer (in a task of its own), then go live."""
+        self.live = False
+        if self.reading is not None and not self.reading.done():
+            self.again = True
+            return
+        self.reading = asyncio.get_running_loop().create_task(self.feed.read_for(self))
+
+    async def cancel(self) -> None:
+        """Stop following (the socket closed or lost its access): nothing more is sent to it."""
+        await self.feed.fanout.unsubscribe(self)
+
+
+@database_sync_to_async
+def _log_after(session_id: str, after: int) -> list[dict]:
+    return events_after_raw(session_id, after, PAGE)
+
+
+_redact_for = database_sync_to_async(redact_wires_for)
+_events_after = database_sync_to_async(events_after)
+
+
+class Feed:
+    """A session's events for this process's sockets on it."""
+
+    def __init__(self, fanout: "Fanout", session_id: str):
+        self.fanout = fanout
+        self.session_id = session_id
+        self.subs: dict[Subscriber, None] = {}  # ordered set
+        self.memo = Memo()  # which session each branch / job named is in: the same for everyone
+        self.pushed: dict[int, dict] = {}  # wires pushed and not yet delivered, by seq
+        self.target = 0  # the highest seq known to exist
+        self.through = 0  # the highest seq whose delivery to live subscribers has begun
+        self.wake = asyncio.Event()
+        self.joined = asyncio.Event()
+        self.channel: str | None = None
+        self.tasks: list[asyncio.Task] = []
+        self.reads: dict[tuple, asyncio.Future] = {}  # (viewer, after) → the log read under way
+
+    # -- arrivals --------------------------------------------------------------------------------
+
+    def notify(self, seq: int, wire: dict | None = None) -> None:
+        if not isinstance(seq, int):
+            return
+        if wire is not None and seq > self.through and len(self.pushed) < PAGE:
+            self.pushed[seq] = wire
+        if seq > self.target:
+            self.target = seq
+        self.wake.set()
+
+    async def receive(self) -> None:
+        """This feed's channel: pushed events, relay pokes, the session's access changes."""
+        layer = self.fanout.layer
+        while self.fanout.feeds.get(self.session_id) is self:
+            try:
+                message = await layer.receive(self.channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a layer hiccup: whatever was lost is in the log
+                log.warning("channel layer read failed for session %s; reading the log", self.session_id,
+                            exc_info=True)
+                await asyncio.sleep(0.5)
+                await self.fanout.resync([self])
+                continue
+            kind = message.get("type")
+            if kind == "collab.event":
+                wire = message.get("event") or {}
+                self.notify(wire.get("seq"), wire)
+            elif kind == "collab.poke":
+                self.notify(message.get("seq"))
+            elif kind == "collab.access_changed":
+                await self.fanout.recheck(list(self.subs), message)
+
+    # -- delivery --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            try:
+                await self.advance()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a locked or restarting database: try again shortly
+                log.warning("live fan-out of session %s failed; retrying", self.session_id, exc_info=True)
+                await asyncio.sleep(0.5)
+                self.wake.set()
+
+    async def advance(self) -> None:
+        """Deliver every event up to ``target`` to the live subscribers, in order."""
+        while True:
+            live = [s for s in self.subs if s.live]
+            if not live:
+                self.pushed.clear()  # the log has them for whoever comes
+                return
+            base = min(s.last_seq for s in live)
+            for seq in [s for s in self.pushed if s <= base]:
+                del self.pushed[seq]
+            if self.target <= base:
+                return
+            wires, seq = [], base + 1
+            while seq in self.pushed and len(wires) < PAGE:
+                wires.append(self.pushed.pop(seq))
+                seq += 1
+            if not wires:  # a gap (a lost or late push, a poke): the log, once for everyone
+                wires = await _log_after(self.session_id, base)
+                if not wires:
+                    self.target = base
+                    return
+                self.target = max(self.target, wires[-1]["seq"])
+            await self.deliver(wires)
+
+    async def deliver(self, wires: list[dict]) -> None:
+        """Send ``wires`` (consecutive, from the log) to each live subscriber that is due them."""
+        last = wires[-1]["seq"]
+        self.through = max(self.through, last)  # before any await: see ``read_for``
+        targets = [s for s in self.subs if s.live and s.last_seq < last]
+        if not targets:
+            return
+        viewers = {s.key: s.viewer for s in targets}
+        if names_no_other_session(self.session_id, wires, self.memo):
+            shown = {key: wires for key in viewers}  # the same for every viewer: no query
+        else:
+            shown = await _redact_for(viewers, self.session_id, wires, self.memo)
+        encoded: dict[int, list[tuple[int, str]]] = {}  # one encoding per distinct redaction
+        frames = {}
+        for key, shown_wires in shown.items():
+            if id(shown_wires) not in encoded:
+                encoded[id(shown_wires)] = [(w["seq"], json.dumps(w)) for w in shown_wires]
+            frames[key] = encoded[id(shown_wires)]
+        for sub in targets:
+            for seq, text in frames[sub.key]:
+                if sub not in self.subs or not sub.live:
+                    break
+                if seq <= sub.last_seq:
+                    continue
+                if seq != sub.last_seq + 1:  # it missed one (it went live mid-delivery): the log
+                    sub.catch_up()
+                    break
+                sub.last_seq = seq
+                await sub.send(text)
+
+    async def read_log(self, sub: Subscriber) -> list[dict]:
+        """The log after ``sub.last_seq`` as its viewer sees it (a page). Sockets of one viewer
+        reading from the same seq share one read — a reconnect storm after a restart costs one
+        query per (viewer, seq), not one per socket. Sharing a read that began before this socket
+        subscribed loses nothing: what it does not return was committed after it began, so after
+        the feed joined the group, and reaches this socket as a live frame (or through another
+        read when the feed has delivered it already: ``through``)."""
+        key = (sub.key, sub.last_seq)
+        read = self.reads.get(key)
+        if read is None:
+            read = self.reads[key] = asyncio.ensure_future(
+                _events_after(self.session_id, sub.last_seq, PAGE, viewer=sub.viewer, memo=self.memo))
+            read.add_done_callback(lambda done: self.reads.pop(key, None) if self.reads.get(key) is done else None)
+        return await asyncio.shield(read)  # one reader going away does not cancel the others' read
+
+    async def read_for(self, sub: Subscriber) -> None:
+        """A subscriber's own catch-up: the log after its ``last_seq``, redacted for its viewer,
+        until it has read through what the feed has started to deliver; then it is live."""
+        try:
+            while sub in self.subs:
+                sub.again = False
+                wires = await self.read_log(sub)
+                for wire in wires:
+                    if sub not in self.subs:
+                        return
+                    if wire["seq"] == sub.last_seq + 1:
+                        sub.last_seq = wire["seq"]
+                        await sub.send(json.dumps(wire))
+                if len(wires) < PAGE and (sub.last_seq >= self.through or not wires) and not sub.again:
+                    sub.live = True  # no await since the check: the feed sends it the next one
+                    if self.target > sub.last_seq:
+                        self.wake.set()
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a locked database: the next push, poke or safety check retries
+            log.warning("catching up a socket on session %s failed", self.session_id, exc_info=True)
+            sub.live = True
+            self.wake.set()
+
+
+class Fanout:
+    """This event loop's feeds (one per session its sockets follow) and its sockets' users."""
+
+    def __init__(self):
+        self.layer = get_channel_layer()
+        self.feeds: dict[str, Feed] = {}
+        self.users: dict[int, dict] = {}  # user pk → {"subs": {Subscriber: None}, "channel", "task"}
+        self.relay = relay()
+        self.watchdog: asyncio.Task | None = None
+
+    async def subscribe(self, consumer, session_id: str, viewer, after: int) -> Subscriber:
+        """Follow ``session_id`` for ``consumer`` from ``after`` (the caller authorized it): the log
+        after ``after`` first, then the live events. Cancelled half-way (the socket's application
+        cancelled while the layer is slow), it leaves nothing behind."""
+        feed = await self._feed(session_id, after)
+        sub = Subscriber(feed, consumer, viewer, after)
+        feed.subs[sub] = None
+        try:
+            await self._join_user(sub)
+        except BaseException:
+            await self.unsubscribe(sub)
+            raise
+        self._start_watchdog()
+        sub.catch_up()
+        return sub
+
+    async def _feed(self, session_id: str, after: int) -> Feed:
+        """The session's feed, joined to the session's group (made now if there is none)."""
+        while True:
+            feed = self.feeds.get(session_id)
+            if feed is None:
+                feed = self.feeds[session_id] = Feed(self, session_id)
+                feed.target = feed.through = after
+                loop = asyncio.get_running_loop()
+                try:
+                    if self.layer is not None:
+                        feed.channel = await self.layer.new_channel()
+                        await self.layer.group_add(session_group(session_id), feed.channel)
+                        feed.tasks.append(loop.create_task(feed.receive()))
+                except BaseException:
+                    if self.feeds.get(session_id) is feed:
+                        del self.feeds[session_id]
+                    if feed.channel:
+                        await self._quietly(self.layer.group_discard(session_group(session_id), feed.channel))
+                    raise
+                finally:
+                    feed.joined.set()
+                feed.tasks.append(loop.create_task(feed.run()))
+                if self.relay:
+                    self.relay.watch(session_id, after)
+            await feed.joined.wait()  # pushes after this point reach the feed: the log covers the rest
+            if self.feeds.get(session_id) is feed:
+                return feed
+            # its maker could not join the group (or was cancelled): try again
+
+    async def unsubscribe(self, sub: Subscriber) -> None:
+        feed = sub.feed
+        if feed.subs.pop(sub, "gone") == "gone":
+            return
+        if sub.reading is not None:
+            sub.reading.cancel()
+        mine = self.users.get(sub.key)
+        if mine is not None:
+            mine["subs"].pop(sub, None)
+            if not mine["subs"]:
+                del self.users[sub.key]
+                _stop(mine["task"])
+                if mine["channel"]:
+                    await self._quietly(self.layer.group_discard(user_group(sub.key), mine["channel"]))
+        if not feed.subs and self.feeds.get(feed.session_id) is feed:
+            del self.feeds[feed.session_id]
+            for task in feed.tasks:
+                _stop(task)
+            if self.relay:
+                self.relay.unwatch(feed.session_id)
+            if not self.feeds:
+                _stop(self.watchdog)
+            if feed.channel:
+                await self._quietly(self.layer.group_discard(session_group(feed.session_id), feed.channel))
+
+    @staticmethod
+    async def _quietly(coro) -> None:
+        try:
+            await coro
+        except Exception:  # a layer that is down forgets nothing we need: group members expire
+            log.warning("channel layer call failed", exc_info=True)
+
+    async def _join_user(self, sub: Subscriber) -> None:
+        while True:
+            mine = self.users.get(sub.key)
+            if mine is None:
+                mine = self.users[sub.key] = {"subs": {}, "channel": None, "task": None, "joined": asyncio.Event()}
+                try:
+                    if self.layer is not None and sub.key is not None:
+                        mine["channel"] = await self.layer.new_channel()
+                        await self.layer.group_add(user_group(sub.key), mine["channel"])
+                        mine["task"] = asyncio.get_running_loop().create_task(self._receive_user(sub.key, mine))
+                except BaseException:
+                    if self.users.get(sub.key) is mine:
+                        del self.users[sub.key]
+                    if mine["channel"]:
+                        await self._quietly(self.layer.group_discard(user_group(sub.key), mine["channel"]))
+                    raise
+                finally:
+                    mine["joined"].set()
+            await mine["joined"].wait()
+            if self.users.get(sub.key) is mine:
+                mine["subs"][sub] = None
+                return
+
+    async def _receive_user(self, key, mine: dict) -> None:
+        while self.users.get(key) is mine:
+            try:
+                message = await self.layer.receive(mine["channel"])
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("channel layer read failed for a user's sockets", exc_info=True)
+                await asyncio.sleep(0.5)
+                continue
+            kind = message.get("type")
+            subs = list(mine["subs"])
+            if kind == "collab.access_changed":
+                await self.recheck(subs, message)
+            elif kind == "collab.token_revoked":
+                for sub in subs:
+                    await sub.consumer.collab_token_revoked(message)
+
+    async def recheck(self, subs: list[Subscriber], message: dict) -> None:
+        """Access changed: check it once per (viewer, session), close the sockets that lost it."""
+        verdicts: dict = {}
+        for sub in subs:
+            if sub not in sub.feed.subs:
+                continue
+            key = (sub.key, sub.feed.session_id)
+            if key not in verdicts:
+                verdicts[key] = await sub.consumer.still_allowed(message)
+            if verdicts[key] is False:
+                await sub.consumer.lost_access()
+
+    def _start_watchdog(self) -> None:
+        if self.watchdog is None or self.watchdog.done():
+            self.watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """The safety net under the pushes, and the hourly re-join of the groups."""
+        rejoined = time.monotonic()
+        while self.feeds:
+            await asyncio.sleep(SAFETY_SECONDS)
+            await self.resync(list(self.feeds.values()))
+            if self.layer is not None and time.monotonic() - rejoined > REJOIN_SECONDS:
+                rejoined = time.monotonic()
+                for feed in list(self.feeds.values()):
+                    if feed.channel:
+                        await self._quietly(self.layer.group_add(session_group(feed.session_id), feed.channel))
+                for key, mine in list(self.users.items()):
+                    if mine["channel"]:
+                        await self._quietly(self.layer.group_add(user_group(key), mine["channel"]))
+
+    async def resync(self, feeds: list[Feed]) -> None:
+        """Read the feeds' event counters (one query) and deliver whatever is missing."""
+        if not feeds:
+            return
+        try:
+            seqs = await _current_seqs([f.session_id for f in feeds])
+        except Exception:
+            log.warning("could not read the event counters", exc_info=True)
+            return
+        for feed in feeds:
+            if feed.session_id in seqs:
+                feed.notify(seqs[feed.session_id])
+
+
+def _stop(task: asyncio.Task | None) -> None:
+    """Cancel one of the fan-out's tasks — unless it is the one running: a socket closed from a
+    message that task is handling (access lost, token revoked) must still be closed; that task
+    ends by itself once it sees it has nothing left to serve."""
+    if task is not None and task is not asyncio.current_task():
+        task.cancel()
+
+
+_fanouts: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Fanout]" = weakref.WeakKeyDictionary()
+
+
+def fanout() -> Fanout:
+    """This event loop's fan-out."""
+    loop = asyncio.get_running_loop()
+    if loop not in _fanouts:
+        _fanouts[loop] = Fanout()
+    return _fanouts[loop]

@@ -198,11 +198,17 @@ if env_bool("DJANGO_BEHIND_TLS_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # --- live events -----------------------------------------------------------
+CHANNEL_REDIS_SOCKET_TIMEOUT = 15  # seconds; channels-redis blocks 5 s (brpop_timeout) per receive
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("TRELLIS_CHANNEL_PREFIX", "trellis")},
+            # socket_timeout: redis-py 8 reads with a 5 s timeout by default, the length of the
+            # BZPOPMIN channels-redis blocks in while a channel is idle — the read then raised
+            # "Timeout reading from …" into whichever consumer was receiving, killing it
+            # (django/channels_redis#422). Longer than that wait, still bounded for a dead server.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_REDIS_SOCKET_TIMEOUT}],
+                       "prefix": env_str("TRELLIS_CHANNEL_PREFIX", "trellis")},
         }
     }
 else:

@@ -33,6 +33,20 @@ def test_p_run_2_database_and_redis_urls_switch_to_the_scaled_deployment(tmp_pat
     assert r.stdout.split() == ["django.db.backends.postgresql", "redis", "channels_redis.core.RedisChannelLayer"]
 
 
+def test_the_redis_channel_layer_reads_longer_than_its_blocking_receive(tmp_path):
+    """channels-redis blocks ``brpop_timeout`` (5 s) in BZPOPMIN while a channel is idle; redis-py 8
+    reads with a 5 s timeout unless told otherwise, and the timeout then raised into the consumer
+    receiving (bench/live.py: consumers died with "Timeout reading from 127.0.0.1:6379")."""
+    from channels_redis.core import RedisChannelLayer
+
+    code = "import config.settings as s; print(s.CHANNEL_LAYERS['default']['CONFIG']['hosts'][0]['socket_timeout'])"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env={**CLEAN, "TRELLIS_VAR_DIR": str(tmp_path), "REDIS_URL": "redis://cache:6379/0",
+                            "DATABASE_URL": "postgres://u:p@db.example:5432/trellis", "DJANGO_SECRET_KEY": "s3cret"})
+    assert r.returncode == 0, r.stderr
+    assert float(r.stdout) > RedisChannelLayer.brpop_timeout
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

@@ -20,6 +20,14 @@ def events_after(session_id: str, after: int = 0, limit: int = PAGE, *, viewer, 
     return redact_wires(viewer, session_id, [e.as_wire() for e in with_full_payloads(events)], memo)
 
 
+def events_after_raw(session_id: str, after: int = 0, limit: int = PAGE) -> list[dict]:
+    """A session's events with ``seq > after``, ascending, as logged — NOT redacted: for a caller
+    that redacts them per viewer itself (the live fan-out, ``collab.live``). One query, and up to
+    two more that give events stored as references their whole payload back (``with_full_payloads``)."""
+    events = Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:limit]
+    return [e.as_wire() for e in with_full_payloads(events)]
+
+
 def event_seqs(session_ids) -> dict[str, int]:
     """Each session's event counter (``last_event_seq``): it grows with every event written
     there. The embedded relay (``collab.live``) and the wait primitive

@@ -171,18 +171,21 @@ def _references(payload: dict, memo: Memo) -> dict[str, str | None]:
     return refs
 
 
-def redact_wires(viewer, session_id: str, wires: list[dict], memo: Memo | None = None) -> list[dict]:
-    """Event wires (``Event.as_wire()``) of session ``session_id`` as ``viewer`` may see them:
-    same events, same ``seq``s (a socket's stream stays gapless), hidden references blanked."""
-    memo = memo if memo is not None else Memo()
-    memo.trim()
-    payloads = [w["payload"] for w in wires if isinstance(w.get("payload"), dict)]
-    if not payloads:
-        return wires
+def _payloads(wires: list[dict]) -> list[dict]:
+    return [w["payload"] for w in wires if isinstance(w.get("payload"), dict)]
+
+
+def _fill_memo(wires: list[dict], payloads: list[dict], memo: Memo) -> None:
+    """Learn the session of every branch, job and attach node the wires name (at most three
+    queries, none for what the memo knows already)."""
     _fill(memo.branch_session, Branch, {p.get(k) for p in payloads for k in BRANCH_KEYS})
     _fill(memo.job_session, Job, {p.get(k) for p in payloads for k in JOB_KEYS}
           | {j for p in payloads for k in JOB_LIST_KEYS if isinstance(p.get(k), list) for j in p[k]})
     _fill_attaches(memo, {_attach_id(w) for w in wires})
+
+
+def _asked(wires: list[dict], payloads: list[dict], memo: Memo) -> set:
+    """The sessions (or ids that may be sessions) the wires name, as far as ``memo`` knows."""
     asked = {memo.attach_session.get(_attach_id(w)) for w in wires}
     for p in payloads:
         asked |= {s for s in _references(p, memo).values() if s}
@@ -190,6 +193,52 @@ def redact_wires(viewer, session_id: str, wires: list[dict], memo: Memo | None =
         asked |= _ids_in([p.get(k) for k in TEXT_KEYS] + [p.get("tool_calls")])
         if isinstance(p.get(LISTED_KEY), list):
             asked |= {s for s in p[LISTED_KEY] if isinstance(s, str)}
+    return asked
+
+
+def _known(ids, known: dict) -> bool:
+    return all(i in known for i in ids if isinstance(i, str) and i)
+
+
+def names_no_other_session(session_id: str, wires: list[dict], memo: Memo) -> bool:
+    """True when the wires certainly name no session but ``session_id`` — every viewer of that
+    session then sees them unchanged — decided without a query (from what ``memo`` knows).
+    False means "ask ``redact_wires``": an id the memo does not know, or another session named."""
+    payloads = _payloads(wires)
+    if not payloads:
+        return True
+    if not (_known({p.get(k) for p in payloads for k in BRANCH_KEYS}, memo.branch_session)
+            and _known({p.get(k) for p in payloads for k in JOB_KEYS}, memo.job_session)
+            and _known({j for p in payloads for k in JOB_LIST_KEYS if isinstance(p.get(k), list) for j in p[k]},
+                       memo.job_session)
+            and _known({_attach_id(w) for w in wires}, memo.attach_session)):
+        return False
+    return not (_asked(wires, payloads, memo) - {session_id, None})
+
+
+def redact_wires(viewer, session_id: str, wires: list[dict], memo: Memo | None = None) -> list[dict]:
+    """Event wires (``Event.as_wire()``) of session ``session_id`` as ``viewer`` may see them:
+    same events, same ``seq``s (a socket's stream stays gapless), hidden references blanked."""
+    return redact_wires_for({None: viewer}, session_id, wires, memo)[None]
+
+
+def redact_wires_for(viewers: dict, session_id: str, wires: list[dict], memo: Memo | None = None) -> dict:
+    """``redact_wires`` for several viewers at once (``{key: viewer}`` → ``{key: wires}``): what
+    the wires name is looked up once, then each viewer's hidden sessions (two queries a viewer,
+    none for anybody when the wires name no other session). A viewer who may see everything named
+    gets the very ``wires`` list back."""
+    memo = memo if memo is not None else Memo()
+    memo.trim()
+    payloads = _payloads(wires)
+    if not payloads:
+        return {key: wires for key in viewers}
+    _fill_memo(wires, payloads, memo)
+    asked = _asked(wires, payloads, memo) - {session_id, None}
+    return {key: _redacted_for(viewer, session_id, wires, payloads, memo, asked) if asked else wires
+            for key, viewer in viewers.items()}
+
+
+def _redacted_for(viewer, session_id: str, wires: list[dict], payloads: list[dict], memo: Memo, asked: set):
     hidden = hidden_among(viewer, asked, own=session_id)
     if not hidden:
         return wires
