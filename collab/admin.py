@@ -9,6 +9,7 @@ refusal shows as a message and writes nothing. The accounts models' admin is in
 ``collab.admin_accounts`` for the same reason.
 """
 
+import json
 import uuid
 
 from django import forms
@@ -17,6 +18,7 @@ from django.contrib.admin.helpers import ActionForm
 
 from collab import admin_accounts  # noqa: F401 - registers the accounts models (edits through collab services)
 from collab.admin_base import ReadOnlyAdmin, ServiceAdmin
+from collab.events import with_full_payloads
 from collab.services.archive import do_archive_branch
 from collab.services.branches import do_set_branch_internal
 from collab.services.cancel import CANCEL, do_execution_command
@@ -320,6 +322,14 @@ class EventAdmin(ReadOnlyAdmin):
     list_filter = ["type", "project", ("actor", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["session__id", "type", "actor__username"]
     date_hierarchy = "created_at"
+    exclude = ["payload"]
+    readonly_fields = ["full_payload"]
+
+    @admin.display(description="payload")
+    def full_payload(self, event):
+        """The payload as every reader of the log sees it: a row stored as a reference (issue 15)
+        is given its whole payload back."""
+        return json.dumps(with_full_payloads([event])[0].payload, indent=2, ensure_ascii=False)
 
 
 @admin.register(Webhook)

@@ -210,8 +210,12 @@ def push_event(session_id: str, wire: dict) -> None:
         if loop is None:
             async_to_sync(layer.group_send)(session_group(session_id), message)
         else:
-            asyncio.run_coroutine_threadsafe(layer.group_send(session_group(session_id), message), loop).result(
-                PUSH_TIMEOUT_SECONDS)
+            sent = asyncio.run_coroutine_threadsafe(layer.group_send(session_group(session_id), message), loop)
+            try:
+                sent.result(PUSH_TIMEOUT_SECONDS)
+            except BaseException:
+                sent.cancel()  # never left running to land after this thread's next push
+                raise
     except Exception:  # the log has it; listeners recover on the next event or reconnect
         log.warning("could not push event %s/%s", session_id, wire.get("seq"), exc_info=True)
     wake_relays()

@@ -121,7 +121,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
             job = won[0]  # the row as the claim left it, read by the UPDATE (no second read)
             job.results_owed = bool(job.results_owed)
             job.project, job.session, job.branch = project, session, branch  # each read after its lock
-            if job.agent_spec_id == spec.pk:
+            if spec is not None and job.agent_spec_id == spec.pk:  # a job may have no spec (the scripted default)
                 job.agent_spec = spec
             _share_reads(job, branch)
             events = []  # the prompt node's (if written now) and job.running: one statement

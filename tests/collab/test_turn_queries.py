@@ -78,7 +78,20 @@ class Counted:
 
 
 @pytest.fixture
-def second_turn(transactional_db, team):
+def no_worker(monkeypatch):
+    """This process runs the turns (``run_job``): the tasks the admission and the naming hand to
+    the broker after commit are kept here, so that a worker process an earlier test of the run
+    started cannot take the job (or rename the branch) while it is being counted."""
+    from collab.services import admission, naming
+
+    handed = []
+    monkeypatch.setattr(admission, "async_task", lambda *args, **kwargs: handed.append(args))
+    monkeypatch.setattr(naming, "async_task", lambda *args, **kwargs: handed.append(args))
+    return handed
+
+
+@pytest.fixture
+def second_turn(transactional_db, team, no_worker):
     """A scripted agent's session with one turn behind it; returns (user, session)."""
     from collab.models import AgentSpec
     from collab.runtime.loop import run_job

@@ -47,3 +47,17 @@ def test_turns_on_one_branch_run_one_after_another_in_order(team, scripted_sessi
     texts = [e["payload"]["text"] for e in events if e["type"] == "message.created"]
     # one linear conversation, never a fork: prompt, answer, prompt, answer, …
     assert texts == ["p0", "done: p0", "p1", "done: p1", "p2", "done: p2"]
+
+
+def test_a_session_opened_without_an_agent_spec_runs_its_turn_on_the_scripted_default(team, api_as, worker):
+    """SPEC §11.1/§11.2: ``agent_id`` is optional when a session is opened; its turns run on the
+    embedded default (the scripted model, whose answer is ``ok: `` and the prompt). A job with no
+    spec must be claimed like any other (a claim that assumed a spec left it queued for good)."""
+    api = api_as(team.member)
+    r = api.post("/api/projects/alpha/sessions", {"title": "no spec"})
+    assert r.status_code == 201, r.content
+    sid = r.json()["id"]
+    r = api.post(f"/api/sessions/{sid}/turns", {"prompt": "hello"})
+    assert r.status_code == 202, r.content
+    done = api.wait(r.json()["execution_id"])
+    assert (done["status"], done["result"]) == ("succeeded", "ok: hello")
