@@ -79,11 +79,22 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
 
     async def lost_access(self):
         """Nothing more is sent; the socket closes (4403)."""
-        await self.unsubscribe()
-        await self.close(code=4403)
+        await self._end(4403)
+
+    async def access_unknown(self):
+        """Its access could not be checked again (the database is unreachable): the socket closes
+        (1011), and the client reconnects and is authorized afresh — never left open unchecked."""
+        await self._end(1011)
 
     async def collab_token_revoked(self, message):
         """The bearer token this socket was opened with was revoked: close at once."""
         if self.scope.get("api_token_id") == message.get("token"):
-            await self.unsubscribe()
-            await self.close(code=4401)
+            await self._end(4401)
+
+    async def _end(self, code: int):
+        """Close now — nothing more is sent from here on — then leave the feed (the layer's
+        cleanup may be slow; the close never waits for it)."""
+        if self.subscription is not None:
+            self.subscription.hold()
+        await self.close(code=code)
+        await self.unsubscribe()

@@ -137,6 +137,7 @@ def relay() -> EventRelay | None:
 
 log = logging.getLogger(__name__)
 
+UNKNOWN = object()  # an access check that could not be made
 SAFETY_SECONDS = 10.0  # a lost push waits at most this long (the relay polls faster on its own)
 REJOIN_SECONDS = 3600.0  # channels-redis forgets group members after a day: join again hourly
 
@@ -153,6 +154,18 @@ class Subscriber:
         self.live = False  # True once it has read the log through what the feed delivers
         self.reading: asyncio.Task | None = None  # its own catch-up from the log
         self.again = False
+        self.held = 0  # > 0 while its viewer's access is being checked again: nothing is sent
+
+    def hold(self) -> None:
+        """Send nothing more until ``release`` (its access is being checked again, or it closes)."""
+        self.held += 1
+        self.live = False
+
+    def release(self) -> None:
+        """Its access was confirmed: what was held back comes from the log (``catch_up``)."""
+        self.held -= 1
+        if not self.held and self in self.feed.subs:
+            self.catch_up()
 
     async def send(self, text: str) -> None:
         try:
@@ -163,6 +176,8 @@ class Subscriber:
     def catch_up(self) -> None:
         """Read the log from ``last_seq`` for this viewer (in a task of its own), then go live."""
         self.live = False
+        if self.held:
+            return  # ``release`` catches it up
         if self.reading is not None and not self.reading.done():
             self.again = True
             return
@@ -231,7 +246,7 @@ class Feed:
             elif kind == "collab.poke":
                 self.notify(message.get("seq"))
             elif kind == "collab.access_changed":
-                await self.fanout.recheck(list(self.subs), message)
+                await self.fanout.recheck(list(self.subs), message)  # never raises: it fails closed
 
     # -- delivery --------------------------------------------------------------------------------
 
@@ -321,15 +336,17 @@ class Feed:
         """A subscriber's own catch-up: the log after its ``last_seq``, redacted for its viewer,
         until it has read through what the feed has started to deliver; then it is live."""
         try:
-            while sub in self.subs:
+            while sub in self.subs and not sub.held:
                 sub.again = False
                 wires = await self.read_log(sub)
                 for wire in wires:
-                    if sub not in self.subs:
+                    if sub not in self.subs or sub.held:
                         return
                     if wire["seq"] == sub.last_seq + 1:
                         sub.last_seq = wire["seq"]
                         await sub.send(json.dumps(wire))
+                if sub.held:
+                    return
                 if len(wires) < PAGE and (sub.last_seq >= self.through or not wires) and not sub.again:
                     sub.live = True  # no await since the check: the feed sends it the next one
                     if self.target > sub.last_seq:
@@ -339,8 +356,9 @@ class Feed:
             raise
         except Exception:  # a locked database: the next push, poke or safety check retries
             log.warning("catching up a socket on session %s failed", self.session_id, exc_info=True)
-            sub.live = True
-            self.wake.set()
+            if not sub.held:
+                sub.live = True
+                self.wake.set()
 
 
 class Fanout:
@@ -420,6 +438,7 @@ class Fanout:
                 self.relay.unwatch(feed.session_id)
             if not self.feeds:
                 _stop(self.watchdog)
+                self.watchdog = None  # cancelled, not yet done: the next socket starts another
             if feed.channel:
                 await self._quietly(self.layer.group_discard(session_group(feed.session_id), feed.channel))
 
@@ -466,22 +485,42 @@ class Fanout:
             kind = message.get("type")
             subs = list(mine["subs"])
             if kind == "collab.access_changed":
-                await self.recheck(subs, message)
+                await self.recheck(subs, message)  # never raises: it fails closed
             elif kind == "collab.token_revoked":
                 for sub in subs:
-                    await sub.consumer.collab_token_revoked(message)
+                    try:
+                        await sub.consumer.collab_token_revoked(message)
+                    except Exception:  # one socket's close failing must not spare the others
+                        log.warning("closing a socket of a revoked token failed", exc_info=True)
 
     async def recheck(self, subs: list[Subscriber], message: dict) -> None:
-        """Access changed: check it once per (viewer, session), close the sockets that lost it."""
-        verdicts: dict = {}
+        """Access changed: check it once per (viewer, session), close the sockets that lost it.
+        The sockets get nothing while their check runs (an event committed after a removal is
+        never sent to the removed person); a check that fails (the database is unreachable)
+        closes them too (1011: the client reconnects and is authorized afresh). Never raises."""
+        subs = [sub for sub in subs if sub in sub.feed.subs]
         for sub in subs:
-            if sub not in sub.feed.subs:
-                continue
-            key = (sub.key, sub.feed.session_id)
-            if key not in verdicts:
-                verdicts[key] = await sub.consumer.still_allowed(message)
-            if verdicts[key] is False:
-                await sub.consumer.lost_access()
+            sub.hold()
+        verdicts: dict = {}
+        try:
+            for sub in subs:
+                key = (sub.key, sub.feed.session_id)
+                if key not in verdicts:
+                    try:
+                        verdicts[key] = await sub.consumer.still_allowed(message)
+                    except Exception:
+                        log.warning("could not check a socket's access again: closing it", exc_info=True)
+                        verdicts[key] = UNKNOWN
+                try:
+                    if verdicts[key] is False:
+                        await sub.consumer.lost_access()
+                    elif verdicts[key] is UNKNOWN:
+                        await sub.consumer.access_unknown()
+                except Exception:
+                    log.warning("closing a socket that lost its access failed", exc_info=True)
+        finally:
+            for sub in subs:
+                sub.release()
 
     def _start_watchdog(self) -> None:
         if self.watchdog is None or self.watchdog.done():

@@ -46,9 +46,15 @@ class Memo:
     LIMIT = 10_000  # a long-lived socket's memo is dropped past this many rows (then read again)
 
     def trim(self) -> None:
-        for known in (self.branch_session, self.job_session, self.attach_session):
-            if len(known) > self.LIMIT:
-                known.clear()
+        """Drop a map past ``LIMIT``: replaced, never cleared in place, so a reader on another
+        thread holding it (``names_no_other_session`` on the event loop) keeps a whole one."""
+        for name in ("branch_session", "job_session", "attach_session"):
+            if len(getattr(self, name)) > self.LIMIT:
+                setattr(self, name, {})
+
+    def snapshot(self) -> "Memo":
+        """The maps as they are now (the same dicts: ``trim`` replaces, never clears them)."""
+        return Memo(self.branch_session, self.job_session, self.attach_session)
 
 
 def _session_of_address(value) -> str | None:
@@ -204,6 +210,7 @@ def names_no_other_session(session_id: str, wires: list[dict], memo: Memo) -> bo
     """True when the wires certainly name no session but ``session_id`` — every viewer of that
     session then sees them unchanged — decided without a query (from what ``memo`` knows).
     False means "ask ``redact_wires``": an id the memo does not know, or another session named."""
+    memo = memo.snapshot()  # checked and used whole, whatever a catch-up read trims meanwhile
     payloads = _payloads(wires)
     if not payloads:
         return True

@@ -158,3 +158,53 @@ def test_a_socket_that_connects_while_events_stream_misses_none_and_repeats_none
     for after, got in zip(afters, frames):
         assert_contiguous(got, after + 1)
         assert got[-1]["seq"] == last
+
+
+def test_p_sec_a_socket_whose_access_cannot_be_checked_again_is_closed_not_left_open(transactional_db, team,
+                                                                                    api_as, scripted_session,
+                                                                                    monkeypatch):
+    """P-SEC (SPEC §8) through the shared fan-out: a membership change makes each affected socket's
+    access be checked again; when that check fails (the database is unreachable) the socket is
+    closed (1011, the client reconnects and is authorized afresh) — it never stays open unchecked
+    — and a later change for the same person is still acted on by the process."""
+    from django.db import OperationalError
+
+    from collab import consumers
+    from tests.collab.test_authorization import safe_disconnect, socket_to, still_live, until_closed
+
+    member_api, sid = scripted_session(team.member, [{"text": "x"}])
+    owner = api_as(team.owner)
+    token = bearer_token(team.viewer)
+    checks = {"fail": False}
+    real_access = consumers.access_session
+
+    def flaky_access(user, session_id):
+        if checks["fail"]:
+            raise OperationalError("the database went away")
+        return real_access(user, session_id)
+
+    monkeypatch.setattr(consumers, "access_session", flaky_access)
+
+    async def body():
+        first = socket_to(sid, [ORIGIN, auth_header(token)], after=0)
+        assert (await first.connect(timeout=RECV_TIMEOUT))[0]
+        try:
+            assert await still_live(first, sid)
+            checks["fail"] = True
+            r = await sync_to_async(owner.patch)("/api/projects/alpha/members/viewer", {"role": "viewer"})
+            assert r.status_code == 200, r.content
+            unknown = await until_closed(first)
+            checks["fail"] = False
+            second = socket_to(sid, [ORIGIN, auth_header(token)], after=0)
+            assert (await second.connect(timeout=RECV_TIMEOUT))[0]
+            try:
+                assert await still_live(second, sid)
+                r = await sync_to_async(owner.delete)("/api/projects/alpha/members/viewer")
+                assert r.status_code == 204, r.content
+                return unknown, await until_closed(second)
+            finally:
+                await safe_disconnect(second)
+        finally:
+            await safe_disconnect(first)
+
+    assert run(body) == (1011, 4403)
