@@ -52,48 +52,13 @@ def _next_seq(session_id: str, touch=None) -> tuple[int, int]:
     return row[0], row[1]
 
 
-def _append_event(session_id: str, event: Event, touch=None) -> Event:
-    """PostgreSQL: take the session's next number (row-locking it until commit, as ``_next_seq``)
-    and insert ``event`` with it in one statement — a data-modifying CTE, whose UPDATE runs
-    exactly once and hands its RETURNING row to the INSERT. ``event`` comes unsaved without
-    ``seq``/``project`` (both read from the session row the UPDATE locked); returns it saved.
-    The columns come from the model, so a field added to Event is written here too."""
-    fields = [f for f in Event._meta.concrete_fields if not f.primary_key]
-    columns, values, params = [], [], []
-    for f in fields:
-        columns.append(connection.ops.quote_name(f.column))
-        if f.attname == "seq":
-            values.append("s.last_event_seq")
-        elif f.attname == "project_id":
-            values.append("s.project_id")
-        else:
-            values.append("%s")
-            params.append(f.get_db_prep_save(f.pre_save(event, add=True), connection))
-    touch_sql = ", last_active_at = %s" if touch is not None else ""
-    head = [connection.ops.adapt_datetimefield_value(touch)] if touch is not None else []
-    pk = Event._meta.pk.column
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH s AS (UPDATE collab_session SET last_event_seq = last_event_seq + 1{touch_sql} WHERE id = %s "
-            f"RETURNING last_event_seq, project_id) "
-            f"INSERT INTO {Event._meta.db_table} ({', '.join(columns)}) SELECT {', '.join(values)} FROM s "
-            f"RETURNING {pk}, seq, project_id",
-            [*head, session_id, *params],
-        )
-        row = cursor.fetchone()
-    if row is None:
-        raise LookupError(f"session {session_id} does not exist")
-    event.pk, event.seq, event.project_id = row
-    event._state.adding, event._state.db = False, connection.alias
-    return event
-
-
 def _append_events(session_id: str, events: list[Event], touch=None) -> None:
-    """``_append_event`` for several events in one statement: the session's number is bumped by
-    their count, and the i-th event (from 1) gets ``last_event_seq - count + i``."""
-    if len(events) == 1:
-        _append_event(session_id, events[0], touch)
-        return
+    """PostgreSQL: take the session's next numbers (row-locking it until commit, as ``_next_seq``)
+    and insert ``events`` with them, in one statement — a data-modifying CTE, whose UPDATE runs
+    exactly once (bumping the number by their count) and hands its RETURNING row to the INSERT;
+    the i-th event (from 1) gets ``last_event_seq - count + i``. The events come unsaved without
+    ``seq``/``project`` (both read from the session row the UPDATE locked) and leave saved. The
+    columns come from the model, so a field added to Event is written here too."""
     fields = [f for f in Event._meta.concrete_fields if not f.primary_key and f.attname not in ("seq", "project_id")]
     qn = connection.ops.quote_name
     columns = [qn(f.column) for f in fields]
@@ -149,22 +114,7 @@ def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, 
     ``stored``: what the log row keeps instead of ``payload``, when every reader of the log puts
     the rest back (``message_event_ref`` / ``with_full_payloads``); live listeners get ``payload``.
     """
-    if not connection.in_atomic_block:
-        raise RuntimeError("send_event_on_commit must run inside transaction.atomic")
-    actor_id = getattr(actor, "pk", actor)
-    payload = clean_data(payload)
-    kept = payload if stored is None else clean_data(stored)
-    if connection.vendor == "postgresql":
-        event = _append_event(session_id, Event(session_id=session_id, type=type, payload=kept, actor_id=actor_id),
-                              touch)
-    else:  # SQLite has no data-modifying CTE: the number, then the row (the database is held anyway)
-        seq, project_id = _next_seq(session_id, touch)
-        event = Event.objects.create(
-            project_id=project_id, session_id=session_id, seq=seq, type=type, payload=kept, actor_id=actor_id
-        )
-    wire = {**event.as_wire(), "payload": payload}
-    transaction.on_commit(lambda: push_event(session_id, wire))
-    return event
+    return send_events_on_commit(session_id, [deferred_event(type, payload, actor, touch=touch, stored=stored)])[0]
 
 
 def send_events_on_commit(session_id: str, events: list) -> list[Event]:
@@ -173,7 +123,7 @@ def send_events_on_commit(session_id: str, events: list) -> list[Event]:
     their count) and inserts them all; one push after commit sends them in order. ``events``:
     what ``deferred_event`` makes; the last ``touch`` among them sets the session's last activity."""
     if not connection.in_atomic_block:
-        raise RuntimeError("send_events_on_commit must run inside transaction.atomic")
+        raise RuntimeError("events must be sent inside transaction.atomic (they commit with their change)")
     rows, payloads = [], []
     for type_, payload, actor, _touch, stored in events:
         payloads.append(clean_data(payload))
