@@ -123,9 +123,11 @@ def test_issue_13_item_1_the_dag_of_a_scripted_session_has_its_lanes_dots_and_ed
     assert after[: len(before)] == before
 
     # replay (issue 13 item 6): as of event N the graph holds the rows written by then; read-only
+    from collab.events import with_full_payloads
     from collab.models import Event
 
-    created = [e for e in Event.objects.filter(session_id=sid, type="message.created").order_by("seq")
+    # read as every reader of the log does (the rows keep a reference to their message)
+    created = [e for e in with_full_payloads(Event.objects.filter(session_id=sid, type="message.created").order_by("seq"))
                if e.payload["kind"] != "attach"]  # attach pointers are edges, not rows
     fourth = created[3].seq
     page.goto(f"{server.url}/s/{sid}/?at={fourth}")
