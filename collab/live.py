@@ -420,27 +420,30 @@ class Fanout:
         feed = sub.feed
         if feed.subs.pop(sub, "gone") == "gone":
             return
-        if sub.reading is not None:
-            sub.reading.cancel()
+        stopping = [sub.reading]
         mine = self.users.get(sub.key)
+        discards = []
         if mine is not None:
             mine["subs"].pop(sub, None)
             if not mine["subs"]:
                 del self.users[sub.key]
-                _stop(mine["task"])
+                stopping.append(mine["task"])
                 if mine["channel"]:
-                    await self._quietly(self.layer.group_discard(user_group(sub.key), mine["channel"]))
+                    discards.append(self.layer.group_discard(user_group(sub.key), mine["channel"]))
         if not feed.subs and self.feeds.get(feed.session_id) is feed:
             del self.feeds[feed.session_id]
-            for task in feed.tasks:
-                _stop(task)
+            stopping += feed.tasks
             if self.relay:
                 self.relay.unwatch(feed.session_id)
             if not self.feeds:
-                _stop(self.watchdog)
-                self.watchdog = None  # cancelled, not yet done: the next socket starts another
+                stopping.append(self.watchdog)
+                self.watchdog = None  # the next socket starts another
             if feed.channel:
-                await self._quietly(self.layer.group_discard(session_group(feed.session_id), feed.channel))
+                discards.append(self.layer.group_discard(session_group(feed.session_id), feed.channel))
+        stopped = _stop(stopping)
+        for discard in discards:
+            await self._quietly(discard)
+        await stopped
 
     @staticmethod
     async def _quietly(coro) -> None:
@@ -555,12 +558,18 @@ class Fanout:
                 feed.notify(seqs[feed.session_id])
 
 
-def _stop(task: asyncio.Task | None) -> None:
-    """Cancel one of the fan-out's tasks — unless it is the one running: a socket closed from a
-    message that task is handling (access lost, token revoked) must still be closed; that task
-    ends by itself once it sees it has nothing left to serve."""
-    if task is not None and task is not asyncio.current_task():
+def _stop(tasks: list) -> "asyncio.Future":
+    """Cancel some of the fan-out's tasks — never the one running (a socket closed from a message
+    that task is handling — access lost, token revoked — must still be closed; that task ends by
+    itself once it sees it has nothing left to serve). Returns what to await for them to have
+    ended: a task left pending when its event loop closes never runs its cleanup — a channel
+    layer's ``receive`` would then count a receiver on a dead loop forever, and refuse every
+    later loop's (a test process runs one loop per test)."""
+    current = asyncio.current_task()
+    tasks = [task for task in tasks if task is not None and task is not current and not task.done()]
+    for task in tasks:
         task.cancel()
+    return asyncio.gather(*tasks, return_exceptions=True)
 
 
 _fanouts: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Fanout]" = weakref.WeakKeyDictionary()
