@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import threading
+from typing import NamedTuple
 
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -30,34 +31,48 @@ def session_group(session_id: str) -> str:
     return f"session.{session_id}"
 
 
-def _next_seq(session_id: str, touch=None) -> tuple[int, int]:
+def _session_sets(touch=None, head=None) -> tuple[str, list]:
+    """What the statement that numbers a session's events also sets on the session row (which
+    it has locked): ``touch``, a time that becomes its ``last_active_at``; ``head``, a
+    (branch id, message id) the selected HEAD follows when it is unset or on that branch — a
+    person's turn moves their selection along the branch they are on (issue 15 item 1: this was
+    a statement of its own at every admission and completion of a person's turn). The HEAD's
+    branch is read in the statement, from the message it names: messages are immutable, and
+    the session row it hangs off is the one being updated."""
+    sql, params = "", []
+    if touch is not None:
+        sql += ", last_active_at = %s"
+        params.append(connection.ops.adapt_datetimefield_value(touch))
+    if head is not None:
+        sql += (", head_id = CASE WHEN head_id IS NULL OR EXISTS (SELECT 1 FROM collab_message h "
+                "WHERE h.id = collab_session.head_id AND h.branch_id = %s) THEN %s ELSE head_id END")
+        params.extend(head)
+    return sql, params
+
+
+def _next_seq(session_id: str, touch=None, head=None) -> tuple[int, int]:
     """(seq, project id) for the session's next event; row-locks the session until commit.
-    ``touch``: a time that becomes the session's ``last_active_at`` in the same statement."""
+    ``touch``, ``head``: what else the statement sets on the session (``_session_sets``)."""
+    sets, params = _session_sets(touch, head)
     with connection.cursor() as cursor:
-        if touch is None:
-            cursor.execute(
-                "UPDATE collab_session SET last_event_seq = last_event_seq + 1 WHERE id = %s "
-                "RETURNING last_event_seq, project_id",
-                [session_id],
-            )
-        else:
-            cursor.execute(
-                "UPDATE collab_session SET last_event_seq = last_event_seq + 1, last_active_at = %s WHERE id = %s "
-                "RETURNING last_event_seq, project_id",
-                [connection.ops.adapt_datetimefield_value(touch), session_id],
-            )
+        cursor.execute(
+            f"UPDATE collab_session SET last_event_seq = last_event_seq + 1{sets} WHERE id = %s "
+            "RETURNING last_event_seq, project_id",
+            [*params, session_id],
+        )
         row = cursor.fetchone()
     if row is None:
         raise LookupError(f"session {session_id} does not exist")
     return row[0], row[1]
 
 
-def _append_events(session_id: str, events: list[Event], touch=None) -> None:
+def _append_events(session_id: str, events: list[Event], touch=None, head=None) -> None:
     """PostgreSQL: take the session's next numbers (row-locking it until commit, as ``_next_seq``)
     and insert ``events`` with them, in one statement — a data-modifying CTE, whose UPDATE runs
     exactly once (bumping the number by their count) and hands its RETURNING row to the INSERT;
     the i-th event (from 1) gets ``last_event_seq - count + i``. The events come unsaved without
-    ``seq``/``project`` (both read from the session row the UPDATE locked) and leave saved. The
+    ``seq``/``project`` (both read from the session row the UPDATE locked) and leave saved;
+    ``touch``/``head`` as ``_session_sets``. The
     columns come from the model, so a field added to Event is written here too."""
     fields = [f for f in Event._meta.concrete_fields if not f.primary_key and f.attname not in ("seq", "project_id")]
     qn = connection.ops.quote_name
@@ -72,18 +87,17 @@ def _append_events(session_id: str, events: list[Event], touch=None) -> None:
         rows_sql.append(f"({', '.join(values)})")
     names = ["i", *(f"c{n}" for n in range(len(fields)))]
     count = len(events)
-    touch_sql = ", last_active_at = %s" if touch is not None else ""
-    head = [connection.ops.adapt_datetimefield_value(touch)] if touch is not None else []
+    sets, sets_params = _session_sets(touch, head)
     pk = Event._meta.pk.column
     with connection.cursor() as cursor:
         cursor.execute(
-            f"WITH s AS (UPDATE collab_session SET last_event_seq = last_event_seq + %s{touch_sql} WHERE id = %s "
+            f"WITH s AS (UPDATE collab_session SET last_event_seq = last_event_seq + %s{sets} WHERE id = %s "
             f"RETURNING last_event_seq, project_id) "
             f"INSERT INTO {Event._meta.db_table} ({qn('project_id')}, {qn('seq')}, {', '.join(columns)}) "
             f"SELECT s.project_id, s.last_event_seq - %s + v.i, {', '.join('v.' + n for n in names[1:])} "
             f"FROM s CROSS JOIN (VALUES {', '.join(rows_sql)}) AS v({', '.join(names)}) ORDER BY v.i "
             f"RETURNING {pk}, seq, project_id",
-            [count, *head, session_id, count, *params],
+            [count, *sets_params, session_id, count, *params],
         )
         returned = cursor.fetchall()
     if len(returned) != count:
@@ -105,7 +119,7 @@ def _next_project_seq(project_id: int) -> int:
 
 
 def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, *, touch=None,
-                         stored: dict | None = None) -> Event:
+                         stored: dict | None = None, head: tuple | None = None) -> Event:
     """Append an event to the session's log now; push it to live listeners after commit.
 
     Must be called inside ``transaction.atomic``: the event commits or rolls back
@@ -113,40 +127,55 @@ def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, 
     in the statement that takes the event's number (no query or commit of its own).
     ``stored``: what the log row keeps instead of ``payload``, when every reader of the log puts
     the rest back (``message_event_ref`` / ``with_full_payloads``); live listeners get ``payload``.
+    ``head``: (branch id, message id) — the session's selected HEAD follows that node if it is
+    unset or on that branch, in the same statement (``_session_sets``).
     """
-    return send_events_on_commit(session_id, [deferred_event(type, payload, actor, touch=touch, stored=stored)])[0]
+    return send_events_on_commit(
+        session_id, [deferred_event(type, payload, actor, touch=touch, stored=stored, head=head)])[0]
 
 
 def send_events_on_commit(session_id: str, events: list) -> list[Event]:
     """``send_event_on_commit`` for several events of one session at once, in this order: on
     PostgreSQL one statement takes their numbers (the session's ``last_event_seq`` bumped by
     their count) and inserts them all; one push after commit sends them in order. ``events``:
-    what ``deferred_event`` makes; the last ``touch`` among them sets the session's last activity."""
+    what ``deferred_event`` makes; the last ``touch`` among them sets the session's last activity,
+    the last ``head`` its selected HEAD."""
     if not connection.in_atomic_block:
         raise RuntimeError("events must be sent inside transaction.atomic (they commit with their change)")
     rows, payloads = [], []
-    for type_, payload, actor, _touch, stored in events:
+    for type_, payload, actor, _touch, stored, _head in events:
         payloads.append(clean_data(payload))
         rows.append(Event(session_id=session_id, type=type_, actor_id=getattr(actor, "pk", actor),
                           payload=payloads[-1] if stored is None else clean_data(stored)))
     if not rows:
         return []
-    touch = next((touch for *_rest, touch, _stored in reversed(events) if touch is not None), None)
+    touch = next((event.touch for event in reversed(events) if event.touch is not None), None)
+    head = next((event.head for event in reversed(events) if event.head is not None), None)
     if connection.vendor == "postgresql":
-        _append_events(session_id, rows, touch)
+        _append_events(session_id, rows, touch, head)
     else:  # SQLite: one event after the other (number, then row)
         for n, row in enumerate(rows):
-            row.seq, row.project_id = _next_seq(session_id, touch if n == 0 else None)
+            row.seq, row.project_id = _next_seq(session_id, *((touch, head) if n == 0 else ()))
             row.save(force_insert=True)
     wires = [{**row.as_wire(), "payload": payload} for row, payload in zip(rows, payloads)]
     transaction.on_commit(lambda: [push_event(session_id, wire) for wire in wires])
     return rows
 
 
-def deferred_event(type: str, payload: dict, actor=None, *, touch=None, stored: dict | None = None) -> tuple:
+class Deferred(NamedTuple):
+    type: str
+    payload: dict
+    actor: object
+    touch: object
+    stored: dict | None
+    head: tuple | None
+
+
+def deferred_event(type: str, payload: dict, actor=None, *, touch=None, stored: dict | None = None,
+                   head: tuple | None = None) -> Deferred:
     """An event to send later with others of its session (``send_events_on_commit``); the
     arguments mean what they mean to ``send_event_on_commit``."""
-    return (type, payload, actor, touch, stored)
+    return Deferred(type, payload, actor, touch, stored, head)
 
 
 def push_event(session_id: str, wire: dict) -> None:

@@ -20,8 +20,17 @@ def format_address(session_id: str, head_id: str | None) -> str | None:
 
 def effective_spec(branch, session=None):
     """The AgentSpec a branch runs with: the branch's own, else its session's default.
-    ``session`` saves a query when the caller holds the branch's session already."""
+    ``session`` saves a query when the caller holds the branch's session already — and, when
+    its default spec is loaded (``collab.access.access_session`` loads it) and is the branch's
+    own too, the branch's read as well."""
+    if session is not None and branch.agent_spec_id is not None and branch.agent_spec_id == session.agent_spec_id \
+            and _spec_field(session).is_cached(session) and not _spec_field(branch).is_cached(branch):
+        branch.agent_spec = session.agent_spec  # the same row, read already
     return branch.agent_spec or (session if session is not None else branch.session).agent_spec
+
+
+def _spec_field(row):
+    return row._meta.get_field("agent_spec")
 
 
 def effective_spec_id(branch, session=None):

@@ -11,7 +11,6 @@ The job is handed to the worker queue only after commit.
 """
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
 from django_q.tasks import async_task
 
 from collab.errors import Conflict, Invalid
@@ -22,7 +21,6 @@ from collab.models import (
     Job,
     JobKind,
     JobStatus,
-    Message,
     MessageKind,
     MessageRole,
     Session,
@@ -129,7 +127,7 @@ def admit_job(
         status=JobStatus.QUEUED,
         prompt=prompt,
         prompt_header=header,
-        parent_msg=locked.tip,
+        parent_msg_id=locked.tip_id,
         prompt_msg_id=prompt_msg_id,
         started_by=started_by,
         **fields,
@@ -177,12 +175,11 @@ def write_prompt_node(job: Job, branch: Branch, *, message_id: str | None = None
         session_locked=True,  # by the admission or the claim, before the branch
         message_id=message_id,
         events=events,
+        moves_head=job.kind == JobKind.USER,  # a person's turn moves their selection along
     )
     job.prompt_msg = message
     if message_id is None:
         Job.objects.filter(pk=job.pk).update(prompt_msg=message)
-    if job.kind == JobKind.USER:
-        follow_head(job.session_id, branch.pk, message)
     return message
 
 
@@ -195,12 +192,6 @@ def prompt_metadata(job: Job) -> dict:
     if job.followup_of_id:
         meta["followup_of"] = job.followup_of_id
     return meta
-
-
-def follow_head(session_id: str, branch_id: str, message) -> None:
-    """A person's own turn moves the selected HEAD along the branch they are on; agents' turns never do."""
-    on_branch = Exists(Message.objects.filter(pk=OuterRef("head_id"), branch_id=branch_id))
-    Session.objects.filter(Q(head__isnull=True) | Q(on_branch), pk=session_id).update(head=message)  # one statement
 
 
 def enqueue_job(job_id: str) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, Q, Subquery, Value
+from django.db.models import Case, Exists, F, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -28,9 +28,10 @@ from collab.models import (
     JobStatus,
     Message,
     MessageRole,
+    Webhook,
     is_busy,
 )
-from collab.services.admission import FENCED, enqueue_job, follow_head, send_job_event, write_prompt_node
+from collab.services.admission import FENCED, enqueue_job, send_job_event, write_prompt_node
 from collab.services.archive import AUTOMATIC_REASON, do_archive_branch
 from collab.services.artifacts import store_result
 from collab.services.deliver import drain_inbox_locked
@@ -241,43 +242,43 @@ def finish_job(
         guard = Q(status__in=from_statuses)
         if lease_expired:
             guard &= Q(lease_expires_at__lt=Now())
-        current = Job.objects.select_for_update(no_key=True).filter(guard, pk=job.pk).first()
-        if current is None:
-            return Job.objects.filter(pk=job.pk).first() or job
-        if current.status == JobStatus.STOPPING and status != JobStatus.CANCELLED:
-            # a job leaves ``stopping`` only as ``cancelled`` (SPEC §7; the database guard
-            # agrees, migration 0012): an answer or error that raced the cancel is not kept
-            status, final_text, result_text = JobStatus.CANCELLED, None, "cancelled"
-            is_error, error_code, error_reason = True, "cancelled", "the execution was cancelled"
-        ran = current.started_at is not None
-        summary, artifact = store_result(current, result_text)
-        ended = update_returning(  # matches: the row is locked since the read
+        summary, artifact = store_result(job, result_text)
+        # the job's end, decided and written by one conditional UPDATE, which locks the row and
+        # reads it as it leaves it (no locked read before it). A job leaves ``stopping`` only as
+        # ``cancelled`` (SPEC §7; the database guard agrees, migration 0012): an answer or error
+        # that raced the cancel is not kept — the UPDATE itself picks the cancel's values when it
+        # finds the row stopping
+        ended = update_returning(
             Job.objects.filter(guard, pk=job.pk),
-            status=status,
             version=F("version") + 1,
             finished_at=Now(),
-            result_text=summary,
-            result_artifact=artifact,
-            is_error=is_error,
-            error_code=error_code,
-            error_reason=clean_text(error_reason),
             lease_expires_at=None,
             followup_state=FollowupState.OWED if owed else FollowupState.NONE,
+            **_unless_stopping(status, status=status, result_text=summary, result_artifact=getattr(artifact, "pk", None),
+                               is_error=is_error, error_code=error_code, error_reason=clean_text(error_reason)),
             **{k: usage[k] for k in ("model_calls", "tool_calls", "tokens_in", "tokens_out", "cost") if k in usage},
-        )[0]
+        )
+        if not ended or ended[0].status != status:
+            if artifact is not None:  # its result was not kept: neither is its full text
+                artifact.delete()
+            if not ended:  # ended by someone else meanwhile (or gone): left alone
+                return Job.objects.filter(pk=job.pk).first() or job
+            status, final_text = ended[0].status, None  # the cancel won the race
+        ended = ended[0]
+        is_error = ended.is_error
+        ran = ended.started_at is not None
         if ran and status != JobStatus.SUCCEEDED:
             # a turn that answered wrote every result before its last model call: nothing dangles
             close_dangling_calls(job, branch, status)
         events = []  # the answer's and the job's end: one statement
         if final_text is not None:
-            final = append_message(
+            append_message(
                 branch, role=MessageRole.ASSISTANT, text=final_text, job=job,
                 metadata={"job": job.pk, "final": True, "is_error": is_error}, session_locked=True,
                 ends_turn=ran,  # the turn is counted by the statement that moves the tip
                 events=events,
+                moves_head=job.kind == JobKind.USER,  # the person's selection follows to the answer
             )
-            if job.kind == JobKind.USER:
-                follow_head(job.session_id, branch.pk, final)
         elif ran:
             Branch.objects.filter(pk=branch.pk).update(turns=F("turns") + 1)
         if ran:
@@ -285,14 +286,16 @@ def finish_job(
         project = job.project  # loaded with the claimed job (the refresh drops it)
         refresh_from_row(job, ended)  # job.refresh_from_db(), from the row the UPDATE returned
         send_job_event(job, f"job.{status}", branch.session, events=events)
-        owe_webhook_deliveries(job, project, branch.session)  # its webhooks hear of it after commit (issue 16 item 4)
+        # the branch's turn is over: what waited for it may go now. One statement says what there
+        # is (the branch is locked: its inbox, owed results and queue are read after the lock) and
+        # whether the project has webhooks; each is then handled as before, only when there is
+        # something to handle
+        waiting = _waiting_on(branch.pk, project.pk, background=job.run_in_background) if ran else None
+        # its webhooks hear of it after commit (issue 16 item 4)
+        owe_webhook_deliveries(job, project, branch.session, any_active=waiting.webhooks if ran else True)
         if job.archive_when_done:
             do_archive_branch(branch, user=job.started_by, reason=AUTOMATIC_REASON, automatic=True)
         if ran:
-            # the branch's turn is over: what waited for it may go now. One statement says what
-            # there is (the branch is locked: its inbox, owed results and queue are read after
-            # the lock); each is then handled as before, only when there is something to handle
-            waiting = _waiting_on(branch.pk, project.pk, background=job.run_in_background)
             if waiting.inbox:  # its inbox goes now, whatever ended the turn (OP §5.4)
                 drain_inbox_locked(branch)
             if waiting.owed:
@@ -317,19 +320,39 @@ def finish_job(
     return job
 
 
+STOPPED_AS = {  # what a job that was stopping ends with, whatever its turn ended with
+    "status": JobStatus.CANCELLED, "result_text": "cancelled", "result_artifact": None, "is_error": True,
+    "error_code": "cancelled", "error_reason": "the execution was cancelled",
+}
+
+
+def _unless_stopping(ending: str, **values) -> dict:
+    """``values`` for the UPDATE that ends a job, each as a CASE that takes ``STOPPED_AS``'s value
+    instead when the row is ``stopping`` — unless the job is ending ``cancelled`` anyway."""
+    if ending == JobStatus.CANCELLED:
+        return values
+    return {
+        name: Case(When(status=JobStatus.STOPPING, then=Value(STOPPED_AS[name])), default=Value(value),
+                   output_field=Job._meta.get_field(name))
+        for name, value in values.items()
+    }
+
+
 @dataclass(frozen=True)
 class _Waiting:
     inbox: bool
     owed: bool
     next_on_branch: str | None
     in_project: bool
+    webhooks: bool
 
 
 def _waiting_on(branch_id: str, project_id: int, *, background: bool) -> _Waiting:
     """What waits for a branch whose turn just ended, in one statement: entries in its inbox,
-    results owed to it (any mode), its oldest queued job, and (``background``: the job held a
-    worker slot of its project) queued jobs of its project on other branches. Precondition: the
-    branch is locked (its inbox and queue change only under that lock)."""
+    results owed to it (any mode), its oldest queued job, (``background``: the job held a
+    worker slot of its project) queued jobs of its project on other branches, and whether the
+    project has an active webhook (read again, held against deletion, only then). Precondition:
+    the branch is locked (its inbox and queue change only under that lock)."""
     queued_here = Job.objects.filter(branch_id=branch_id, status=JobStatus.QUEUED).order_by("created_at", "pk")
     row = Branch.objects.filter(pk=branch_id).annotate(
         _inbox=Exists(InboxEntry.objects.filter(target_branch_id=branch_id)),
@@ -339,11 +362,12 @@ def _waiting_on(branch_id: str, project_id: int, *, background: bool) -> _Waitin
             Job.objects.filter(project_id=project_id, status=JobStatus.QUEUED, run_in_background=True)
             .exclude(branch_id=branch_id)
         ) if background else Value(False),
-    ).values_list("_inbox", "_owed", "_next", "_in_project").first()
+        _webhooks=Exists(Webhook.objects.filter(project_id=project_id, active=True)),
+    ).values_list("_inbox", "_owed", "_next", "_in_project", "_webhooks").first()
     if row is None:
-        return _Waiting(False, False, None, False)
-    inbox, owed, nxt, in_project = row
-    return _Waiting(bool(inbox), bool(owed), nxt, bool(in_project))
+        return _Waiting(False, False, None, False, True)
+    inbox, owed, nxt, in_project, webhooks = row
+    return _Waiting(bool(inbox), bool(owed), nxt, bool(in_project), bool(webhooks))
 
 
 DANGLING_RESULT = {

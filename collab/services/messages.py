@@ -1,5 +1,8 @@
 """Appending nodes to a branch. Messages are immutable once written."""
 
+import functools
+
+from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -11,8 +14,8 @@ from collab.text import clean_data, clean_text
 
 
 def _deferring(events: list):
-    def defer(_session_id, type_, payload, actor=None, touch=None, stored=None):
-        events.append(deferred_event(type_, payload, actor, touch=touch, stored=stored))
+    def defer(_session_id, type_, payload, actor=None, touch=None, stored=None, head=None):
+        events.append(deferred_event(type_, payload, actor, touch=touch, stored=stored, head=head))
     return defer
 
 
@@ -35,6 +38,7 @@ def append_message(
     ends_turn: bool = False,
     message_id: str | None = None,
     events: list | None = None,
+    moves_head: bool = False,
 ) -> Message:
     """Write a node after ``predecessor`` (default: the branch tip, or its fork point)
     and, unless ``move_tip`` is False (side nodes such as attach pointers), make it the tip.
@@ -49,6 +53,9 @@ def append_message(
     in memory). ``message_id``: the node's id, when a row written before it names it already.
     ``events``: a list the node's ``message.created`` is added to, for the caller to send with
     the next event of the session in one statement (``collab.events.send_events_on_commit``).
+    ``moves_head``: a person's own turn — the session's selected HEAD follows this node if it is
+    unset or on this branch (agents' turns never move it), set by the statement that numbers
+    the node's event.
     """
     if move_tip and not session_locked:
         # the session's row first (its event log is written below): lock order session →
@@ -58,12 +65,15 @@ def append_message(
     tool_calls = clean_data(tool_calls)
     metadata = clean_data(metadata)
     tool_call_id = clean_text(tool_call_id or "")[:100]  # a model's call id: the column holds 100
-    pred = predecessor if predecessor is not None else (branch.tip or branch.forked_from)
+    if predecessor is not None:
+        pred_id = predecessor.pk
+    else:  # the branch's tip, or its fork point: by id, never loading the row (issue 15 item 1)
+        pred_id = branch.tip_id or branch.forked_from_id
     now = timezone.now()
-    message = Message.objects.create(
+    message = Message(
         **({"id": message_id} if message_id else {}),
         session_id=branch.session_id,
-        predecessor=pred,
+        predecessor_id=pred_id,
         branch=branch,
         job=job,
         role=role,
@@ -72,15 +82,11 @@ def append_message(
         tool_calls=tool_calls,
         tool_call_id=tool_call_id,
         metadata=metadata or {},
-        depth=(pred.depth + 1) if pred is not None else 0,
-        turn=(pred.turn if pred is not None else 0) + (1 if starts_turn else 0),
         dedupe_key=dedupe_key,
         created_at=now,
     )
-    if move_tip:
-        # last activity orders name resolution and listings: the database's clock (SPEC §7)
-        more = {"turns": F("turns") + 1} if ends_turn else {}
-        Branch.objects.filter(pk=branch.pk).update(tip=message, chars=F("chars") + len(text), last_active_at=Now(), **more)
+    insert_node(message, starts_turn=starts_turn, tip_of=branch if move_tip else None, ends_turn=ends_turn)
+    if move_tip:  # the in-memory branch follows what the statement wrote
         branch.tip = message
         branch.chars += len(text)
         branch.last_active_at = now
@@ -90,6 +96,58 @@ def append_message(
     # rebuild the payload from this row (``collab.events.with_full_payloads``).
     (send_event_on_commit if events is None else _deferring(events))(
         branch.session_id, MESSAGE_CREATED, message_event(message), actor=actor, touch=now,
-        stored=message_event_ref(message),
+        stored=message_event_ref(message), head=(branch.pk, message.pk) if moves_head else None,
     )
     return message
+
+
+@functools.cache
+def _node_fields() -> tuple:
+    """Message's columns but ``depth`` and ``turn`` (the INSERT takes those from the predecessor)."""
+    return tuple(f for f in Message._meta.concrete_fields if f.attname not in ("depth", "turn"))
+
+
+def insert_node(message: Message, *, starts_turn: bool, tip_of: Branch | None, ends_turn: bool = False) -> None:
+    """INSERT ``message`` (unsaved, ``predecessor_id`` set or None) in one statement that also
+    takes its ``depth`` and ``turn`` from its predecessor's row — the node after it, on the
+    predecessor's lineage, one turn on if it ``starts_turn`` — so the predecessor is never read
+    on its own (issue 15 item 1: the tip node's read was a statement at every admission and
+    every completion). ``tip_of``: the branch whose tip becomes this node, its ``chars``
+    growing by the text and (``ends_turn``) its ``turns`` by one — on PostgreSQL in the same
+    statement (a data-modifying CTE), on SQLite in the next one.
+
+    Reading the predecessor without a lock is safe: messages are immutable, and the caller
+    holds the branch's write side (its row lock, or its active job), under which its tip
+    committed before this statement's snapshot was taken. A predecessor that does not exist
+    leaves ``depth`` NULL: the database refuses the row (IntegrityError), as its foreign key
+    would. The values pass each field's own preparation, so a field added to Message is
+    written here too."""
+    fields = _node_fields()
+    qn = connection.ops.quote_name
+    columns = [*(qn(f.column) for f in fields), qn("depth"), qn("turn")]
+    params = [f.get_db_prep_save(f.pre_save(message, add=True), connection) for f in fields]
+    table = qn(Message._meta.db_table)
+    if message.predecessor_id is None:
+        depth_turn, more = "0, %s", [int(starts_turn)]
+    else:
+        depth_turn = (f"(SELECT depth + 1 FROM {table} WHERE id = %s), "
+                      f"(SELECT turn + %s FROM {table} WHERE id = %s)")
+        more = [message.predecessor_id, int(starts_turn), message.predecessor_id]
+    insert = (f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(fields))}, {depth_turn}) "
+              f"RETURNING depth, turn")
+    params += more
+    together = tip_of is not None and connection.vendor == "postgresql"
+    if together:
+        turns = ", turns = turns + 1" if ends_turn else ""
+        insert = (f"WITH m AS ({insert}), b AS (UPDATE {qn(Branch._meta.db_table)} SET tip_id = %s, "
+                  f"chars = chars + %s, last_active_at = STATEMENT_TIMESTAMP(){turns} WHERE id = %s) "
+                  f"SELECT depth, turn FROM m")
+        params += [message.pk, len(message.text), tip_of.pk]
+    with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
+        cursor.execute(insert, params)
+        message.depth, message.turn = cursor.fetchone()
+    message._state.adding, message._state.db = False, connection.alias
+    if tip_of is not None and not together:
+        more = {"turns": F("turns") + 1} if ends_turn else {}
+        Branch.objects.filter(pk=tip_of.pk).update(tip=message, chars=F("chars") + len(message.text),
+                                                   last_active_at=Now(), **more)

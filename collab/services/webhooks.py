@@ -181,13 +181,18 @@ def delivery_payload(delivery_id: str, job: Job, project: Project, session_title
     return json.loads(json.dumps(body, cls=DjangoJSONEncoder))
 
 
-def owe_webhook_deliveries(job: Job, project: Project | None = None, session: Session | None = None) -> list[str]:
+def owe_webhook_deliveries(job: Job, project: Project | None = None, session: Session | None = None, *,
+                           any_active: bool = True) -> list[str]:
     """One delivery per active webhook of the job's project, for the job that just ended.
 
     Precondition: inside the completion transaction, after the job's terminal state was
     written and read back (``finish_job``). Costs one indexed read when the project has no
-    webhook. Handed to the queue after commit; the unique (webhook, job, event) index makes
-    a second call for the same job write nothing."""
+    webhook, none when ``any_active`` is False (the completion asked already, in its one
+    statement about what waits: a webhook created since is one created after this completion).
+    Handed to the queue after commit; the unique (webhook, job, event) index makes a second
+    call for the same job write nothing."""
+    if not any_active:
+        return []
     webhooks = active_webhooks_key_shared(job.project_id)
     if not webhooks:
         return []

@@ -1,5 +1,7 @@
 """What one scripted turn costs the database (SPEC §13 "Turn overhead", issue 15 item 1): queries
-and commits of a session's second turn — the admission the API makes (``do_start_user_turn``)
+and commits of a session's second turn — the admission the API makes (``access_session`` for
+``turn.start``, then ``do_start_user_turn``: the API's ``POST …/turns`` once the request's caller
+is authenticated)
 and what a worker does with it (``runtime.loop.run_job``: the claim, the turn, the completion) —
 counted in-process on real transactions, so the count cannot creep back up unnoticed.
 ``bench/turns.py`` prints the same figures beside the targets (≤ 20 queries; commits: the
@@ -24,10 +26,17 @@ from collab.models import Job, Session
 # events a step has for one session (a data-modifying CTE: the session's numbers and the rows —
 # the prompt node's and job.queued; job.running; the answer's and job.succeeded); SQLite writes
 # each in two (the number, then the row).
+# Third round (the admission now counted with the API's own access read of the session, 2 statements:
+# the session with its project and spec, the caller's role): a node's INSERT takes its depth and
+# turn from its predecessor in the same statement (no read of the tip) and, on PostgreSQL, moves
+# the branch's tip in it too (a data-modifying CTE); the selected HEAD follows a person's turn in
+# the statement that numbers its events; the completion's UPDATE decides a stopping job's end
+# itself (no locked read before it); the "what waits" probe says whether the project has webhooks
+# (none: no read of them); the branch's spec is the session's, read with it by the access layer.
 if connection.vendor == "postgresql":
-    ADMISSION_QUERIES, WORKER_QUERIES = 12, 17
+    ADMISSION_QUERIES, WORKER_QUERIES = 9, 12
 else:
-    ADMISSION_QUERIES, WORKER_QUERIES = 15, 21
+    ADMISSION_QUERIES, WORKER_QUERIES = 13, 17
 ADMISSION_COMMITS = 1
 WORKER_COMMITS = 2
 
@@ -107,11 +116,13 @@ def second_turn(transactional_db, team, no_worker):
 def test_spec_13_a_scripted_turn_costs_a_bounded_number_of_queries(second_turn):
     """SPEC §13: a scripted turn's queries, admission and worker side, stay within the counts
     measured when they were cut (issue 15); the turn's result is what it was."""
+    from collab.access import access_session
     from collab.runtime.loop import run_job
     from collab.services.turns import do_start_user_turn
 
     user, session = second_turn
-    with Counted() as admission:
+    with Counted() as admission:  # what the API's POST …/turns does once the caller is known
+        session = access_session(user, session.pk, "turn.start")
         job = do_start_user_turn(user, session, "second")
     with Counted() as worker:
         assert run_job(job.pk) == "succeeded"
