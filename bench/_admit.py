@@ -15,6 +15,7 @@ django.setup()
 from django.contrib.auth import get_user_model  # noqa: E402
 
 from accounts.models import Membership, Project  # noqa: E402
+from collab.access import access_session  # noqa: E402
 from collab.models import AgentSpec, Job, Session  # noqa: E402
 from collab.services.sessions import do_create_session  # noqa: E402
 from collab.services.turns import do_start_user_turn  # noqa: E402
@@ -94,9 +95,9 @@ def trace(_n):
     from collab.runtime.loop import run_job
 
     user = get_user_model().objects.get(username="bench")
-    session = Session.objects.order_by("-created_at").first()
-    with CaptureQueriesContext(connection) as admission:
-        job = do_start_user_turn(user, session, "hello")
+    sid = Session.objects.order_by("-created_at").values_list("pk", flat=True).first()
+    with CaptureQueriesContext(connection) as admission:  # as the API's POST …/turns, once the caller is known
+        job = do_start_user_turn(user, access_session(user, sid, "turn.start"), "hello")
     with CaptureQueriesContext(connection) as turn:
         run_job(job.pk)
     print(f"admission_commits={write_commits(admission.captured_queries)}")

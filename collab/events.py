@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from typing import NamedTuple
 
 from asgiref.sync import SyncToAsync, async_to_sync
@@ -25,6 +26,22 @@ from collab.text import bound_text, clean_data
 log = logging.getLogger(__name__)
 
 MAX_TEXT_IN_EVENT = 4000
+
+
+class Rider(NamedTuple):
+    """Writes that ride on the statement that numbers a session's events (PostgreSQL; issue 15
+    item 1: a node's INSERT and its branch's tip, a statement each before): ``statements``,
+    data-modifying (sql, params) run in it as CTEs, in this order, on its one snapshot; the
+    first one's RETURNING names ``returns``, whose values (one row) are handed to ``done``."""
+    statements: tuple
+    returns: tuple
+    done: Callable
+
+
+def rides_on_events() -> bool:
+    """Whether writes can ride on the event statement (``Rider``): PostgreSQL's data-modifying
+    CTEs. SQLite has none: its writes run on their own."""
+    return connection.vendor == "postgresql"
 
 
 def session_group(session_id: str) -> str:
@@ -66,13 +83,14 @@ def _next_seq(session_id: str, touch=None, head=None) -> tuple[int, int]:
     return row[0], row[1]
 
 
-def _append_events(session_id: str, events: list[Event], touch=None, head=None) -> None:
+def _append_events(session_id: str, events: list[Event], touch=None, head=None, riders=()) -> None:
     """PostgreSQL: take the session's next numbers (row-locking it until commit, as ``_next_seq``)
     and insert ``events`` with them, in one statement — a data-modifying CTE, whose UPDATE runs
     exactly once (bumping the number by their count) and hands its RETURNING row to the INSERT;
     the i-th event (from 1) gets ``last_event_seq - count + i``. The events come unsaved without
     ``seq``/``project`` (both read from the session row the UPDATE locked) and leave saved;
-    ``touch``/``head`` as ``_session_sets``. The
+    ``touch``/``head`` as ``_session_sets``; ``riders``' writes run first in the same statement
+    (``Rider``), each handed what its RETURNING gave. The
     columns come from the model, so a field added to Event is written here too."""
     fields = [f for f in Event._meta.concrete_fields if not f.primary_key and f.attname not in ("seq", "project_id")]
     qn = connection.ops.quote_name
@@ -89,17 +107,30 @@ def _append_events(session_id: str, events: list[Event], touch=None, head=None) 
     count = len(events)
     sets, sets_params = _session_sets(touch, head)
     pk = Event._meta.pk.column
+    ctes, cte_params, extra = [], [], []
+    for r, rider in enumerate(riders):
+        for n, (sql, rider_params) in enumerate(rider.statements):
+            ctes.append(f"r{r}_{n} AS ({sql}), ")
+            cte_params.extend(rider_params)
+        extra.extend(f", (SELECT {column} FROM r{r}_0)" for column in rider.returns)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"WITH s AS (UPDATE collab_session SET last_event_seq = last_event_seq + %s{sets} WHERE id = %s "
-            f"RETURNING last_event_seq, project_id) "
-            f"INSERT INTO {Event._meta.db_table} ({qn('project_id')}, {qn('seq')}, {', '.join(columns)}) "
+            f"WITH {''.join(ctes)}s AS (UPDATE collab_session SET last_event_seq = last_event_seq + %s{sets} WHERE id = %s "
+            f"RETURNING last_event_seq, project_id), "
+            f"e AS (INSERT INTO {Event._meta.db_table} ({qn('project_id')}, {qn('seq')}, {', '.join(columns)}) "
             f"SELECT s.project_id, s.last_event_seq - %s + v.i, {', '.join('v.' + n for n in names[1:])} "
-            f"FROM s CROSS JOIN (VALUES {', '.join(rows_sql)}) AS v({', '.join(names)}) ORDER BY v.i "
-            f"RETURNING {pk}, seq, project_id",
-            [count, *sets_params, session_id, count, *params],
+            f"FROM s CROSS JOIN (VALUES {', '.join(rows_sql)}) AS v({', '.join(names)}) "
+            f"RETURNING {pk}, seq, project_id) "
+            f"SELECT {pk}, seq, project_id{''.join(extra)} FROM e",
+            [*cte_params, count, *sets_params, session_id, count, *params],
         )
         returned = cursor.fetchall()
+    if returned and riders:
+        values = returned[0][3:]
+        for rider in riders:
+            rider.done(values[:len(rider.returns)])
+            values = values[len(rider.returns):]
+    returned = [row[:3] for row in returned]
     if len(returned) != count:
         raise LookupError(f"session {session_id} does not exist")
     first = min(seq for _pk, seq, _project in returned)
@@ -119,7 +150,7 @@ def _next_project_seq(project_id: int) -> int:
 
 
 def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, *, touch=None,
-                         stored: dict | None = None, head: tuple | None = None) -> Event:
+                         stored: dict | None = None, head: tuple | None = None, rider: Rider | None = None) -> Event:
     """Append an event to the session's log now; push it to live listeners after commit.
 
     Must be called inside ``transaction.atomic``: the event commits or rolls back
@@ -128,10 +159,11 @@ def send_event_on_commit(session_id: str, type: str, payload: dict, actor=None, 
     ``stored``: what the log row keeps instead of ``payload``, when every reader of the log puts
     the rest back (``message_event_ref`` / ``with_full_payloads``); live listeners get ``payload``.
     ``head``: (branch id, message id) — the session's selected HEAD follows that node if it is
-    unset or on that branch, in the same statement (``_session_sets``).
+    unset or on that branch, in the same statement (``_session_sets``). ``rider``: writes that
+    run in that statement too (``Rider``, PostgreSQL only).
     """
     return send_events_on_commit(
-        session_id, [deferred_event(type, payload, actor, touch=touch, stored=stored, head=head)])[0]
+        session_id, [deferred_event(type, payload, actor, touch=touch, stored=stored, head=head, rider=rider)])[0]
 
 
 def send_events_on_commit(session_id: str, events: list) -> list[Event]:
@@ -143,7 +175,7 @@ def send_events_on_commit(session_id: str, events: list) -> list[Event]:
     if not connection.in_atomic_block:
         raise RuntimeError("events must be sent inside transaction.atomic (they commit with their change)")
     rows, payloads = [], []
-    for type_, payload, actor, _touch, stored, _head in events:
+    for type_, payload, actor, _touch, stored, _head, _rider in events:
         payloads.append(clean_data(payload))
         rows.append(Event(session_id=session_id, type=type_, actor_id=getattr(actor, "pk", actor),
                           payload=payloads[-1] if stored is None else clean_data(stored)))
@@ -151,9 +183,12 @@ def send_events_on_commit(session_id: str, events: list) -> list[Event]:
         return []
     touch = next((event.touch for event in reversed(events) if event.touch is not None), None)
     head = next((event.head for event in reversed(events) if event.head is not None), None)
+    riders = [event.rider for event in events if event.rider is not None]
     if connection.vendor == "postgresql":
-        _append_events(session_id, rows, touch, head)
+        _append_events(session_id, rows, touch, head, riders)
     else:  # SQLite: one event after the other (number, then row)
+        if riders:
+            raise RuntimeError("writes ride on the event statement only on PostgreSQL (rides_on_events)")
         for n, row in enumerate(rows):
             row.seq, row.project_id = _next_seq(session_id, *((touch, head) if n == 0 else ()))
             row.save(force_insert=True)
@@ -169,13 +204,14 @@ class Deferred(NamedTuple):
     touch: object
     stored: dict | None
     head: tuple | None
+    rider: Rider | None = None
 
 
 def deferred_event(type: str, payload: dict, actor=None, *, touch=None, stored: dict | None = None,
-                   head: tuple | None = None) -> Deferred:
+                   head: tuple | None = None, rider: Rider | None = None) -> Deferred:
     """An event to send later with others of its session (``send_events_on_commit``); the
     arguments mean what they mean to ``send_event_on_commit``."""
-    return Deferred(type, payload, actor, touch, stored, head)
+    return Deferred(type, payload, actor, touch, stored, head, rider)
 
 
 def push_event(session_id: str, wire: dict) -> None:

@@ -7,15 +7,27 @@ from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from collab.events import MESSAGE_CREATED, deferred_event, message_event, message_event_ref, send_event_on_commit
+from collab.events import (
+    MESSAGE_CREATED,
+    Rider,
+    deferred_event,
+    message_event,
+    message_event_ref,
+    rides_on_events,
+    send_event_on_commit,
+)
 from collab.models import Branch, Message, MessageKind
 from collab.services.locking import lock_session
 from collab.text import clean_data, clean_text
 
 
 def _deferring(events: list):
-    def defer(_session_id, type_, payload, actor=None, touch=None, stored=None, head=None):
-        events.append(deferred_event(type_, payload, actor, touch=touch, stored=stored, head=head))
+    def defer(_session_id, type_, payload, actor=None, touch=None, stored=None, head=None, rider=None):
+        if rider is not None and any(event.rider is not None for event in events):
+            # one statement sees one snapshot: a second node could not read the first as its
+            # predecessor there (no caller defers two; this keeps it so)
+            raise RuntimeError("one deferred node per event statement")
+        events.append(deferred_event(type_, payload, actor, touch=touch, stored=stored, head=head, rider=rider))
     return defer
 
 
@@ -85,7 +97,11 @@ def append_message(
         dedupe_key=dedupe_key,
         created_at=now,
     )
-    insert_node(message, starts_turn=starts_turn, tip_of=branch if move_tip else None, ends_turn=ends_turn)
+    tip_of = branch if move_tip else None
+    rider = node_writes(message, starts_turn=starts_turn, tip_of=tip_of, ends_turn=ends_turn)
+    if not rides_on_events():
+        write_node_now(rider, message, tip_of=tip_of, ends_turn=ends_turn)
+        rider = None
     if move_tip:  # the in-memory branch follows what the statement wrote
         branch.tip = message
         branch.chars += len(text)
@@ -96,7 +112,7 @@ def append_message(
     # rebuild the payload from this row (``collab.events.with_full_payloads``).
     (send_event_on_commit if events is None else _deferring(events))(
         branch.session_id, MESSAGE_CREATED, message_event(message), actor=actor, touch=now,
-        stored=message_event_ref(message), head=(branch.pk, message.pk) if moves_head else None,
+        stored=message_event_ref(message), head=(branch.pk, message.pk) if moves_head else None, rider=rider,
     )
     return message
 
@@ -107,14 +123,14 @@ def _node_fields() -> tuple:
     return tuple(f for f in Message._meta.concrete_fields if f.attname not in ("depth", "turn"))
 
 
-def insert_node(message: Message, *, starts_turn: bool, tip_of: Branch | None, ends_turn: bool = False) -> None:
-    """INSERT ``message`` (unsaved, ``predecessor_id`` set or None) in one statement that also
-    takes its ``depth`` and ``turn`` from its predecessor's row — the node after it, on the
-    predecessor's lineage, one turn on if it ``starts_turn`` — so the predecessor is never read
-    on its own (issue 15 item 1: the tip node's read was a statement at every admission and
-    every completion). ``tip_of``: the branch whose tip becomes this node, its ``chars``
-    growing by the text and (``ends_turn``) its ``turns`` by one — on PostgreSQL in the same
-    statement (a data-modifying CTE), on SQLite in the next one.
+def node_writes(message: Message, *, starts_turn: bool, tip_of: Branch | None, ends_turn: bool = False) -> Rider:
+    """The statements that write ``message`` (unsaved, ``predecessor_id`` set or None): its
+    INSERT, which takes its ``depth`` and ``turn`` from its predecessor's row — the node after
+    it on the predecessor's lineage, one turn on if it ``starts_turn`` — so the predecessor is
+    never read on its own (issue 15 item 1: the tip node's read was a statement at every
+    admission and every completion); and, with ``tip_of``, the UPDATE that makes it that
+    branch's tip, its ``chars`` growing by the text and (``ends_turn``) its ``turns`` by one.
+    On PostgreSQL they ride on the statement that numbers the node's event (``Rider``).
 
     Reading the predecessor without a lock is safe: messages are immutable, and the caller
     holds the branch's write side (its row lock, or its active job), under which its tip
@@ -133,21 +149,29 @@ def insert_node(message: Message, *, starts_turn: bool, tip_of: Branch | None, e
         depth_turn = (f"(SELECT depth + 1 FROM {table} WHERE id = %s), "
                       f"(SELECT turn + %s FROM {table} WHERE id = %s)")
         more = [message.predecessor_id, int(starts_turn), message.predecessor_id]
-    insert = (f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(fields))}, {depth_turn}) "
-              f"RETURNING depth, turn")
-    params += more
-    together = tip_of is not None and connection.vendor == "postgresql"
-    if together:
+    statements = [(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(fields))}, "
+                   f"{depth_turn}) RETURNING depth, turn", params + more)]
+    if tip_of is not None:
         turns = ", turns = turns + 1" if ends_turn else ""
-        insert = (f"WITH m AS ({insert}), b AS (UPDATE {qn(Branch._meta.db_table)} SET tip_id = %s, "
-                  f"chars = chars + %s, last_active_at = STATEMENT_TIMESTAMP(){turns} WHERE id = %s) "
-                  f"SELECT depth, turn FROM m")
-        params += [message.pk, len(message.text), tip_of.pk]
+        statements.append((f"UPDATE {qn(Branch._meta.db_table)} SET tip_id = %s, chars = chars + %s, "
+                           f"last_active_at = STATEMENT_TIMESTAMP(){turns} WHERE id = %s",
+                           [message.pk, len(message.text), tip_of.pk]))
+
+    def written(depth_turn):
+        message.depth, message.turn = depth_turn
+        message._state.adding, message._state.db = False, connection.alias
+
+    return Rider(tuple(statements), ("depth", "turn"), written)
+
+
+def write_node_now(rider: Rider, message: Message, *, tip_of: Branch | None, ends_turn: bool) -> None:
+    """SQLite, which has no data-modifying CTE: the node's INSERT (RETURNING its depth and
+    turn), then its branch's tip moved by the ORM (``Now()`` on SQLite's clock)."""
+    sql, params = rider.statements[0]
     with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
-        cursor.execute(insert, params)
-        message.depth, message.turn = cursor.fetchone()
-    message._state.adding, message._state.db = False, connection.alias
-    if tip_of is not None and not together:
+        cursor.execute(sql, params)
+        rider.done(cursor.fetchone())
+    if tip_of is not None:
         more = {"turns": F("turns") + 1} if ends_turn else {}
         Branch.objects.filter(pk=tip_of.pk).update(tip=message, chars=F("chars") + len(message.text),
                                                    last_active_at=Now(), **more)

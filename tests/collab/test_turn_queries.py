@@ -33,8 +33,10 @@ from collab.models import Job, Session
 # the statement that numbers its events; the completion's UPDATE decides a stopping job's end
 # itself (no locked read before it); the "what waits" probe says whether the project has webhooks
 # (none: no read of them); the branch's spec is the session's, read with it by the access layer.
+# Then, on PostgreSQL, a node's INSERT and its tip's UPDATE ride on the statement that numbers its
+# event (collab.events.Rider): a node is one statement, with its events and the HEAD's move.
 if connection.vendor == "postgresql":
-    ADMISSION_QUERIES, WORKER_QUERIES = 9, 12
+    ADMISSION_QUERIES, WORKER_QUERIES = 8, 11
 else:
     ADMISSION_QUERIES, WORKER_QUERIES = 13, 17
 ADMISSION_COMMITS = 1
@@ -159,3 +161,47 @@ def test_a_turns_events_keep_their_order_and_numbers(second_turn):
     assert events[0].payload["text"] == "second" and events[3].payload["text"] == "ok second"
     assert [e.payload["status"] for e in events if e.type.startswith("job.")] == ["queued", "running", "succeeded"]
     assert events[1].actor_id == user.pk and events[0].actor_id == user.pk
+
+
+def test_a_turns_nodes_take_depth_turn_and_tip_from_the_statements_that_write_them(second_turn):
+    """The nodes a turn writes (their depth and turn taken from the predecessor inside the
+    INSERT, the branch's tip and counters moved in the same statement on PostgreSQL) are what a
+    read of the rows says, in memory as in the database, and the person's selection follows."""
+    from collab.models import Branch, Message
+    from collab.runtime.loop import run_job
+    from collab.services.turns import do_start_user_turn
+
+    user, session = second_turn
+    branch_before = Branch.objects.get(session_id=session.pk)
+    first_answer = Message.objects.get(pk=branch_before.tip_id)
+    job = do_start_user_turn(user, session, "second")
+    assert job.prompt_msg.depth == first_answer.depth + 1 and job.prompt_msg.turn == first_answer.turn + 1
+    run_job(job.pk)
+    prompt = Message.objects.get(pk=job.prompt_msg_id)
+    assert (prompt.predecessor_id, prompt.depth, prompt.turn) == (first_answer.pk, first_answer.depth + 1,
+                                                                   first_answer.turn + 1)
+    branch = Branch.objects.get(pk=branch_before.pk)
+    answer = Message.objects.get(pk=branch.tip_id)
+    assert (answer.predecessor_id, answer.depth, answer.turn, answer.text) == (prompt.pk, prompt.depth + 1,
+                                                                                prompt.turn, "ok second")
+    assert branch.turns == branch_before.turns + 1
+    assert branch.chars == branch_before.chars + len("second") + len("ok second")
+    assert Session.objects.get(pk=session.pk).head_id == answer.pk
+
+
+def test_a_node_after_a_missing_predecessor_is_refused_and_writes_nothing(second_turn):
+    """A node whose predecessor row is gone is refused by the database (its depth cannot be
+    taken), and neither the node, the tip's move nor its event is left behind."""
+    from django.db import IntegrityError, transaction
+
+    from collab.models import Branch, Event, Message
+    from collab.services.messages import append_message
+
+    _user, session = second_turn
+    branch = Branch.objects.get(session_id=session.pk)
+    before = (Message.objects.count(), Event.objects.count(), branch.tip_id, branch.chars)
+    ghost = Message(pk="000000000000", session_id=session.pk)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        append_message(branch, role="user", text="orphan", predecessor=ghost)
+    branch = Branch.objects.get(pk=branch.pk)
+    assert (Message.objects.count(), Event.objects.count(), branch.tip_id, branch.chars) == before
