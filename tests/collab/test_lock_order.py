@@ -22,7 +22,7 @@ def test_op_5_3_a_stopping_job_ends_only_cancelled_and_the_database_agrees(team,
     from django.db import DatabaseError, transaction
     from django.utils import timezone
 
-    from collab.models import Branch, Job, Message, Session
+    from collab.models import Artifact, Branch, Job, Message, Session
     from collab.services.execution import finish_job
     from collab.services.turns import selected_branch
 
@@ -46,8 +46,12 @@ def test_op_5_3_a_stopping_job_ends_only_cancelled_and_the_database_agrees(team,
             Job.objects.filter(pk=ids[0]).update(status=illegal, finished_at=now)
     assert Job.objects.get(pk=ids[0]).status == "stopping"
 
-    ended = finish_job(Job.objects.get(pk=ids[0]), status="succeeded", final_text="a late answer", result_text="a late answer")
+    # an answer long enough to need an artifact (SPEC §9): not kept, and neither is its full text
+    late = "a late answer " * 3000
+    ended = finish_job(Job.objects.get(pk=ids[0]), status="succeeded", final_text=late, result_text=late)
     assert (ended.status, ended.error_code, ended.is_error) == ("cancelled", "cancelled", True)
-    assert not Message.objects.filter(job_id=ids[0], text="a late answer").exists()
+    assert (ended.result_text, ended.result_artifact_id) == ("cancelled", None)
+    assert not Message.objects.filter(job_id=ids[0], text=late).exists()
+    assert not Artifact.objects.filter(job_id=ids[0]).exists()
     Job.objects.filter(pk=ids[1]).update(status="cancelled", finished_at=now)
     assert Job.objects.get(pk=ids[1]).status == "cancelled"
