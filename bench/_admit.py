@@ -103,6 +103,17 @@ def trace(_n):
     print(f"admission_commits={write_commits(admission.captured_queries)}")
     print(f"worker_commits={write_commits(turn.captured_queries)}")
     print(f"queries={len(admission.captured_queries) + len(turn.captured_queries)}")
+    # what the target counts (tests/collab/test_turn_queries.py): statements, without transaction
+    # control (BEGIN, SAVEPOINT, RELEASE, COMMIT) and the ORM broker's queue rows
+    print(f"statements={statements(admission.captured_queries) + statements(turn.captured_queries)}")
+
+
+CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE", "COMMIT", "ROLLBACK")
+
+
+def statements(queries) -> int:
+    return sum(1 for q in queries
+               if q["sql"].lstrip().split(None, 1)[0].upper() not in CONTROL and "django_q_" not in q["sql"])
 
 
 if __name__ == "__main__":
