@@ -10,11 +10,10 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from collab.mcp_server import PATHS as MCP_PATHS, mcp_app  # noqa: E402
 from collab.routing import websocket_urlpatterns  # noqa: E402
-from collab.ws_auth import TokenOrSessionAuthMiddlewareStack  # noqa: E402
+from collab.ws_auth import OriginCheckedStack  # noqa: E402
 
 
 async def http_app(scope, receive, send):
@@ -26,6 +25,6 @@ async def http_app(scope, receive, send):
 application = ProtocolTypeRouter(
     {
         "http": http_app,
-        "websocket": AllowedHostsOriginValidator(TokenOrSessionAuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": OriginCheckedStack(URLRouter(websocket_urlpatterns)),
     }
 )

@@ -31,6 +31,7 @@ from urllib.parse import urlencode
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import InMemoryChannelLayer
 from django.apps import apps
 from django.core import serializers
 from django.core.management import CommandError, call_command
@@ -1209,6 +1210,33 @@ def test_p_sec_the_socket_checks_the_origin(transactional_db, team, scripted_ses
     headers = [credentials] + ([(b"origin", origin)] if origin is not None else [])
     connected, _ = async_to_sync(handshake)(sid, headers)
     assert connected is accepted
+
+
+class RecordingLayer(InMemoryChannelLayer):
+    """The in-memory layer, counting the channels opened on it (what a refused handshake must not do)."""
+
+    opened: list = []
+
+    async def new_channel(self, prefix="specific."):
+        name = await super().new_channel(prefix)
+        RecordingLayer.opened.append(name)
+        return name
+
+
+@pytest.mark.parametrize("origin", [b"http://evil.example", None])
+def test_p_sec_a_refused_handshake_opens_nothing_on_the_channel_layer(transactional_db, team, scripted_session,
+                                                                       settings, origin):
+    """P-SEC, SPEC §8: a socket refused for its Origin is closed without a channel of its own on
+    the layer (channels' own denier opened one and waited on a receive there: a Redis connection
+    per refusal, and a refusal that never ended when the layer's receive could not be served)."""
+    _, sid = scripted_session(team.member, [{"text": "x"}])
+    settings.CHANNEL_LAYERS = {**settings.CHANNEL_LAYERS,
+                               "default": {"BACKEND": "tests.collab.test_authorization.RecordingLayer"}}
+    RecordingLayer.opened = []
+    headers = [auth_header(bearer_token(team.viewer))] + ([(b"origin", origin)] if origin is not None else [])
+    connected, _ = async_to_sync(handshake)(sid, headers)
+    assert connected is False
+    assert RecordingLayer.opened == []
 
 
 def settings_in_a_subprocess(tmp_path, **env) -> subprocess.CompletedProcess:
