@@ -730,6 +730,33 @@ def queued_tasks() -> int:
     return broker.queue_size()
 
 
+def taken_tasks(list_key: str | None = None) -> list[int]:
+    """The ORM broker's rows of a list (this run's unless named) that a worker has taken and
+    not yet acknowledged: their lock is the claim time + RETRY (over an hour ahead). A worker
+    SIGKILLed mid-task never acknowledges its row, which ``queued_tasks`` then counts for half
+    that time though the reconciler recovered its job: a test that kills a worker takes these
+    right after the kill and drops them (``drop_tasks``). With Redis a taken task has left the
+    list already: none."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from django_q.brokers import get_broker
+    from django_q.models import OrmQ
+
+    if not settings.Q_CLUSTER.get("orm"):
+        return []
+    ahead = timezone.now() + timedelta(seconds=settings.Q_CLUSTER["retry"] / 2)
+    return list(OrmQ.objects.filter(key=get_broker(list_key).list_key, lock__gt=ahead).values_list("pk", flat=True))
+
+
+def drop_tasks(pks) -> None:
+    """Delete these broker rows (``taken_tasks``). A live worker still running one of them loses
+    nothing: acknowledging deletes the row, and whether its job ended is read from the job."""
+    from django_q.models import OrmQ
+
+    OrmQ.objects.filter(pk__in=list(pks)).delete()
+
+
 def at_rest(broker: bool = True) -> bool:
     """Nothing left for the workers: no open job, no result about to come back, no queued task
     (``broker=False``: whatever the broker holds, e.g. tasks taken by a worker that was killed)."""
