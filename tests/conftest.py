@@ -730,6 +730,33 @@ def queued_tasks() -> int:
     return broker.queue_size()
 
 
+def taken_tasks(list_key: str | None = None) -> list[int]:
+    """The ORM broker's rows of a list (this run's unless named) that a worker has taken and
+    not yet acknowledged: their lock is the claim time + RETRY (over an hour ahead). A worker
+    SIGKILLed mid-task never acknowledges its row, which ``queued_tasks`` then counts for half
+    that time though the reconciler recovered its job: a test that kills a worker takes these
+    right after the kill and drops them (``drop_tasks``). With Redis a taken task has left the
+    list already: none."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from django_q.brokers import get_broker
+    from django_q.models import OrmQ
+
+    if not settings.Q_CLUSTER.get("orm"):
+        return []
+    ahead = timezone.now() + timedelta(seconds=settings.Q_CLUSTER["retry"] / 2)
+    return list(OrmQ.objects.filter(key=get_broker(list_key).list_key, lock__gt=ahead).values_list("pk", flat=True))
+
+
+def drop_tasks(pks) -> None:
+    """Delete these broker rows (``taken_tasks``). A live worker still running one of them loses
+    nothing: acknowledging deletes the row, and whether its job ended is read from the job."""
+    from django_q.models import OrmQ
+
+    OrmQ.objects.filter(pk__in=list(pks)).delete()
+
+
 def at_rest(broker: bool = True) -> bool:
     """Nothing left for the workers: no open job, no result about to come back, no queued task
     (``broker=False``: whatever the broker holds, e.g. tasks taken by a worker that was killed)."""
@@ -816,50 +843,3 @@ def server(transactional_db, server_process):
     """A real daphne process (HTTP + WebSocket) on the test database; ``server.url``."""
     assert server_process.poll() is None, server_process.log.read_text()[-3000:]
     return server_process
-
-
-# --- browser --------------------------------------------------------------------------
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-
-
-# Module scope, not session: Playwright's sync API keeps an event loop running on the main
-# thread while it is open, which would break async_to_sync in the tests that follow.
-@pytest.fixture(scope="module")
-def _playwright():
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium chromium-driver")
-    # While Playwright's driver is open, its (idle) event loop counts as running on this thread,
-    # so Django takes the browser test's own synchronous ORM calls — and pytest-django's flush
-    # between tests — for ORM use inside async code. Only here is that check off: every other
-    # module, and every in-process consumer, stream and async route they drive, runs with it on
-    # (the web and worker processes never have it off: process_env).
-    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        with sync_playwright() as p:
-            yield p
-    finally:
-        if before is None:
-            del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
-
-
-@pytest.fixture(scope="module")
-def browser(_playwright):
-    browser = _playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-    yield browser
-    browser.close()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context()
-    page = context.new_page()
-    page.set_default_timeout(15_000)
-    yield page
-    context.close()

@@ -96,10 +96,13 @@ def group_alive(pgid) -> bool:
 
 
 def stop_group(proc, grace=20.0) -> None:
-    """SIGTERM the whole process group (scripts/run, web, worker), then SIGKILL what is left."""
+    """Ctrl+C as the newcomer's terminal sends it: SIGINT to the whole process group (scripts/run,
+    web, worker), then SIGKILL what is left. (A SIGTERM to the whole group is no Ctrl+C: it reaches
+    the worker's own processes before its main one, and django-q2's stop then hangs until the
+    SIGKILL — the grace, every run.)"""
     pgid = proc.pid  # start_new_session: the group is the child's pid
     if group_alive(pgid):
-        os.killpg(pgid, signal.SIGTERM)
+        os.killpg(pgid, signal.SIGINT)
     deadline = time.monotonic() + grace
     while group_alive(pgid) and time.monotonic() < deadline:
         proc.poll()

@@ -41,7 +41,7 @@ from tests.conftest import (
     step,
     turn,
 )
-from tests.conftest import ROOT, _wait_for_output, settle_worker
+from tests.conftest import ROOT, _wait_for_output, settle_worker, wait_at_rest
 
 pytestmark = pytest.mark.slow
 
@@ -77,13 +77,20 @@ def start_cluster(env, log: Path, workers: int):
 
 
 def stop_cluster(proc) -> None:
+    """Stop a cluster as its operator does: SIGTERM to its main process, which stops its own
+    processes (a SIGTERM to the whole group reaches them first and django-q2's stop then never
+    ends: 15 s of waiting for the SIGKILL below, every time); what is left gets SIGKILL."""
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+        proc.terminate()
         try:
             proc.wait(15)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(5)
 
 
 @pytest.fixture(scope="module")
@@ -154,15 +161,16 @@ def claimed_by(job_id: str, cluster) -> bool:
         return False
 
 
-def blocked_turn_survives(api, sid, root_id, cluster) -> dict:
+def blocked_turn_survives(api, sid, root_id, cluster, **behind) -> dict:
     """The turn ``root_id`` is blocked far past the lease: it must stay running (never
     interrupted) while reconcile runs, and a second turn queued behind it on the branch must
-    wait for it. Returns the root's final execution."""
+    wait for it (``behind``: that turn's extra fields, e.g. an ``agent_id`` that answers at
+    once, so the test does not block a second time). Returns the root's final execution."""
     from collab.models import Job
 
     poll(lambda: execution(api, root_id)["status"] == "running", timeout=WAIT, what="the turn running")
     assert claimed_by(root_id, cluster)
-    behind = turn(api, sid, "and then this")
+    behind = turn(api, sid, "and then this", **behind)
 
     def still_alive():
         status = execution(api, root_id)["status"]
@@ -194,6 +202,7 @@ def test_p_rel_1_turn_blocked_in_job_output_outlives_the_lease(team, api_as, liv
     sleeps five leases stays running and succeeds; so does the child."""
     owner = api_as(team.owner)
     make_spec(owner, "sleeper", [{"sleep_ms": BLOCK_MS}, {"text": "slept"}])
+    make_spec(owner, "quick", [{"text": "right after"}])
     make_spec(owner, "waiter", {
         "user": [
             step(agent_call("sleep for a while", "sleeper", description="sleeper")),
@@ -206,7 +215,7 @@ def test_p_rel_1_turn_blocked_in_job_output_outlives_the_lease(team, api_as, liv
     api = api_as(team.member)
     sid = open_session(api, "waiter")
     root = turn(api, sid, "wait for your child")
-    ended = blocked_turn_survives(api, sid, root, live_cluster)
+    ended = blocked_turn_survives(api, sid, root, live_cluster, agent_id="quick")
     child = next(j for j in executions(api, sid) if j["parent_job"] == root)
     assert child["status"] == "succeeded", child
     assert ended["result"] == "the child said: slept", ended
@@ -217,10 +226,11 @@ def test_p_rel_1_turn_blocked_in_a_sleep_step_outlives_the_lease(team, api_as, l
     job's status meanwhile; the worker process renews the lease) stays running and succeeds."""
     owner = api_as(team.owner)
     make_spec(owner, "slow", {"user": [{"sleep_ms": BLOCK_MS}, {"text": "done sleeping"}]})
+    make_spec(owner, "quick", [{"text": "right after"}])
     api = api_as(team.member)
     sid = open_session(api, "slow")
     root = turn(api, sid, "sleep")
-    ended = blocked_turn_survives(api, sid, root, live_cluster)
+    ended = blocked_turn_survives(api, sid, root, live_cluster, agent_id="quick")
     assert ended["result"] == "done sleeping"
 
 
@@ -271,6 +281,7 @@ def test_p_rel_1_killed_worker_jobs_are_recovered_by_a_new_worker(team, api_as, 
     make_spec(owner, "long", [{"sleep_ms": 600_000}, {"text": "never"}])
     make_spec(owner, "quick", [{"text": "quick answer"}])
     api = api_as(team.member)
+    from django_q.brokers import get_broker
     from django_q.conf import Conf
 
     doomed_queue = queue_name + "-doomed"  # only the doomed machine serves it
@@ -312,6 +323,11 @@ def test_p_rel_1_killed_worker_jobs_are_recovered_by_a_new_worker(team, api_as, 
         assert Job.objects.get(pk=behind).branch_id == Job.objects.get(pk=running).branch_id
         assert_one_chain(Job.objects.get(pk=running).branch_id)
     finally:
+        # The turn behind runs a 600 s step on the new machine: cancel it while that machine lives
+        # to confirm it (a qcluster's graceful stop waits for its running tasks). The doomed list's
+        # rows were taken by the dead machine and are never acknowledged: nobody serves it now.
+        wait_at_rest(WAIT, cancel=True, broker=False)
+        get_broker(doomed_queue).purge_queue()
         stop_cluster(doomed)
         if new is not None:
             stop_cluster(new)
