@@ -255,6 +255,8 @@ Q_CLUSTER = {
 }
 if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
+    # django-q2's Redis broker over one client per process: its own opens a connection per enqueue
+    Q_CLUSTER["broker_class"] = "collab.brokers.SharedRedis"
 else:
     Q_CLUSTER["orm"] = "default"
 
