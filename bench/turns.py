@@ -2,7 +2,7 @@
 """Turns end to end (SPEC §13 "Turn overhead", issue 15 item 1 ``turns``), measured on this machine in one run.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/14 \\
-      .venv/bin/python bench/turns.py [--turns 100] [--workers 2]
+      .venv/bin/python bench/turns.py [--turns 100] [--workers 2] [--web daphne|testclient] [--brokers orm redis]
 
 Creates a throw-away database ``<db>_bench_turns`` next to DATABASE_URL's and prints, in one
 table beside the targets:
@@ -14,17 +14,24 @@ table beside the targets:
 - for the ORM broker, and the Redis broker when REDIS_URL is set, with a real ``qcluster``
   of ``--workers`` workers:
   - sequential: ``--turns`` turns one after another on one branch, each submitted through the
-    public API (``POST /api/sessions/{sid}/turns?wait=30``, bearer token, Django's test client
-    in the measuring process) and timed until the answer says the execution is terminal —
-    submit→visible p50/p99, no polling;
+    public API (``POST /api/sessions/{sid}/turns?wait=30``, bearer token) to a real daphne process
+    (``config.asgi``, the way a client reaches a deployment; one kept-alive HTTP connection), or
+    with ``--web testclient`` to Django's test client in the measuring process (as before: it
+    runs each async request on an event loop of its own, so every request also opened its own
+    Redis connections), and timed until the answer says the execution is terminal —
+    submit→visible p50/p99, no polling (the environment reaches every process: run it with
+    ``DB_POOL_MAX_SIZE=8`` to time the web process with its connection pool);
   - concurrent: ``--turns`` turns submitted through the API at once, one per session, then
     turns/s (first admission → last finish, from the jobs' own timestamps) and p50/p99 of
     each job's admission → terminal.
 """
 
 import argparse
+import contextlib
+import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -65,6 +72,23 @@ def _client():
     return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", HTTP_HOST="localhost")
 
 
+class _Http:
+    """A bearer-token JSON client on one kept-alive HTTP connection to the daphne at ``url``."""
+
+    def __init__(self, url: str, token: str):
+        import http.client
+        import urllib.parse
+
+        parsed = urllib.parse.urlsplit(url)
+        self.conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=60)
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+    def post(self, path: str, body: dict) -> tuple[int, bytes]:
+        self.conn.request("POST", path, json.dumps(body).encode(), self.headers)
+        response = self.conn.getresponse()
+        return response.status, response.read()
+
+
 def phase_run(args):
     from bench import _admit
     from collab.models import TERMINAL_STATUSES, Job, Session
@@ -72,15 +96,20 @@ def phase_run(args):
     n = args.turns
     _admit.setup(n)  # n + 30 sessions of the scripted echo agent, one turn per session
     client = _client()
+    http = _Http(args.url, client.defaults["HTTP_AUTHORIZATION"].split()[1]) if args.url else None
     sessions = list(Session.objects.order_by("created_at").values_list("pk", flat=True))
     seq_session, concurrent = sessions[-1], sessions[:n]
 
     def submit(sid, wait=None):
         path = f"/api/sessions/{sid}/turns" + (f"?wait={wait}" if wait else "")
-        r = client.post(path, {"prompt": PROMPT}, content_type="application/json")
-        if r.status_code != 202:
-            raise SystemExit(f"POST {path}: {r.status_code} {r.content[:500]!r}")
-        return r.json()
+        if http:
+            status, content = http.post(path, {"prompt": PROMPT})
+        else:
+            r = client.post(path, {"prompt": PROMPT}, content_type="application/json")
+            status, content = r.status_code, r.content
+        if status != 202:
+            raise SystemExit(f"POST {path}: {status} {content[:500]!r}")
+        return json.loads(content)
 
     submit(sessions[-2], wait=30)  # warm-up: first request builds the middleware chain
     latencies = []
@@ -108,11 +137,33 @@ def phase_run(args):
     print(f"failed={failed}")
 
 
+@contextlib.contextmanager
+def _web(env: dict, web: str):
+    """The URL of a daphne process started for the block (``--web daphne``), else None."""
+    if web != "daphne":
+        yield None
+        return
+    from bench.live import daphne, free_port
+
+    port = free_port()
+    with tempfile.TemporaryFile("w+") as log:
+        proc = daphne(env, port, log)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            _common.stop(proc, 15)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=100, help="turns in the sequential and in the concurrent run")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--web", choices=["daphne", "testclient"], default="daphne",
+                        help="where the turns are submitted: a real daphne process, or Django's test client")
+    parser.add_argument("--brokers", nargs="+", choices=["orm", "redis"], default=["orm", "redis"],
+                        help="the brokers to time (redis only with REDIS_URL)")
     parser.add_argument("--phase", choices=["trace", "run"], help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if _common.run_phase(args, {"trace": phase_trace, "run": phase_run}):
         return
@@ -130,15 +181,15 @@ def main():
              f"claim+completion {t['worker_commits']})", "<= 4 (limit 3)"),
             ("queries / commits of a session's 1st turn", f"{t['first_queries']} / {first_commits}", ""),
         ]
-        brokers = ["orm"] + (["redis"] if os.environ.get("REDIS_URL") else [])
+        brokers = [b for b in args.brokers if b == "orm" or os.environ.get("REDIS_URL")]
         for broker in brokers:
             env = _common.bench_env(bench_url, broker, args.workers, tag="bench-turns")
-            with _common.worker(env):
-                r = _common.child("turns.py", "run", env, "--turns", str(args.turns))
+            with _common.worker(env), _web(env, args.web) as url:
+                r = _common.child("turns.py", "run", env, "--turns", str(args.turns), *(["--url", url] if url else []))
             seq = [float(x) * 1000 for x in r["seq"].split(",")]
             conc = [float(x) * 1000 for x in r["conc"].split(",")]
             tps = float(r["turns_per_s"])
-            label = f"[{broker}, {args.workers} workers, {args.turns} turns]"
+            label = f"[{broker}, {args.workers} workers, {args.turns} turns, {args.web}]"
             rows += [
                 (f"{label} sequential submit→visible p50", f"{_common.percentile(seq, 0.5):.0f} ms",
                  f"<= {TARGET_SEQ_P50_MS} ms"),

@@ -20,6 +20,16 @@ class CollabConfig(AppConfig):
 
         if worker_name.is_worker_process():
             worker_name.install()
+            _no_pool_in_workers()
+
+
+def _no_pool_in_workers() -> None:
+    """A ``qcluster`` never uses the web processes' connection pool (``DB_POOL_MAX_SIZE``): django-q2
+    forks its pusher, workers and monitor from this process, and a pool's connections and threads
+    do not survive a fork; a worker runs one task at a time and keeps its own connection instead
+    (``_keep_worker_connections``). Before any connection or pool exists, so nothing is inherited."""
+    for alias in connections:
+        connections[alias].settings_dict.get("OPTIONS", {}).pop("pool", None)
 
 
 def _keep_worker_connections(sender, **kwargs):

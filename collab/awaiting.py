@@ -23,7 +23,7 @@ from django.db import connections
 from django.conf import settings
 
 from collab.errors import DomainError, Invalid
-from collab.gateway import InFlight, Slot
+from collab.gateway import InFlight, Slot, give_back_request_connection
 from collab.events import session_group
 from collab.live import relay
 from collab.models import TERMINAL_STATUSES
@@ -88,6 +88,7 @@ async def in_thread(request, fn, *args, **kwargs):
     client on the request's own thread (and its connection and transaction)."""
     if not isinstance(request, ASGIRequest):
         return await sync_to_async(fn)(*args, **kwargs)
+    await give_back_request_connection(request)  # one connection at a time (a pool deadlocks otherwise)
     return await sync_to_async(_closing(fn), thread_sensitive=False)(*args, **kwargs)
 
 

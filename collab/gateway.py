@@ -151,8 +151,23 @@ def _run_in_pool_thread(slot: Slot, user, address: str, tool: str, arguments) ->
         slot.free()
 
 
+async def give_back_request_connection(request) -> None:
+    """Under ASGI: close the database connection of the request's own thread (authentication and
+    middleware opened it) before the request's work runs in another thread, so that a request holds
+    one connection at a time. With the web processes' pool (``DB_POOL_MAX_SIZE``) a request holding
+    one pooled connection while its other thread waits for a second deadlocks the pool once as many
+    such requests arrive together as it has connections (seen with 10 ``?wait=`` clients on a pool
+    of 2); without the pool it kept a PostgreSQL connection open for the whole of a blocking call.
+    Once per request: nothing runs on that thread afterwards, and a later hop would only bring back
+    the thread a ``?wait=`` gave up before it parked (``collab.awaiting.release_request_thread``)."""
+    if isinstance(request, ASGIRequest) and not getattr(request, "_trellis_connection_given_back", False):
+        request._trellis_connection_given_back = True
+        await sync_to_async(connections.close_all)()
+
+
 async def call_tool(request, address: str, tool: str, arguments) -> dict:
     """The REST gateway call (``request.auth`` acts); see ``call_tool_as``."""
+    await give_back_request_connection(request)
     return await call_tool_as(request.auth, address, tool, arguments, own_thread=not isinstance(request, ASGIRequest))
 
 

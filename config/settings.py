@@ -9,6 +9,7 @@ Scaled (P-RUN-2): ``DATABASE_URL`` (postgres://… or sqlite:///path),
 ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS``.
 """
 
+import importlib.util
 import json
 import secrets
 from pathlib import Path
@@ -128,9 +129,40 @@ def _databases() -> dict:
     elif db["ENGINE"] == "django.db.backends.postgresql":
         db.setdefault("OPTIONS", {})
         db["TEST"] = {"NAME": f"test_{db['NAME']}"}
+        pool = _pool_options(db)
+        if pool:
+            db["OPTIONS"]["pool"] = pool
     else:
         raise ImproperlyConfigured(f"unsupported database engine {db['ENGINE']!r}: use postgres:// or sqlite://")
+    if env_int("DB_POOL_MAX_SIZE", 0, minimum=0) and db["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured("DB_POOL_MAX_SIZE needs a PostgreSQL DATABASE_URL (psycopg's connection pool)")
     return {"default": db}
+
+
+def _pool_options(db: dict) -> dict | None:
+    """psycopg's connection pool for a PostgreSQL database (``DB_POOL_MAX_SIZE`` > 0; off by default).
+
+    Under ASGI each request's database work runs in a thread that closes its connection when it is
+    done (``collab.awaiting``: nothing is held across a wait), so with ``DB_CONN_MAX_AGE=0`` every
+    request opened a new PostgreSQL connection, several per ``?wait=`` turn (5–14 ms each here,
+    issue 15 item 1); Django's docs name the backend's pool as the way to keep connections under
+    ASGI, where persistent connections are not for use. With the pool, closing a connection hands it
+    back: a waiting request still holds none. Worker processes never use it (``collab.apps``:
+    django-q2 forks them, and they keep their own connection, ``TRELLIS_WORKER_CONN_MAX_AGE``)."""
+    max_size = env_int("DB_POOL_MAX_SIZE", 0, minimum=0)
+    if not max_size:
+        return None
+    if db.get("CONN_MAX_AGE"):
+        raise ImproperlyConfigured("DB_POOL_MAX_SIZE and DB_CONN_MAX_AGE exclude each other: "
+                                   "pooled connections are kept by the pool (set DB_CONN_MAX_AGE=0)")
+    min_size = env_int("DB_POOL_MIN_SIZE", min(2, max_size), minimum=0)
+    if min_size > max_size:
+        raise ImproperlyConfigured(f"DB_POOL_MIN_SIZE ({min_size}) must not exceed DB_POOL_MAX_SIZE ({max_size})")
+    if importlib.util.find_spec("psycopg_pool") is None:
+        raise ImproperlyConfigured("DB_POOL_MAX_SIZE needs the psycopg-pool package (pip install 'psycopg[pool]')")
+    return {"min_size": min_size, "max_size": max_size,
+            # a thread that finds every connection taken waits this long, then its request fails
+            "timeout": env_int("DB_POOL_TIMEOUT", 10, minimum=1)}
 
 
 DATABASES = _databases()
@@ -255,6 +287,8 @@ Q_CLUSTER = {
 }
 if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
+    # django-q2's Redis broker over one client per process: its own opens a connection per enqueue
+    Q_CLUSTER["broker_class"] = "collab.brokers.SharedRedis"
 else:
     Q_CLUSTER["orm"] = "default"
 

@@ -8,7 +8,9 @@ import pytest
 
 from tests.conftest import ROOT
 
-CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "TRELLIS_", "DATABASE_URL", "REDIS_URL"))}
+CLEAN = {k: v for k, v in os.environ.items()
+         if not k.startswith(("DJANGO_", "TRELLIS_", "DATABASE_URL", "REDIS_URL", "DB_"))}
+PG = {"DATABASE_URL": "postgres://u:p@db.example:5432/trellis", "DJANGO_SECRET_KEY": "s3cret"}
 
 
 def load_settings(tmp_path, **env):
@@ -60,6 +62,11 @@ def test_the_redis_channel_layer_reads_longer_than_its_blocking_receive(tmp_path
         ({"TRELLIS_WEBHOOK_HOSTS": "ci.example.com,*.example.com"}, "wildcards are not supported"),
         ({"TRELLIS_WEBHOOK_HOSTS": "ci.example.com:0"}, "the port must be 1-65535 or *"),
         ({"TRELLIS_WEBHOOK_HOSTS": "fd00::7"}, "IPv6 address in brackets"),
+        ({"DB_POOL_MAX_SIZE": "4"}, "DB_POOL_MAX_SIZE needs a PostgreSQL DATABASE_URL"),
+        ({**PG, "DB_POOL_MAX_SIZE": "four"}, "DB_POOL_MAX_SIZE must be an integer"),
+        ({**PG, "DB_POOL_MAX_SIZE": "4", "DB_CONN_MAX_AGE": "60"}, "exclude each other"),
+        ({**PG, "DB_POOL_MAX_SIZE": "4", "DB_POOL_MIN_SIZE": "5"}, "must not exceed DB_POOL_MAX_SIZE"),
+        ({**PG, "DB_POOL_MAX_SIZE": "4", "DB_POOL_TIMEOUT": "0"}, "DB_POOL_TIMEOUT must be >= 1"),
     ],
 )
 def test_bad_settings_stop_the_process_with_a_message_naming_the_problem(tmp_path, env, message):
@@ -80,3 +87,36 @@ def test_p_sec_cookies_are_secure_unless_debugging_or_serving_loopback_only(tmp_
     assert flags() == ["False", "False", "True"]  # the embedded default on 127.0.0.1
     assert flags(DJANGO_ALLOWED_HOSTS="trellis.example.com") == ["True", "True", "True"]
     assert flags(DJANGO_ALLOWED_HOSTS="trellis.example.com", DJANGO_DEBUG="1") == ["False", "False", "True"]
+
+
+def _pool(tmp_path, **env):
+    code = "import config.settings as s; print(s.DATABASES['default']['OPTIONS'].get('pool'))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env={**CLEAN, "TRELLIS_VAR_DIR": str(tmp_path), **env})
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_issue_15_1_the_connection_pool_is_the_operators_choice_and_postgresql_only(tmp_path):
+    """Off unless DB_POOL_MAX_SIZE is set (the embedded default and a plain DATABASE_URL open a
+    connection per request as before); on PostgreSQL it becomes Django's psycopg pool options."""
+    assert _pool(tmp_path) == "None"
+    assert _pool(tmp_path, **PG) == "None"
+    assert _pool(tmp_path, **PG, DB_POOL_MAX_SIZE="8") == "{'min_size': 2, 'max_size': 8, 'timeout': 10}"
+    assert (_pool(tmp_path, **PG, DB_POOL_MAX_SIZE="3", DB_POOL_MIN_SIZE="0", DB_POOL_TIMEOUT="5")
+            == "{'min_size': 0, 'max_size': 3, 'timeout': 5}")
+
+
+def test_issue_15_1_a_worker_process_never_uses_the_pool(tmp_path):
+    """django-q2 forks its workers from the ``qcluster`` process: the pool is dropped there before
+    any connection exists, and the workers keep their own connection."""
+    code = ("import sys; sys.argv = ['manage.py', sys.argv[1]]; import django; django.setup(); "
+            "from django.db import connections; print(connections['default'].settings_dict['OPTIONS'].get('pool'))")
+    outputs = []
+    for command in ("qcluster", "runserver"):
+        r = subprocess.run([sys.executable, "-c", code, command], cwd=ROOT, capture_output=True, text=True,
+                           env={**CLEAN, "TRELLIS_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "config.settings",
+                                **PG, "DB_POOL_MAX_SIZE": "4"})
+        assert r.returncode == 0, r.stderr
+        outputs.append(r.stdout.strip())
+    assert outputs == ["None", "{'min_size': 2, 'max_size': 4, 'timeout': 10}"]
