@@ -4,8 +4,10 @@ sync-only middleware would park a thread for the whole request."""
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponseBadRequest, QueryDict
+from django.db import OperationalError
+from django.http import Http404, HttpResponse, HttpResponseBadRequest, QueryDict
 from django.utils.deprecation import MiddlewareMixin
+from psycopg_pool import PoolTimeout
 from whitenoise.middleware import WhiteNoiseMiddleware
 
 from collab.errors import DomainError, Forbidden, NotFound
@@ -36,10 +38,24 @@ class StaticFilesMiddleware(WhiteNoiseMiddleware):
         return await self.get_response(request)
 
 
+DATABASE_BUSY = "this web process's database connections are all in use; try again in a moment"
+
+
+def database_busy(exc) -> bool:
+    """A request that waited ``DB_POOL_TIMEOUT`` for one of the web process's pooled connections
+    (``DB_POOL_MAX_SIZE``) and got none: the process is overloaded, not broken — a 503 to retry
+    (API and pages alike), never a 500."""
+    return isinstance(exc, OperationalError) and isinstance(exc.__cause__, PoolTimeout)
+
+
 class DomainErrorMiddleware(MiddlewareMixin):
-    """Pages: NotFound → 404, Forbidden → 403, other domain errors → 400 with the reason."""
+    """Pages: NotFound → 404, Forbidden → 403, other domain errors → 400 with the reason; an
+    exhausted connection pool → 503 (``database_busy``)."""
 
     def process_exception(self, request, exc):
+        if database_busy(exc):
+            return HttpResponse(DATABASE_BUSY, status=503, content_type="text/plain; charset=utf-8",
+                                headers={"Retry-After": "1"})
         if isinstance(exc, NotFound):
             raise Http404(exc.detail)
         if isinstance(exc, Forbidden):

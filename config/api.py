@@ -12,6 +12,7 @@ import math
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import OperationalError
 from django.http import Http404, JsonResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -21,6 +22,7 @@ from ninja.security import HttpBearer, SessionAuth
 from accounts.policy import token_for
 from collab.api import router as collab_router
 from collab.errors import DomainError, Invalid
+from collab.middleware import DATABASE_BUSY, database_busy
 from collab.scopes import require_token_scope
 from collab.streams import router as streams_router
 from collab.text import clean_data
@@ -88,6 +90,17 @@ def _error(request, http_status: int, detail: str, code: str, /, **extra):
 @api.exception_handler(DomainError)
 def on_domain_error(request, exc: DomainError):
     return _error(request, exc.status, exc.detail, exc.code, **exc.extra)
+
+
+@api.exception_handler(OperationalError)
+def on_database_unavailable(request, exc):
+    """An exhausted connection pool is a 503 to retry (``collab.middleware.database_busy``);
+    any other database failure goes on to Django's handling."""
+    if not database_busy(exc):
+        raise exc
+    response = _error(request, 503, DATABASE_BUSY, "database_busy")
+    response["Retry-After"] = "1"
+    return response
 
 
 @api.exception_handler(ValidationError)

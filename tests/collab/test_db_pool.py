@@ -59,3 +59,42 @@ def test_issue_15_1_waiting_clients_hold_no_pooled_connection(team, scripted_ses
             r = call.result(timeout=30)
             assert r.status_code == 200 and r.json()["status"] == "cancelled" and r.json()["waited"], r.text
     assert "PoolTimeout" not in pooled_server.log.read_text()
+
+
+def test_issue_15_1_an_exhausted_pool_answers_503_to_retry_never_500(team, scripted_session, pooled_server):
+    """Both pooled connections held by admissions waiting on a lock (another client holds the
+    session's row): a third request that cannot get a connection within DB_POOL_TIMEOUT is told
+    503 ``database_busy`` with Retry-After — overload, not a failure — and once the lock goes the
+    held admissions answer as usual."""
+    import psycopg
+
+    _, sid = scripted_session(team.member, [{"text": "ok"}])
+    db = connection.settings_dict
+    conninfo = dict(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"])
+    holder, watcher = psycopg.connect(**conninfo), psycopg.connect(**conninfo, autocommit=True)
+    try:
+        holder.execute("SELECT id FROM collab_session WHERE id = %s FOR UPDATE", [sid])
+        with http(pooled_server, team.member) as client, ThreadPoolExecutor(POOL + 1) as pool:
+            held = [pool.submit(client.post, f"/api/sessions/{sid}/turns", {"prompt": f"held {i}"})
+                    for i in range(POOL)]
+            poll(lambda: _lock_waiters(watcher) >= POOL or any(h.done() for h in held), timeout=30,
+                 what="the admissions to wait on the session's lock")
+            assert not any(h.done() for h in held), [h.result().text for h in held if h.done()]
+            busy = client.get("/api/projects")
+            assert busy.status_code == 503, busy.text
+            assert busy.json()["code"] == "database_busy" and busy.headers["Retry-After"] == "1"
+            holder.rollback()
+            assert [h.result(timeout=30).status_code for h in held] == [202] * POOL
+    finally:
+        holder.close()
+        watcher.close()
+    assert "Internal Server Error" not in pooled_server.log.read_text()
+
+
+def _lock_waiters(conn) -> int:
+    """Backends of this database waiting on a lock (``conn`` in autocommit: the statistics
+    views keep one snapshot per transaction)."""
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock'")
+        return cursor.fetchone()[0]

@@ -30,8 +30,9 @@ def head_address(api, sid) -> str:
 
 
 class Answer:
-    def __init__(self, status_code: int, body: bytes):
+    def __init__(self, status_code: int, body: bytes, headers=None):
         self.status_code, self.text = status_code, body.decode(errors="replace")
+        self.headers = dict(headers or {})
 
     def json(self):
         return json.loads(self.text)
@@ -51,9 +52,9 @@ class Http:
             "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=120) as response:
-                return Answer(response.status, response.read())
+                return Answer(response.status, response.read(), response.headers)
         except urllib.error.HTTPError as error:
-            return Answer(error.code, error.read())
+            return Answer(error.code, error.read(), error.headers)
 
     def get(self, path: str) -> Answer:
         return self._send("GET", path)
