@@ -329,3 +329,33 @@ def test_the_migration_keeps_what_older_rows_answer(transactional_db, team, scri
     finally:
         executor = MigrationExecutor(connection)
         executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+# a scripted turn's rows (its job, its two nodes, its five events), measured after the cuts of
+# migration 0019 (the job's prompt and answer stored once): the text once, then 1,339 B of row
+# (job 235 — it held 643 with the prompt and answer —, two nodes 376 beside their text, five
+# events 728); the rest is headroom
+TURN_ROW_BYTES_BEYOND_TEXT = 1_400
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="pg_column_size: PostgreSQL's row sizes")
+def test_a_turns_rows_hold_its_text_once_plus_a_small_constant(team, scripted_session, run_queued):
+    """SPEC §13 "storage ≈ the text plus a small constant per message" (issue 15 item 1): the rows
+    a ~400-character turn writes hold its text once and a bounded constant beside it."""
+    prompt = ("Storage bench: the quick brown fox jumps over the lazy dog. " * 4)[:200]
+    api, sid = scripted_session(team.member, [{"text": "{{prompt}}"}])
+    api.post(f"/api/sessions/{sid}/turns", {"prompt": "first"})
+    run_queued()
+    jid = api.post(f"/api/sessions/{sid}/turns", {"prompt": prompt}).json()["execution_id"]
+    run_queued()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT (SELECT pg_column_size(j.*) FROM collab_job j WHERE id = %s),"
+            " (SELECT SUM(pg_column_size(m.*)) FROM collab_message m WHERE job_id = %s),"
+            " (SELECT SUM(pg_column_size(e.*)) FROM collab_event e WHERE payload->>'job' = %s)", [jid, jid, jid])
+        job, nodes, events = cursor.fetchone()
+    text = 2 * len(prompt)
+    assert Event.objects.filter(payload__job=jid).count() == 5
+    print(f"job {job} B, nodes {nodes} B ({text} of text), events {events} B")
+    assert job < 300  # neither the prompt nor the answer
+    assert job + nodes + events <= text + TURN_ROW_BYTES_BEYOND_TEXT
