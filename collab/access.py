@@ -146,7 +146,7 @@ def access_job(user, job_id: str, capability: str = "project.read", *, project_i
     if not user or not user.is_authenticated:
         raise NotFound()
     job = (
-        Job.objects.select_related("session", "session__parent_session", "branch")
+        Job.objects.select_related("session", "session__parent_session", "branch").with_result()
         .filter(pk=job_id, session_id__in=visible_session_ids(user), **_within(project_id))
         .first()
     )

@@ -265,6 +265,15 @@ class JobAdmin(ReadOnlyAdmin):
     search_fields = ["id", "session__id"]
     actions = ["cancel_executions"]
 
+    def get_object(self, request, object_id, from_field=None):
+        """The job with its prompt and result shown whichever row holds them (issue 15 item 1 stores
+        each once: ``Job.prompt_text``, ``Job.result``), as the page showed them before. Read-only:
+        nothing saves it."""
+        job = super().get_object(request, object_id, from_field)
+        if job is not None:
+            job.prompt, job.result_text = job.prompt_text, job.result
+        return job
+
     def has_cancel_permission(self, request):
         """Cancelling is changing a job: the ``collab.change_job`` permission (rows stay read-only)."""
         return request.user.has_perm("collab.change_job")

@@ -1,10 +1,11 @@
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import Case, OuterRef, Q, Subquery, When
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from collab.models.ids import id_field
+from collab.models.sessions import Message, MessageRole
 
 
 class JobKind(models.TextChoices):
@@ -56,6 +57,17 @@ class JobQuerySet(models.QuerySet):
     def open(self):
         return self.filter(status__in=OPEN_STATUSES)
 
+    def with_result(self):
+        """Each job read with its ``result`` (``Job.result``): the final answer's text comes in
+        the same query, for the jobs whose result it is — a listing reads no row per job."""
+        return self.annotate(final_answer=Case(When(result_text__isnull=True, then=Subquery(
+            final_answers(job=OuterRef("pk")).values("text")[:1]))))
+
+
+def final_answers(**where):
+    """The final answer nodes (``finish_job``'s ``final`` assistant node, one per job at most)."""
+    return Message.objects.filter(role=MessageRole.ASSISTANT, metadata__final=True, **where).order_by()
+
 
 def is_busy(branch) -> bool:
     """A turn is running (or stopping) on ``branch`` (``JobQuerySet.running``)."""
@@ -92,7 +104,10 @@ class Job(models.Model):
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
     version = models.PositiveIntegerField(default=1)
 
-    prompt = models.TextField(blank=True, default="")
+    # the prompt as admitted, until the turn's prompt node holds it: NULL from then on (the node is
+    # written with the job row by an idle branch's admission, or by the claim that clears this), so
+    # the text is stored once (issue 15 item 1). ``prompt_text`` reads either.
+    prompt = models.TextField(null=True, blank=True, default="")
     prompt_header = models.CharField(max_length=300, blank=True, default="")
     parent_msg = models.ForeignKey(
         "collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
@@ -124,7 +139,9 @@ class Job(models.Model):
     chain_messages = models.PositiveIntegerField(default=0)
     chain_generations = models.PositiveIntegerField(default=0)
 
-    result_text = models.TextField(blank=True, default="")
+    # the bounded result (SPEC §9); NULL when it is the whole text of the job's final answer, which
+    # holds it once (issue 15 item 1). ``result`` reads either.
+    result_text = models.TextField(null=True, blank=True, default="")
     result_artifact = models.ForeignKey(
         "collab.Artifact", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -194,6 +211,31 @@ class Job(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def prompt_text(self) -> str:
+        """The turn's prompt as admitted (SPEC §11.2's ``{{prompt}}``): ``prompt`` until the prompt
+        node is written, then that node's text without the header written for the model (read
+        from the node, unless the claim loaded it with the job)."""
+        if self.prompt is not None:
+            return self.prompt
+        node = self.prompt_msg
+        if node is None:  # its session is being deleted
+            return ""
+        return node.text[len(self.prompt_header) + 2:] if self.prompt_header else node.text
+
+    @property
+    def result(self) -> str:
+        """The job's bounded result (SPEC §9: the API's ``result``, ``job_output``, follow-ups):
+        ``result_text``, or the final answer's text when that is all of it — read with the job by
+        ``Job.objects.with_result()``, else once here, on first use."""
+        if self.result_text is not None:
+            return self.result_text
+        answer = self.__dict__.get("final_answer")
+        if answer is None:
+            answer = final_answers(job_id=self.pk).values_list("text", flat=True).first() or ""
+            self.final_answer = answer
+        return answer
 
 
 class ExecutionCommand(models.Model):

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import transaction
 
-from collab.models import JobKind, JobStatus, Message, MessageRole
+from collab.models import Job, JobKind, JobStatus, Message, MessageRole
 from collab.runtime import prompts
 from collab.runtime.failures import (
     LimitExceeded,
@@ -35,7 +35,7 @@ from collab.services.budgets import DELEGATION_TOOLS, messages_left
 from collab.services.execution import claim_job, current_status, finish_job
 from collab.services.followup import drain_mailbox
 from collab.services.liveness import running
-from collab.services.locking import kept_on_rollback
+from collab.services.locking import kept_on_rollback, refresh_from_row
 from collab.services.messages import append_message
 from collab.services.retry import retry_on_deadlock
 from collab.tools.registry import ToolResult, run_tool
@@ -77,7 +77,7 @@ class TurnContext:
 
     @property
     def prompt(self) -> str:
-        return self.job.prompt
+        return self.job.prompt_text  # the job row's, or its prompt node's once written
 
     @property
     def address(self) -> str | None:
@@ -204,7 +204,9 @@ def run_foreground(job, caller: TurnContext | None) -> None:
     leases this process renews."""
     parents = () if caller is None else (caller.job.pk, *caller.inline_parents)
     run_job(job.pk, inline_parents=parents, inline=True)
-    job.refresh_from_db()
+    ended = Job.objects.with_result().get(pk=job.pk)  # job.refresh_from_db(), its result read with it
+    refresh_from_row(job, ended)
+    job.final_answer = ended.final_answer
 
 
 def _run_claimed(job, inline_parents: tuple[str, ...]) -> str:

@@ -6,7 +6,7 @@ from collab.models import TERMINAL_STATUSES, Job
 
 def session_executions(session, *, status: str | None = None, limit: int = 100) -> list[Job]:
     """A session's executions, newest first (``GET /api/executions``); ``limit`` kept in 1–500."""
-    jobs = Job.objects.filter(session=session).order_by("-created_at")
+    jobs = Job.objects.filter(session=session).with_result().order_by("-created_at")  # each one's result too
     if status:
         jobs = jobs.filter(status=status)
     return list(jobs[: max(1, min(limit, 500))])

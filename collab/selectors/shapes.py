@@ -46,7 +46,7 @@ def execution_shape(job: Job) -> dict:
         "status": job.status,
         "version": job.version,
         "kind": job.kind,
-        "result": job.result_text,
+        "result": job.result,  # the stored result or the final answer (Job.result)
         "is_error": job.is_error,
         "error_code": job.error_code,
         "error_reason": job.error_reason,

@@ -118,6 +118,8 @@ def admit_job(
     # checked at commit), so the job row is not written twice
     idle = not Job.objects.open().filter(branch=locked).exists()
     prompt_msg_id = new_id() if idle else None
+    # the prompt is stored once (issue 15 item 1): in the node when it is written now, else in the
+    # job row until the claim writes the node (it clears the row's copy in its UPDATE)
     job = Job.objects.create(
         project_id=session.project_id,
         session=session,
@@ -125,7 +127,7 @@ def admit_job(
         agent_spec_id=getattr(agent_spec, "pk", None) or effective_spec_id(locked, session),  # no reads
         kind=kind,
         status=JobStatus.QUEUED,
-        prompt=prompt,
+        prompt=None if idle else prompt,
         prompt_header=header,
         parent_msg_id=locked.tip_id,
         prompt_msg_id=prompt_msg_id,
@@ -134,7 +136,7 @@ def admit_job(
     )
     events = []  # the prompt node's and the job's: one statement
     if idle:
-        write_prompt_node(job, locked, message_id=prompt_msg_id, events=events)
+        write_prompt_node(job, locked, prompt, message_id=prompt_msg_id, events=events)
     send_job_event(job, "job.queued", session, actor=started_by, events=events)
     if enqueue:
         enqueue_job(job.pk)
@@ -157,12 +159,14 @@ def check_caller_not_stopping(caller: Job) -> None:
         )
 
 
-def write_prompt_node(job: Job, branch: Branch, *, message_id: str | None = None, events: list | None = None):
-    """The user-role node that opens the job's turn, at the branch's current tip.
-    Precondition: the job's session and ``branch`` are locked in this transaction.
+def write_prompt_node(job: Job, branch: Branch, prompt: str, *, message_id: str | None = None,
+                      events: list | None = None):
+    """The user-role node that opens the job's turn, at the branch's current tip: ``prompt`` (the
+    job's, which the job row no longer holds once this node does: ``Job.prompt_text``) after the
+    job's header. Precondition: the job's session and ``branch`` are locked in this transaction.
     ``message_id``: the id the job row already names as its ``prompt_msg`` (the admission);
     without it the job row is pointed at the new node here (a claim). ``events``: as ``append_message``'s."""
-    text = f"{job.prompt_header}\n\n{job.prompt}" if job.prompt_header else job.prompt
+    text = f"{job.prompt_header}\n\n{prompt}" if job.prompt_header else prompt
     message = append_message(
         branch,
         role=MessageRole.USER,

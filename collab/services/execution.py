@@ -73,7 +73,8 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     # a first look, no lock (everything is read again below, after its lock): the branch and
     # session come with it, for the archived check and the session's parent (set once, at creation),
     # and the spec the job was admitted with (the turn's; never locked, so read here as well as later)
-    job = Job.objects.select_related("project", "branch", "session", "agent_spec").filter(pk=job_id).first()
+    # and the prompt node an idle branch's admission wrote (it holds the prompt: Job.prompt_text)
+    job = Job.objects.select_related("project", "branch", "session", "agent_spec", "prompt_msg").filter(pk=job_id).first()
     if job is None or job.status != JobStatus.QUEUED:
         return None
     if not inline and job.branch.archived:
@@ -81,7 +82,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
         return None
     if not inline and not live_slots_free(job.session_id, job.project):
         return None
-    spec = job.agent_spec
+    spec, prompt, prompt_msg = job.agent_spec, job.prompt, job.prompt_msg  # set at the admission, never changed
     busy = Job.objects.running().filter(branch=OuterRef("branch"))
     earlier = Job.objects.filter(
         branch=OuterRef("branch"), status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at")
@@ -116,6 +117,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
                 worker=worker_name(),
                 heartbeat_at=Now(),
                 lease_expires_at=lease_deadline(),
+                prompt=None,  # the prompt node holds it from now on (written below if not yet)
             )
             if not won:
                 return None
@@ -127,7 +129,9 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
             _share_reads(job, branch)
             events = []  # the prompt node's (if written now) and job.running: one statement
             if job.prompt_msg_id is None:
-                write_prompt_node(job, branch, events=events)
+                write_prompt_node(job, branch, prompt, events=events)
+            elif prompt_msg is not None and prompt_msg.pk == job.prompt_msg_id:
+                job.prompt_msg = prompt_msg  # the turn reads its prompt from it (Job.prompt_text)
             limit = effective_limit(job.project, "max_live_per_session")
             if limit and not inline:
                 # checked again with the session row locked and this claim counted, so two
@@ -243,6 +247,9 @@ def finish_job(
         if lease_expired:
             guard &= Q(lease_expires_at__lt=Now())
         summary, artifact = store_result(job, result_text)
+        # an answer that is the whole result is stored once, in its node (issue 15 item 1):
+        # the job row holds NULL, which ``Job.result`` reads as the final answer's text
+        kept = None if final_text is not None and artifact is None and summary == clean_text(final_text) else summary
         # the job's end, decided and written by one conditional UPDATE, which locks the row and
         # reads it as it leaves it (no locked read before it). A job leaves ``stopping`` only as
         # ``cancelled`` (SPEC §7; the database guard agrees, migration 0012): an answer or error
@@ -254,7 +261,7 @@ def finish_job(
             finished_at=Now(),
             lease_expires_at=None,
             followup_state=FollowupState.OWED if owed else FollowupState.NONE,
-            **_unless_stopping(status, status=status, result_text=summary, result_artifact=getattr(artifact, "pk", None),
+            **_unless_stopping(status, status=status, result_text=kept, result_artifact=getattr(artifact, "pk", None),
                                is_error=is_error, error_code=error_code, error_reason=clean_text(error_reason)),
             **{k: usage[k] for k in ("model_calls", "tool_calls", "tokens_in", "tokens_out", "cost") if k in usage},
         )
@@ -285,6 +292,8 @@ def finish_job(
             branch.turns += 1
         project = job.project  # loaded with the claimed job (the refresh drops it)
         refresh_from_row(job, ended)  # job.refresh_from_db(), from the row the UPDATE returned
+        if job.result_text is None:
+            job.final_answer = summary  # Job.result, as the answer's node holds it: not read again
         send_job_event(job, f"job.{status}", branch.session, events=events)
         # the branch's turn is over: what waited for it may go now. One statement says what there
         # is (the branch is locked: its inbox, owed results and queue are read after the lock) and

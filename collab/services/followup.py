@@ -87,7 +87,7 @@ def _notice_parts(job: Job) -> tuple[str, str]:
     who = job.branch.display_name
     if job.status == JobStatus.SUCCEEDED:
         limit = result_limit_for(reader_spec(job))
-        body, _ = bound_text(job.result_text, limit) if job.result_text.strip() else ("(the agent finished with an empty reply)", False)
+        body, _ = bound_text(job.result, limit) if job.result.strip() else ("(the agent finished with an empty reply)", False)
         return notice_lead(result_source(job), who, job.pk, None), body
     return notice_lead(result_source(job), who, job.pk, job.status), job.error_reason or job.status
 
@@ -112,13 +112,13 @@ def envelope(job: Job, *, reconciling: bool) -> tuple[str, str]:
     found by the reconciliation at the parent's next user turn it reads ``failed: cancelled``."""
     if job.status == JobStatus.SUCCEEDED:
         kind = "final_answer"
-        body = bound_text(job.result_text, result_limit_for(reader_spec(job)))[0] if job.result_text.strip() else EMPTY_FINAL
+        body = bound_text(job.result, result_limit_for(reader_spec(job)))[0] if job.result.strip() else EMPTY_FINAL
     elif job.status == JobStatus.INTERRUPTED:
         kind, body = "interrupted", INTERRUPTED_RESTART
     elif job.status == JobStatus.CANCELLED:
         kind, body = ("failed", CANCELLED_RECONCILED) if reconciling else ("interrupted", INTERRUPTED_LIVE)
     else:
-        kind, body = "failed", f"{job.error_code or 'failed'}: {job.error_reason or job.result_text or job.status}"
+        kind, body = "failed", f"{job.error_code or 'failed'}: {job.error_reason or job.result or job.status}"
     text = agent_message(job.branch.task_name, kind, body)
     if estimate_tokens(text) >= MAX_DELIVERY_TOKENS:
         # OW §6.2: refused rather than delivered; the parent is told (it never waits for nothing)
@@ -170,7 +170,7 @@ def drain_mailbox(branch: Branch, job: Job | None, *, reconciling: bool = False,
     with transaction.atomic(), kept_on_rollback(branch):
         lock_for_branch(branch.pk)  # session, branch, then the jobs (collab/services/locking.py)
         owed = list(
-            Job.objects.select_for_update(no_key=True)
+            Job.objects.select_for_update(no_key=True).with_result()
             .filter(caller_branch=branch, followup_state=FollowupState.OWED)
             .order_by("finished_at", "pk")
         )
@@ -210,7 +210,7 @@ def deliver_owed_locked(branch: Branch, *, idle: bool = False) -> list[Job]:
     bounce_stranded_locked(branch, idle=idle)
     admitted = []
     owed = (
-        Job.objects.select_related("branch", "caller_job")
+        Job.objects.select_related("branch", "caller_job").with_result()
         .filter(caller_branch=branch, followup_state=FollowupState.OWED)
         .exclude(followup_mode="mailbox")
         .order_by("finished_at", "pk")

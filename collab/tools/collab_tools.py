@@ -95,7 +95,7 @@ def agent(ctx, p: AgentParams) -> ToolResult:
                      "address": format_address(branch.session_id, job.prompt_msg_id), "session_id": branch.session_id},
         )
     branch.refresh_from_db()
-    summary, truncated = bound_text(job.result_text, result_limit_for(reading_spec(ctx)))
+    summary, truncated = bound_text(job.result, result_limit_for(reading_spec(ctx)))
     return ToolResult(
         text=summary if job.status == "succeeded" else f"agent {branch.display_name!r} {job.status}: {job.error_reason or summary}",
         details={"execution_id": job.pk, "status": job.status, "is_error": job.is_error, "error_code": job.error_code,
@@ -313,7 +313,7 @@ def job_output(ctx, p: JobOutputParams) -> ToolResult:
 
         sessions = [job.session_id, ctx.session.pk, ctx.job.session_id if ctx.job is not None else None]
         wait_for_change(finished, p.timeout / 1000, sessions=sessions, stop=calling_turn_stopping)
-    summary, truncated = bound_text(job.result_text, result_limit_for(reading_spec(ctx)))
+    summary, truncated = bound_text(job.result, result_limit_for(reading_spec(ctx)))
     done = job.status in TERMINAL_STATUSES
     if not done:
         text = f"job {job.pk} is still {job.status}"

@@ -115,5 +115,6 @@ def test_op_5_1_two_concurrent_spawns_at_fanout_7_of_8_admit_exactly_one(team, a
             t.join(WAIT)
         assert sorted(a["is_error"] for a in answers) == [False, True], (iteration, answers)
         assert [a["details"].get("code") for a in answers if a["is_error"]] == ["budget.fanout_exhausted"]
-        assert Job.objects.filter(kind="spawn", session_id=sid, prompt__startswith=f"leaf r{iteration}").count() == 8
+        assert sum(j.prompt_text.startswith(f"leaf r{iteration}") for j in
+                   Job.objects.filter(kind="spawn", session_id=sid).select_related("prompt_msg")) == 8
         settle(api, sid)

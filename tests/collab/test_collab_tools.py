@@ -775,7 +775,7 @@ def test_op_5_10_job_output_ownership_caller_executor_and_ancestors(three_sessio
         got = call(who.api, who.address, "job_output", job_id=job.pk)
         assert not got["is_error"], (who.sid, got)
         assert got["details"]["job_id"] == job.pk and got["details"]["done"] is True
-        assert got["text"] == job.result_text
+        assert got["text"] == job.result
     stranger = open_session(title="stranger")
     denied = [(stranger, w.ja), (stranger, w.jc), (w.D, w.ja), (w.C, w.ja), (w.D, w.jb)]
     missing = call(stranger.api, stranger.address, "job_output", job_id="000000000000")

@@ -504,7 +504,7 @@ def test_op_p_rel_1_killed_worker_job_is_interrupted_never_rerun_and_followed_up
         followups = poll(lambda: list(Job.objects.filter(followup_of_id=child["id"])), timeout=15,
                          what="the follow-up to be admitted")
         assert len(followups) == 1
-        notice = followups[0].prompt
+        notice = followups[0].prompt_text
         assert f"did not finish execution {child['id']}: interrupted" in notice and "is_error=true" in notice
         assert followups[0].branch_id == Job.objects.get(pk=root).branch_id
 

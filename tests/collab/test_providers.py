@@ -166,7 +166,7 @@ def test_a_text_answer_ends_the_turn_with_tokens_and_cost_on_the_job(fast, fake,
     api, sid, job = turn(llm_session, dialect, limits={"stream": stream})
 
     assert job.status == "succeeded", job.error_reason
-    assert job.result_text == "Hello from the model."
+    assert job.result == "Hello from the model."
     assert [(m.role, m.text) for m in written(job)] == [("user", "hi there"), ("assistant", "Hello from the model.")]
     assert (job.model_calls, job.tokens_in, job.tokens_out) == (1, 11, 7)
     assert job.cost == Decimal("0.025")
@@ -216,7 +216,7 @@ def test_parallel_tool_calls_run_in_order_and_their_results_go_back(fast, fake, 
     api, sid, job = turn(llm_session, dialect, limits={"stream": stream})
 
     assert job.status == "succeeded", job.error_reason
-    assert job.result_text == "Two todos made."
+    assert job.result == "Two todos made."
     assert (job.model_calls, job.tool_calls, job.tokens_in, job.tokens_out) == (2, 2, 22, 14)
     assert job.cost == Decimal("0.05")
     assert sorted(Todo.objects.filter(session_id=sid).values_list("subject", flat=True)) == ["first", "second"]
@@ -251,7 +251,7 @@ def test_arguments_that_are_not_json_become_an_invalid_arguments_result_the_mode
     api, sid, job = turn(llm_session, dialect)
 
     assert job.status == "succeeded", job.error_reason
-    assert job.result_text == "I see my mistake."
+    assert job.result == "I see my mistake."
     call, result = written(job)[1:3]
     assert call.tool_calls[0]["arguments"] == broken
     assert result.metadata["is_error"] is True
@@ -280,7 +280,7 @@ def test_arguments_the_tool_schema_rejects_become_an_invalid_arguments_result(fa
 def test_an_unknown_tool_name_is_an_error_result_and_the_turn_goes_on(fast, fake, llm_session, dialect):
     fake.add(dialect.tools([("call_z", "no_such_tool", {})], stream=True), dialect.text("ok then", stream=True))
     _, _, job = turn(llm_session, dialect)
-    assert job.status == "succeeded" and job.result_text == "ok then"
+    assert job.status == "succeeded" and job.result == "ok then"
     assert written(job)[2].text.startswith("unknown_tool:")
 
 
@@ -292,7 +292,7 @@ def test_a_429_is_retried_and_the_retry_is_an_event(fast, fake, llm_session, dia
     api, sid, job = turn(llm_session, dialect)
 
     assert job.status == "succeeded", job.error_reason
-    assert job.result_text == "after the retry"
+    assert job.result == "after the retry"
     assert len(fake.requests) == 2
     [retry] = events(api, sid, "model.retry")
     assert retry["payload"]["job"] == job.pk
@@ -430,7 +430,7 @@ def test_history_goes_back_in_order_with_user_input_after_all_tool_results(fast,
     first = run_inline(start_turn(api, sid, "make a plan"))
     assert first.status == "succeeded"
     second = run_inline(start_turn(api, sid, "and now?"))
-    assert second.status == "succeeded" and second.result_text == "second answer"
+    assert second.status == "succeeded" and second.result == "second answer"
 
     last = fake.requests[-1]
     assert dialect.flat(last) == [
@@ -449,7 +449,7 @@ def test_a_fork_sends_the_history_it_inherited(fast, fake, llm_session, dialect)
         "prompt": "carry on from here", "description": "fork", "start_from": "inherit", "run_in_background": True}})
     assert r.status_code == 200 and not r.json()["is_error"], r.content
     child = run_inline(r.json()["details"]["execution_id"])
-    assert child.status == "succeeded" and child.result_text == "the fork's answer"
+    assert child.status == "succeeded" and child.result == "the fork's answer"
 
     flat = dialect.flat(fake.requests[-1])
     assert flat[:2] == [("user", "parent prompt"), ("assistant", "the parent's answer")]

@@ -72,7 +72,7 @@ def test_issue_13_item_5_on_an_archived_branch_the_composer_offers_a_named_fork_
     fork = Branch.objects.get(session_id=sid, name="second try")
     assert r.status_code == 302 and r["Location"].endswith(f"?branch={fork.pk}")
     assert fork.name_stage == NameStage.MANUAL and fork.forked_from_id == main.tip_id
-    assert Job.objects.get(branch=fork).prompt == "continue from the end"
+    assert Job.objects.get(branch=fork).prompt_text == "continue from the end"
 
 
 def test_issue_13_item_5_fork_from_any_node_keeps_the_given_name_and_refuses_a_too_long_one(team, scripted_session, browser_of):

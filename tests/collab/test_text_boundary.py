@@ -115,7 +115,7 @@ def assert_clean_and_terminal(api, sid, execution_id, status="succeeded"):
         assert not unstorable([m.text, m.tool_calls, m.metadata, m.tool_call_id]), m.pk
     assert not any(unstorable(p) for p in Event.objects.filter(session_id=sid).values_list("payload", flat=True))
     job = Job.objects.get(pk=execution_id)
-    assert not unstorable([job.prompt, job.result_text, job.error_reason])
+    assert not unstorable([job.prompt_text, job.result, job.error_reason])
     return done
 
 

@@ -129,7 +129,7 @@ def test_spec_13_a_scripted_turn_costs_a_bounded_number_of_queries(second_turn):
     with Counted() as worker:
         assert run_job(job.pk) == "succeeded"
     job = Job.objects.get(pk=job.pk)
-    assert job.status == "succeeded" and job.result_text == "ok second"
+    assert job.status == "succeeded" and job.result == "ok second"
     # the person's selection followed their turn to its answer, the branch's tip
     assert job.prompt_msg.text == "second" and Session.objects.get(pk=session.pk).head_id == job.branch.tip_id
     print(f"admission {len(admission)} queries / {admission.commits} commits, "
