@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from django.utils.dateparse import parse_datetime
 from django.db import connection, transaction
 
 from collab.models import Branch, ExecutionCommand, Job, Message, Session
@@ -230,7 +231,8 @@ def test_issue16_enqueue_runs_the_new_input_after_the_running_turn(team, scripte
     second = started(api, sid, "two", "enqueue")
     a, b = api.wait(first), api.wait(second)
     assert (a["status"], b["status"]) == ("succeeded", "succeeded")
-    assert a["finished_at"] <= b["started_at"] and a["branch"] == b["branch"]
+    # compared as times: the API writes whole seconds without a fraction ("…25Z" vs "…25.066Z")
+    assert parse_datetime(a["finished_at"]) <= parse_datetime(b["started_at"]) and a["branch"] == b["branch"]
     assert not ExecutionCommand.objects.exists()
 
 

@@ -68,7 +68,9 @@ def _target_behind_a_queued_turn(team, api_as):
 def _message_turns(target_branch_id):
     from collab.models import Job
 
-    return list(Job.objects.filter(branch_id=target_branch_id, kind="message").values_list("pk", "prompt", "status"))
+    # the prompt as admitted: the job row's until its node is written, then the node's (Job.prompt_text)
+    return [(job.pk, job.prompt_text, job.status)
+            for job in Job.objects.filter(branch_id=target_branch_id, kind="message").select_related("prompt_msg")]
 
 
 def test_op_5_4_a_message_whose_targets_only_queued_turn_is_cancelled_is_still_delivered(team, api_as, worker):

@@ -69,7 +69,8 @@ def test_r2_a_worker_dying_between_inbox_delivery_and_delete_delivers_the_messag
         assert ended["status"] == "cancelled", ended
         settle_session(api, tsid, timeout=WAIT)
         target_id = ended["branch"]
-        messages = list(Job.objects.filter(branch_id=target_id, kind="message").values_list("prompt", "status"))
+        messages = [(job.prompt_text, job.status)  # the prompt as admitted (the node holds it once written)
+                    for job in Job.objects.filter(branch_id=target_id, kind="message").select_related("prompt_msg")]
         assert messages == [(text, "succeeded")], messages
         assert not InboxEntry.objects.filter(target_branch_id=target_id).exists()
         assert_well_formed(tsid)
