@@ -184,7 +184,7 @@ def send_events_on_commit(session_id: str, events: list) -> list[Event]:
     touch = next((event.touch for event in reversed(events) if event.touch is not None), None)
     head = next((event.head for event in reversed(events) if event.head is not None), None)
     riders = [event.rider for event in events if event.rider is not None]
-    if connection.vendor == "postgresql":
+    if rides_on_events():  # PostgreSQL: the numbers, the rows and what rides on them in one statement
         _append_events(session_id, rows, touch, head, riders)
     else:  # SQLite: one event after the other (number, then row)
         if riders:
