@@ -86,7 +86,7 @@ def test_a_real_local_model_calls_a_collab_tool_and_completes_a_turn(team, api_a
 
     job = poll(lambda: (j := api.get(f"/api/executions/{job_id}").json())["status"] in
                ("succeeded", "failed", "cancelled", "interrupted") and j, timeout=300, interval=0.5, what="the turn")
-    assert job["status"] == "succeeded", job
+    assert job["status"] == "succeeded", api.get(f"/api/executions/{job_id}").json()["result"]
     assert job["model_calls"] == 2 and job["tool_calls"] == 1, job
     assert job["tokens_in"] > 0 and job["tokens_out"] > 0, job
 

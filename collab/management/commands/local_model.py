@@ -30,8 +30,9 @@ LIMITS = {"tool_choice": "list_agents", "tool_rounds": 1, "stream": False, "max_
 
 
 def server_argv(model_path: str, port: int) -> list[str]:
+    """llama-cpp-python's server, without llama.cpp's extra buffer types (collab.management.llama_server)."""
     return [
-        sys.executable, "-m", "llama_cpp.server", "--model", model_path, "--model_alias", MODEL_NAME,
+        sys.executable, "-m", "collab.management.llama_server", "--model", model_path, "--model_alias", MODEL_NAME,
         "--host", "127.0.0.1", "--port", str(port), "--chat_format", "chatml-function-calling",
         "--n_ctx", "4096",
     ]
