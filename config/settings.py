@@ -128,6 +128,7 @@ def _databases() -> dict:
         db["TEST"] = {"NAME": str(Path(db["NAME"]).with_name(f"{Path(db['NAME']).stem}-test.sqlite3"))}
     elif db["ENGINE"] == "django.db.backends.postgresql":
         db.setdefault("OPTIONS", {})
+        db["OPTIONS"].update(_prepared_statements())
         db["TEST"] = {"NAME": f"test_{db['NAME']}"}
         pool = _pool_options(db)
         if pool:
@@ -137,6 +138,19 @@ def _databases() -> dict:
     if env_int("DB_POOL_MAX_SIZE", 0, minimum=0) and db["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured("DB_POOL_MAX_SIZE needs a PostgreSQL DATABASE_URL (psycopg's connection pool)")
     return {"default": db}
+
+
+def _prepared_statements() -> dict:
+    """Server-side binding, so psycopg prepares a statement a connection runs
+    ``DB_PREPARE_THRESHOLD`` times (default 5) and PostgreSQL parses and plans it once
+    (issue 15 item 1: a turn's 19 statements took 10.5 ms of database time per turn, 6.7 ms
+    prepared). On by default; ``DB_PREPARE_THRESHOLD=0`` turns it off (Django's default:
+    parameters bound client-side, nothing prepared) — for a pooler in transaction mode that does
+    not track prepared statements (PgBouncer before 1.21, or without ``max_prepared_statements``)."""
+    threshold = env_int("DB_PREPARE_THRESHOLD", 5, minimum=0)
+    if not threshold:
+        return {}
+    return {"server_side_binding": True, "prepare_threshold": threshold}
 
 
 def _pool_options(db: dict) -> dict | None:
