@@ -13,20 +13,25 @@ outsiders always get the same ``NotFound`` as for a missing id, so neither answe
 done leak existence.
 
 Row-level visibility (issue 17, OP §5.9) lives here too: ``visible_sessions(user)`` is the ONE
-queryset of sessions a person (and every agent acting for them) may see, and every helper
-below filters through it, so a private or shared session one may not see answers exactly
-like a missing id. A child session follows its root session's visibility.
+queryset of sessions a person (and every agent acting for them) may see, and every listing
+filters through it; a lookup of one session or execution by id reads the person's standing in
+it with the row and decides with ``session_role``'s rule, the same rule in Python
+(``_effective_role``; tests/collab/test_visibility* hold the two to the same answers). Either
+way a private or shared session one may not see answers exactly like a missing id. A child
+session follows its root session's visibility.
 """
 
 from dataclasses import dataclass
 
-from django.db.models import Q
+from django.db.models import OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 
 from accounts.models import Project
 from accounts.policy import (
     has_capability,
     lesser_role,
     member_project_ids,
+    member_roles,
     own_tokens,
     project_ids_with,
     role_allows,
@@ -68,17 +73,46 @@ def visible_session_ids(user):
 def session_role(user, session: Session) -> str | None:
     """The user's effective role in ``session``: their project role, narrowed to their share's
     role in a ``shared`` session (the lesser of the two); None when they may not see it."""
-    role = role_of(user, session.project_id)
+    return _effective_role(user, session, role_of(user, session.project_id), _share_of)
+
+
+def _share_of(user, root: Session) -> str | None:
+    return SessionShare.objects.filter(session_id=root.pk, user=user).values_list("role", flat=True).first()
+
+
+def _effective_role(user, session: Session, role: str | None, share_of) -> str | None:
+    """``session_role`` from the user's project ``role`` (None: not an accepted member);
+    ``share_of(user, root)`` gives their share's role in the root session (asked only for a
+    ``shared`` root they did not create, and where their role does not see every session)."""
     if role is None or role_allows(role, "session.see_all"):
         return role
     root = session.parent_session if session.parent_session_id else session
     if root.visibility == Visibility.PROJECT or root.created_by_id == user.pk:
         return role
     if root.visibility == Visibility.SHARED:
-        shared = SessionShare.objects.filter(session_id=root.pk, user=user).values_list("role", flat=True).first()
+        shared = share_of(user, root)
         if shared:
             return lesser_role(role, shared)
     return None
+
+
+def _with_viewer_role(rows, user, to_session: str = ""):
+    """``rows`` (sessions, or rows reaching one through ``to_session``, e.g. ``"session__"``)
+    with what ``_effective_role`` needs of ``user`` read in the same statement: their accepted
+    role in the session's project (``viewer_role``) and their share of its root session
+    (``viewer_share``). An outsider's lookup then costs what a missing id's does: one statement."""
+    return rows.annotate(
+        viewer_role=Subquery(member_roles(user).filter(project_id=OuterRef(f"{to_session}project_id"))
+                             .values("role")[:1]),
+        viewer_share=Subquery(SessionShare.objects.filter(
+            user=user, session_id=Coalesce(OuterRef(f"{to_session}parent_session_id"), OuterRef(f"{to_session}pk")),
+        ).values("role")[:1]),
+    )
+
+
+def _role_read_with(user, session: Session, row) -> str | None:
+    """``session_role`` from what ``_with_viewer_role`` read with ``row`` (no query)."""
+    return _effective_role(user, session, row.viewer_role, lambda _user, _root: row.viewer_share)
 
 
 def _checked(role: str | None, capability: str) -> str:
@@ -126,33 +160,31 @@ def access_session(user, session_id: str, capability: str = "project.read", *, p
     """The session if the user may do ``capability`` in its project (and it is in ``project_id``,
     when an agent asks).
 
-    The membership check is folded into the lookup so an outsider's request
-    costs exactly what a request for a missing id costs.
+    One statement reads the session and the user's standing in it (``_with_viewer_role``), and
+    ``session_role``'s rule decides — so an outsider's request costs exactly what a request for
+    a missing id costs, and both answer ``NotFound``.
     """
-    if not user or not user.is_authenticated:
+    if not user or not user.is_authenticated or not user.is_active:
         raise NotFound()
     session = (
-        visible_sessions(user).select_related("project", "agent_spec", "parent_session")
+        _with_viewer_role(Session.objects.select_related("project", "agent_spec", "parent_session"), user)
         .filter(pk=session_id, **_within(project_id))
         .first()
     )
-    if session is None:
-        raise NotFound()
-    require_in_session(user, session, capability)
+    _checked(None if session is None else _role_read_with(user, session, session), capability)
     return session
 
 
 def access_job(user, job_id: str, capability: str = "project.read", *, project_id: int | None = None) -> Job:
-    if not user or not user.is_authenticated:
+    if not user or not user.is_authenticated or not user.is_active:
         raise NotFound()
     job = (
-        Job.objects.select_related("session", "session__parent_session", "branch").with_result()
-        .filter(pk=job_id, session_id__in=visible_session_ids(user), **_within(project_id))
+        _with_viewer_role(Job.objects.select_related("session", "session__parent_session", "branch").with_result(),
+                          user, "session__")
+        .filter(pk=job_id, **_within(project_id))
         .first()
     )
-    if job is None:
-        raise NotFound()
-    require_in_session(user, job.session, capability)
+    _checked(None if job is None else _role_read_with(user, job.session, job), capability)
     return job
 
 

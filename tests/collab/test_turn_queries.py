@@ -35,10 +35,12 @@ from collab.models import Job, Session
 # (none: no read of them); the branch's spec is the session's, read with it by the access layer.
 # Then, on PostgreSQL, a node's INSERT and its tip's UPDATE ride on the statement that numbers its
 # event (collab.events.Rider): a node is one statement, with its events and the HEAD's move.
+# Fourth round: the access layer reads the session and the caller's standing in it (project role,
+# share) in one statement and decides in Python (``collab.access._with_viewer_role``).
 if connection.vendor == "postgresql":
-    ADMISSION_QUERIES, WORKER_QUERIES = 8, 11
+    ADMISSION_QUERIES, WORKER_QUERIES = 7, 11
 else:
-    ADMISSION_QUERIES, WORKER_QUERIES = 13, 17
+    ADMISSION_QUERIES, WORKER_QUERIES = 12, 17
 ADMISSION_COMMITS = 1
 WORKER_COMMITS = 2
 
