@@ -17,6 +17,7 @@ class CollabConfig(AppConfig):
 
         post_spawn.connect(_keep_worker_connections, dispatch_uid="collab-keep-worker-connections")
         post_spawn.connect(_reconcile_on_worker_start, dispatch_uid="collab-reconcile-on-spawn")
+        post_spawn.connect(_warm_event_push, dispatch_uid="collab-warm-event-push")
 
         if worker_name.is_worker_process():
             worker_name.install()
@@ -44,6 +45,17 @@ def _keep_worker_connections(sender, **kwargs):
         if conn.settings_dict.get("CONN_MAX_AGE") is not None and conn.settings_dict["CONN_MAX_AGE"] < age:
             conn.settings_dict["CONN_MAX_AGE"] = age
             conn.settings_dict["CONN_HEALTH_CHECKS"] = True
+
+
+def _warm_event_push(sender, **kwargs):
+    """A worker's first event reaches its listeners without waiting for the push loop and its
+    channel-layer connection to be set up (``collab.events.warm_push``, in the background)."""
+    from collab.events import warm_push  # app registry: collab.events imports collab's models
+
+    try:
+        warm_push()
+    except Exception:  # never keep a worker from starting
+        logging.getLogger(__name__).exception("warming the event push at worker start failed")
 
 
 def _reconcile_on_worker_start(sender, proc_name=None, **kwargs):

@@ -193,7 +193,7 @@ def send_events_on_commit(session_id: str, events: list) -> list[Event]:
             row.seq, row.project_id = _next_seq(session_id, *((touch, head) if n == 0 else ()))
             row.save(force_insert=True)
     wires = [{**row.as_wire(), "payload": payload} for row, payload in zip(rows, payloads)]
-    transaction.on_commit(lambda: [push_event(session_id, wire) for wire in wires])
+    transaction.on_commit(lambda: push_events(session_id, wires))
     return rows
 
 
@@ -214,25 +214,33 @@ def deferred_event(type: str, payload: dict, actor=None, *, touch=None, stored: 
     return Deferred(type, payload, actor, touch, stored, head, rider)
 
 
-def push_event(session_id: str, wire: dict) -> None:
-    """Best effort: a listener that misses a push catches up from the log by ``seq``."""
+def push_events(session_id: str, wires: list[dict]) -> None:
+    """Best effort, after a commit: the commit's events of one session to its live listeners, in
+    order, in one hand-off to the push loop (one wait, however many events; a listener that
+    misses a push catches up from the log by ``seq``)."""
     layer = get_channel_layer()
-    if layer is None:
+    if layer is None or not wires:
         return
-    message = {"type": "collab.event", "event": wire}
+    group = session_group(session_id)
+
+    async def send_all():
+        for wire in wires:
+            await layer.group_send(group, {"type": "collab.event", "event": wire})
+
     try:
         loop = _push_loop(layer)
         if loop is None:
-            async_to_sync(layer.group_send)(session_group(session_id), message)
+            async_to_sync(send_all)()
         else:
-            sent = asyncio.run_coroutine_threadsafe(layer.group_send(session_group(session_id), message), loop)
+            sent = asyncio.run_coroutine_threadsafe(send_all(), loop)
             try:
                 sent.result(PUSH_TIMEOUT_SECONDS)
             except BaseException:
                 sent.cancel()  # never left running to land after this thread's next push
                 raise
-    except Exception:  # the log has it; listeners recover on the next event or reconnect
-        log.warning("could not push event %s/%s", session_id, wire.get("seq"), exc_info=True)
+    except Exception:  # the log has them; listeners recover on the next event or reconnect
+        log.warning("could not push events %s/%s-%s", session_id, wires[0].get("seq"), wires[-1].get("seq"),
+                    exc_info=True)
     wake_relays()
 
 
@@ -245,7 +253,7 @@ def push_event(session_id: str, wire: dict) -> None:
 # of their process instead, kept in a daemon thread, whose connections are reused. A thread that
 # came from ``sync_to_async`` (a web request, a consumer) keeps ``async_to_sync``: it goes back to
 # its server's own loop, which the in-memory layer needs. Pushes from one thread stay in order: each
-# waits for its ``group_send`` to finish, as before.
+# waits for its ``group_send``s to finish, as before (a commit's events of one session go in one hand-off).
 
 PUSH_TIMEOUT_SECONDS = 10
 _loop_lock = threading.Lock()
@@ -270,6 +278,28 @@ def _push_loop(layer) -> asyncio.AbstractEventLoop | None:
             threading.Thread(target=loop.run_forever, name="trellis-event-push", daemon=True).start()
             _loop = (os.getpid(), loop)
         return _loop[1]
+
+
+WARM_GROUP = "trellis-push-warm-up"
+
+
+def warm_push(wait: float = 0) -> None:
+    """Open this process's push loop and its channel-layer connection now, not at its first event:
+    the first push of a fresh process set up the loop thread and the Redis connection (~57 ms
+    here, issue 15 item 1 ``live``), on that event's way to every listener. A worker process does
+    it as it starts (``collab.apps``), in the background; ``wait`` > 0 waits that long for it.
+    A no-op where pushes do not use the push loop (the in-memory layer, a thread of a server)."""
+    layer = get_channel_layer()
+    loop = _push_loop(layer) if layer is not None else None
+    if loop is None:
+        return
+    # one round trip: removing a member nobody added from a group nobody uses
+    warmed = asyncio.run_coroutine_threadsafe(layer.group_discard(WARM_GROUP, "trellis.warm-up"), loop)
+    if wait:
+        try:
+            warmed.result(wait)
+        except Exception:  # best effort, like the pushes themselves
+            log.warning("could not reach the channel layer to warm up the event push", exc_info=True)
 
 
 # --- waking the embedded relays (collab/live.py) across processes --------------------------------

@@ -8,8 +8,9 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 
 from collab.events import message_event, send_event_on_commit, with_full_payloads
-from collab.models import Event, Job, Message
+from collab.models import TERMINAL_STATUSES, Event, Job, Message
 from collab.selectors.events import events_after
+from tests.conftest import poll
 
 PER_TURN_TABLES = ("collab_event", "collab_message", "collab_job", "collab_branch", "collab_session")
 
@@ -50,7 +51,7 @@ def test_a_job_event_stores_what_cannot_be_derived_from_its_type_and_job(team, s
 
 def test_readers_of_the_log_get_the_payload_live_listeners_got(team, scripted_session, run_queued, monkeypatch):
     pushed = []
-    monkeypatch.setattr("collab.events.push_event", lambda session_id, wire: pushed.append(wire))
+    monkeypatch.setattr("collab.events.push_events", lambda session_id, wires: pushed.extend(wires))
     api, sid = scripted_session(team.member, [{"text": "echo: {{prompt}}"}])
     assert api.post(f"/api/sessions/{sid}/turns", {"prompt": "hello"}).status_code == 202
     run_queued()
@@ -310,7 +311,11 @@ def test_the_migration_keeps_what_older_rows_answer(transactional_db, team, scri
     run_queued()
     long = api.post(f"/api/sessions/{sid}/turns", {"prompt": "y" * 40_000}).json()["execution_id"]
     run_queued()
-    before = {jid: api.get(f"/api/executions/{jid}").json() for jid in [*jids, long]}
+    # a transactional test's commits reach the broker: once the session's worker process runs (a
+    # test before this one started it), it may have claimed a turn first, and run_queued then
+    # returned while that turn was still running there
+    before = {jid: poll(lambda jid=jid: (e := api.get(f"/api/executions/{jid}").json())["status"] in TERMINAL_STATUSES
+                        and e, what=f"execution {jid} to end") for jid in [*jids, long]}
 
     def columns():
         return {j: (p, r) for j, p, r in Job.objects.filter(pk__in=before).values_list("pk", "prompt", "result_text")}
