@@ -12,10 +12,11 @@ wrapped before it loads the model.
 
 import sys
 
+import llama_cpp.llama_cpp as llama_cpp  # llama.py reads the defaults from this module when it loads
+from llama_cpp.server.__main__ import main as serve
+
 
 def _without_extra_buffer_types() -> None:
-    import llama_cpp.llama_cpp as llama_cpp  # llama.py reads the defaults from this module
-
     default = llama_cpp.llama_model_default_params
 
     def params():
@@ -28,8 +29,6 @@ def _without_extra_buffer_types() -> None:
 
 def main() -> None:
     _without_extra_buffer_types()
-    from llama_cpp.server.__main__ import main as serve
-
     sys.argv[0] = "llama_cpp.server"
     serve()
 
