@@ -93,6 +93,47 @@ def worker(env: dict, timeout: float = 60.0):
         os.unlink(log.name)
 
 
+def _stat(pid: str) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:  # gone meanwhile
+        return None
+
+
+def _comm(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def cpu_by_role(roles: dict) -> dict[str, dict[int, float]]:
+    """CPU seconds (user + system, Linux ``/proc``) used so far by each role's processes, by
+    pid: ``roles`` maps a name to ``("pgid", N)`` (a process group: a qcluster and the workers it
+    forked), ``("pid", N)`` or ``("comm", NAME)`` (every process of that name: PostgreSQL's
+    backends, redis-server). ``cpu_used`` gives what was used between two readings."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    found = {name: {} for name in roles}
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        fields = _stat(pid)
+        if fields is None:
+            continue
+        for name, (kind, value) in roles.items():
+            if ((kind == "pgid" and int(fields[2]) == value) or (kind == "pid" and int(pid) == value)
+                    or (kind == "comm" and _comm(pid) == value)):
+                found[name][int(pid)] = (int(fields[11]) + int(fields[12])) / ticks
+    return found
+
+
+def cpu_used(before: dict, after: dict) -> dict[str, float]:
+    """Per role, the CPU seconds used between two ``cpu_by_role`` readings: each process's
+    growth, a process started meanwhile whole; one that ended meanwhile (a PostgreSQL backend
+    whose connection closed) is lost with what it used."""
+    return {name: sum(t - before[name].get(pid, 0.0) for pid, t in after[name].items()) for name in after}
+
+
 def run_phase(args, phases: dict) -> bool:
     """In a child process started by ``child`` (``--phase NAME``): set Django up and run that
     phase. Returns whether this process was such a child."""

@@ -112,13 +112,24 @@ def phase_run(args):
         return json.loads(content)
 
     submit(sessions[-2], wait=30)  # warm-up: first request builds the middleware chain
-    latencies = []
+    latencies, marks = [], []
     for _ in range(n):
-        start = time.perf_counter()
+        sent, start = time.time(), time.perf_counter()
         body = submit(seq_session, wait=30)
         if body["status"] not in TERMINAL_STATUSES:
             raise SystemExit(f"turn not terminal after the wait: {body}")
         latencies.append(time.perf_counter() - start)
+        marks.append((body["execution_id"], sent, time.time()))
+    # where a sequential turn's time goes, from the job's own timestamps (the database's clock, on
+    # this machine): submit → admitted (created_at), → claimed (started_at), → ended (finished_at),
+    # → the answer back at the client
+    stamps = {pk: (c.timestamp(), s.timestamp(), f.timestamp()) for pk, c, s, f in
+              Job.objects.filter(pk__in=[m[0] for m in marks]).values_list("pk", "created_at", "started_at", "finished_at")}
+    split = [(stamps[pk][0] - sent, stamps[pk][1] - stamps[pk][0], stamps[pk][2] - stamps[pk][1], back - stamps[pk][2])
+             for pk, sent, back in marks]
+    print("seq_split=" + ";".join(",".join(f"{x:.5f}" for x in row) for row in split))
+    roles = json.loads(args.cpu_roles or "{}")
+    cpu_before = _common.cpu_by_role(roles)
     start = time.perf_counter()
     ids = [submit(sid)["execution_id"] for sid in concurrent]
     submit_elapsed = time.perf_counter() - start
@@ -127,6 +138,8 @@ def phase_run(args):
         if time.monotonic() > deadline:
             raise SystemExit("concurrent turns did not finish")
         time.sleep(0.01)
+    used = _common.cpu_used(cpu_before, _common.cpu_by_role(roles))
+    print("cpu=" + ",".join(f"{name}:{used[name] / n * 1000:.2f}" for name in roles))
     rows = list(Job.objects.filter(pk__in=ids).values_list("created_at", "finished_at", "status"))
     failed = sum(1 for r in rows if r[2] != "succeeded")
     span = (max(r[1] for r in rows) - min(r[0] for r in rows)).total_seconds()
@@ -139,9 +152,9 @@ def phase_run(args):
 
 @contextlib.contextmanager
 def _web(env: dict, web: str):
-    """The URL of a daphne process started for the block (``--web daphne``), else None."""
+    """The URL and pid of a daphne process started for the block (``--web daphne``), else Nones."""
     if web != "daphne":
-        yield None
+        yield None, None
         return
     from bench.live import daphne, free_port
 
@@ -149,7 +162,7 @@ def _web(env: dict, web: str):
     with tempfile.TemporaryFile("w+") as log:
         proc = daphne(env, port, log)
         try:
-            yield f"http://127.0.0.1:{port}"
+            yield f"http://127.0.0.1:{port}", proc.pid
         finally:
             _common.stop(proc, 15)
 
@@ -164,6 +177,7 @@ def main():
                         help="the brokers to time (redis only with REDIS_URL)")
     parser.add_argument("--phase", choices=["trace", "run"], help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu-roles", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if _common.run_phase(args, {"trace": phase_trace, "run": phase_run}):
         return
@@ -184,21 +198,32 @@ def main():
         brokers = [b for b in args.brokers if b == "orm" or os.environ.get("REDIS_URL")]
         for broker in brokers:
             env = _common.bench_env(bench_url, broker, args.workers, tag="bench-turns")
-            with _common.worker(env), _web(env, args.web) as url:
-                r = _common.child("turns.py", "run", env, "--turns", str(args.turns), *(["--url", url] if url else []))
+            with _common.worker(env) as cluster, _web(env, args.web) as (url, web_pid):
+                # whose CPU a turn costs (the test client runs in the measuring process, not counted)
+                roles = {**({"web": ("pid", web_pid)} if web_pid else {}), "workers": ("pgid", cluster.pid),
+                         "postgres": ("comm", "postgres"), "redis": ("comm", "redis-server")}
+                r = _common.child("turns.py", "run", env, "--turns", str(args.turns), "--cpu-roles", json.dumps(roles),
+                                  *(["--url", url] if url else []))
             seq = [float(x) * 1000 for x in r["seq"].split(",")]
             conc = [float(x) * 1000 for x in r["conc"].split(",")]
             tps = float(r["turns_per_s"])
             label = f"[{broker}, {args.workers} workers, {args.turns} turns, {args.web}]"
+            split = [[float(x) * 1000 for x in row.split(",")] for row in r["seq_split"].split(";")]
+            parts = ("submit→admitted", "admitted→claimed", "claimed→ended", "ended→answer")
             rows += [
                 (f"{label} sequential submit→visible p50", f"{_common.percentile(seq, 0.5):.0f} ms",
                  f"<= {TARGET_SEQ_P50_MS} ms"),
                 (f"{label} sequential submit→visible p99", f"{_common.percentile(seq, 0.99):.0f} ms", ""),
+                (f"{label} sequential p50 of each part", ", ".join(
+                    f"{part} {_common.percentile([row[i] for row in split], 0.5):.1f} ms" for i, part in enumerate(parts)),
+                 ""),
                 (f"{label} concurrent turns/s", f"{tps:,.1f}/s (ratio to raw commits {tps / raw:.4f})",
                  f">= {TARGET_TURNS_PER_S}/s"),
                 (f"{label} concurrent admission→terminal p50", f"{_common.percentile(conc, 0.5):.0f} ms", ""),
                 (f"{label} concurrent admission→terminal p99", f"{_common.percentile(conc, 0.99):.0f} ms", ""),
             ]
+            rows.append((f"{label} concurrent CPU per turn", ", ".join(
+                f"{name} {ms} ms" for name, ms in (part.split(":") for part in r["cpu"].split(","))), ""))
             if int(r["failed"]):
                 rows.append((f"{label} turns not succeeded", r["failed"], "0"))
         _common.table(rows)
