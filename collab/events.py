@@ -416,9 +416,11 @@ def message_event(message: Message) -> dict:
 
 def message_event_ref(message: Message) -> dict:
     """What the log row of a ``message.created`` holds: the message's id (replays cut the DAG
-    at it, ``collab.selectors.dag.replay_cutoff``) and its job (one execution's events are
-    found by ``payload.job``: ``collab.selectors.events.events_after``)."""
-    return {"id": message.id, "job": message.job_id}
+    at it, ``collab.selectors.dag.replay_cutoff``). The rest is the message row's, its job
+    included: the node is immutable and its job is deleted only with its session, whose log
+    goes with it (one execution's events are found through the messages it wrote:
+    ``collab.selectors.events.events_after``). Rows written before hold the job too."""
+    return {"id": message.id}
 
 
 def job_event_ref(type: str, payload: dict) -> dict:

@@ -116,17 +116,28 @@ class Job(models.Model):
     prompt_msg = models.ForeignKey(
         "collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # the caller side, the parent job and the result artifact are NULL for a person's turn (most
+    # turns): each is indexed only where it is set (Meta.indexes: ``job_caller_*``, ``job_parent_job``,
+    # ``job_result_artifact``), which every lookup by them — an equality or ``IN``, the cascades and
+    # the database's foreign-key checks — implies (issue 15 item 1: a plain index stored an entry
+    # per turn for the NULLs). ``followup_of``'s is ``job_one_followup_per_job``.
     caller_session = models.ForeignKey(
-        "collab.Session", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+        "collab.Session", null=True, blank=True, on_delete=models.CASCADE, related_name="+", db_index=False
     )
-    caller_msg = models.ForeignKey("collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    caller_msg = models.ForeignKey(
+        "collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
     caller_branch = models.ForeignKey(
         "collab.Branch", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
-    caller_job = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    parent_job = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    caller_job = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    parent_job = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children", db_index=False
+    )
     followup_of = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False,
         help_text="for a follow-up turn: the finished job whose result it carries",
     )
     started_by = models.ForeignKey(
@@ -143,7 +154,7 @@ class Job(models.Model):
     # holds it once (issue 15 item 1). ``result`` reads either.
     result_text = models.TextField(null=True, blank=True, default="")
     result_artifact = models.ForeignKey(
-        "collab.Artifact", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        "collab.Artifact", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
     is_error = models.BooleanField(default=False)
     error_code = models.CharField(max_length=64, blank=True, default="")
@@ -175,9 +186,19 @@ class Job(models.Model):
         ordering = ["created_at"]
         indexes = [
             models.Index(fields=["branch", "status", "created_at"], name="job_branch_status"),
-            models.Index(fields=["caller_branch", "followup_state"], name="job_caller_followup"),
+            models.Index(fields=["caller_branch", "followup_state"], condition=Q(caller_branch__isnull=False),
+                         name="job_caller_followup"),
             models.Index(fields=["session", "status"], name="job_session_status"),
-            models.Index(fields=["status", "lease_expires_at"], name="job_status_lease"),
+            # what reads jobs by status alone looks for open ones (the reconciler's expired leases and
+            # stale queued jobs): an ended job leaves this index
+            models.Index(fields=["status", "lease_expires_at"], condition=Q(status__in=OPEN_STATUSES),
+                         name="job_status_lease"),
+            models.Index(fields=["caller_session"], condition=Q(caller_session__isnull=False), name="job_caller_session"),
+            models.Index(fields=["caller_msg"], condition=Q(caller_msg__isnull=False), name="job_caller_msg"),
+            models.Index(fields=["caller_job"], condition=Q(caller_job__isnull=False), name="job_caller_job"),
+            models.Index(fields=["parent_job"], condition=Q(parent_job__isnull=False), name="job_parent_job"),
+            models.Index(fields=["result_artifact"], condition=Q(result_artifact__isnull=False),
+                         name="job_result_artifact"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=JobStatus.values), name="job_status_valid"),

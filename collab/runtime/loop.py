@@ -274,7 +274,7 @@ def run_tool_step(turn: TurnContext, response) -> None:
     it is asked to stop, no further call runs, and every call left gets a "cancelled" result, so
     each tool call in the transcript has its result (what providers require of a history)."""
     calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in response.tool_calls]
-    write_turn_node(turn, role=MessageRole.ASSISTANT, text=response.text, tool_calls=calls, metadata={"job": turn.job.pk})
+    write_turn_node(turn, role=MessageRole.ASSISTANT, text=response.text, tool_calls=calls)
     actor = Actor(user=turn.job.started_by, session=turn.job.session, branch=turn.branch, job=turn.job, turn=turn)
     first = None
     for n, call in enumerate(response.tool_calls):

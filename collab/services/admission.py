@@ -188,7 +188,10 @@ def write_prompt_node(job: Job, branch: Branch, prompt: str, *, message_id: str 
 
 
 def prompt_metadata(job: Job) -> dict:
-    meta = {"job": job.pk, "header": job.prompt_header}
+    """The prompt node's metadata: what the node's columns do not hold (its ``job`` column names
+    the job; issue 15 item 1), the header only when there is one (readers take a missing one as
+    none)."""
+    meta = {"header": job.prompt_header} if job.prompt_header else {}
     if job.caller_msg_id:
         meta["caller"] = format_address(job.caller_session_id, job.caller_msg_id)
     if job.kind == JobKind.SPAWN and job.caller_session_id:

@@ -281,7 +281,7 @@ def finish_job(
         if final_text is not None:
             append_message(
                 branch, role=MessageRole.ASSISTANT, text=final_text, job=job,
-                metadata={"job": job.pk, "final": True, "is_error": is_error}, session_locked=True,
+                metadata={"final": True, "is_error": is_error}, session_locked=True,
                 ends_turn=ran,  # the turn is counted by the statement that moves the tip
                 events=events,
                 moves_head=job.kind == JobKind.USER,  # the person's selection follows to the answer

@@ -2,7 +2,9 @@
 a small constant per message). ``bench/storage.py`` measures the bytes; these tests pin what was
 cut so the bytes cannot creep back: a ``message.created`` event stores a reference to its message,
 not a second copy of the text, while every reader still gets the whole payload (SPEC §11.1); and
-indexes no query needs do not exist (migration 0018)."""
+indexes no query needs do not exist (migration 0018); a turn's prompt and answer are stored once
+(0019); the job's columns that are NULL for most turns are indexed only where set (0020), and a
+node's metadata keeps no copy of its job."""
 
 import pytest
 from django.db import DatabaseError, connection, transaction
@@ -20,14 +22,36 @@ def message_created(api, sid) -> list[dict]:
             if e["type"] == "message.created"]
 
 
-def test_a_message_created_event_stores_the_message_id_and_job_not_its_text(team, scripted_session, run_queued):
+def test_a_message_created_event_stores_the_message_id_alone(team, scripted_session, run_queued):
+    """Neither its text nor its job: the (immutable) message row holds both."""
     api, sid = scripted_session(team.member, [{"text": "echo: {{prompt}}"}])
     assert api.post(f"/api/sessions/{sid}/turns", {"prompt": "hello"}).status_code == 202
     run_queued()
 
     messages = list(Message.objects.filter(session_id=sid).order_by("depth"))
     stored = Event.objects.filter(session_id=sid, type="message.created").order_by("seq")
-    assert [e.payload for e in stored] == [{"id": m.id, "job": m.job_id} for m in messages]
+    assert [e.payload for e in stored] == [{"id": m.id} for m in messages]
+    assert [p["job"] for p in message_created(api, sid)] == [m.job_id for m in messages] != [None, None]
+
+
+def test_an_executions_events_are_its_state_changes_and_the_messages_it_wrote(team, scripted_session, run_queued):
+    """``events_after(job=…)`` (an execution's event stream) finds a ``message.created`` through
+    the job of the message its log row names; a row written before, naming the job as well, is
+    found as before — and no event of another execution comes with them."""
+    api, sid = scripted_session(team.member, [{"text": "echo: {{prompt}}"}])
+    jobs = [api.post(f"/api/sessions/{sid}/turns", {"prompt": p}).json()["execution_id"] for p in ("one", "two")]
+    run_queued()
+    answer = Message.objects.get(job_id=jobs[0], role="assistant")
+    with transaction.atomic():  # as logged before the log stopped naming the job
+        send_event_on_commit(sid, "message.created", message_event(answer), stored={"id": answer.id, "job": jobs[0]})
+
+    everything = events_after(sid, 0, viewer=team.member)
+    for jid in jobs:
+        mine = events_after(sid, 0, viewer=team.member, job=jid)
+        assert mine == [w for w in everything if w["payload"].get("job") == jid]
+        assert sorted(w["type"] for w in mine if w["seq"] <= everything[-2]["seq"]) == [
+            "job.queued", "job.running", "job.succeeded", "message.created", "message.created"]
+    assert len(events_after(sid, 0, viewer=team.member, job=jobs[0])) == 6  # the older row too
 
 
 def test_a_job_event_stores_what_cannot_be_derived_from_its_type_and_job(team, scripted_session, run_queued):
@@ -149,6 +173,72 @@ def test_indexes_no_query_needs_do_not_exist(db):
                           ("collab_branch", "session_id"), ("collab_session", "project_id"),
                           ("collab_branch", "tip_id")]:  # the tip moves on every message: HOT updates
         assert [column] not in indexes(table, unique=False).values(), (table, column)
+
+
+def partial_indexes(table: str) -> set:
+    """Names of ``table``'s partial indexes (``WHERE …``), read from the catalog."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+                           "WHERE x.indrelid = %s::regclass AND x.indpred IS NOT NULL", [table])
+            return {name for (name,) in cursor.fetchall()}
+        return {row[1] for row in cursor.execute(f"PRAGMA index_list({table})").fetchall() if row[4]}
+
+
+# a job's columns that are NULL for a person's turn (no caller, parent job, follow-up source or
+# result artifact)
+JOB_COLUMNS_MOSTLY_NULL = ("caller_session_id", "caller_msg_id", "caller_branch_id", "caller_job_id", "parent_job_id",
+                           "followup_of_id", "result_artifact_id")
+
+
+def test_the_jobs_columns_null_for_most_turns_are_indexed_only_where_set(db):
+    """Migration 0020: every index leading with such a column is partial (``IS NOT NULL``), as
+    is the one on status alone (the open jobs): a person's turn adds no entry to any of them."""
+    job, partial = indexes("collab_job"), partial_indexes("collab_job")
+    for column in JOB_COLUMNS_MOSTLY_NULL:
+        leading = {name for name, columns in job.items() if columns[0] == column}
+        assert leading and leading <= partial, (column, leading)
+    assert {name for name, columns in job.items() if columns[0] == "status"} == {"job_status_lease"} <= partial
+    assert "job_one_followup_per_job" in partial  # followup_of's one index
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's plans")
+def test_lookups_by_those_columns_still_use_their_partial_indexes(db):
+    """An equality or ``IN`` on a column implies it IS NOT NULL: the services' reads, the cascades
+    Django runs and PostgreSQL's own foreign-key checks (a parameter, in a generic plan) each
+    still find their rows through the index (with sequential scans off, a plan that cannot use it
+    scans the table)."""
+    from django.db.models import Q
+    from django.db.models.functions import Now
+
+    reads = [
+        (Job.objects.filter(caller_session_id="s"), "job_caller_session"),  # selectors.jobs: a session's callees
+        (Job.objects.filter(Q(caller_msg_id__in=["m"]) | Q(prompt_msg_id__in=["m"])).exclude(caller_msg__isnull=True),
+         "job_caller_msg"),  # selectors.dag: call edges
+        (Job.objects.filter(caller_branch_id="b", followup_state="owed"), "job_caller_followup"),  # follow-ups owed
+        (Job.objects.filter(caller_job_id__in=["j", "k"]), "job_caller_job"),  # a cascade (SET_NULL)
+        (Job.objects.filter(parent_job_id__in=["j"]).exclude(status__in=["succeeded"]), "job_parent_job"),  # cancel
+        (Job.objects.filter(result_artifact_id="a"), "job_result_artifact"),
+        (Job.objects.filter(followup_of_id="j"), "job_one_followup_per_job"),
+        (Job.objects.filter(status="queued", run_in_background=True), "job_status_lease"),  # reconcile: stale queued
+        (Job.objects.running().filter(lease_expires_at__lt=Now()), "Index"),  # reconcile: expired leases (either index)
+    ]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        for qs, index in reads:
+            plan = qs.explain()
+            assert index in plan and "Seq Scan" not in plan, (index, plan)
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        for column, index in [("caller_msg_id", "job_caller_msg"), ("caller_session_id", "job_caller_session"),
+                              ("caller_job_id", "job_caller_job"), ("parent_job_id", "job_parent_job"),
+                              ("result_artifact_id", "job_result_artifact"), ("caller_branch_id", "job_caller_followup")]:
+            # the statement PostgreSQL runs for each row deleted from the referenced table
+            cursor.execute(f"PREPARE ri_check(varchar) AS SELECT 1 FROM ONLY collab_job x "
+                           f"WHERE {column} OPERATOR(pg_catalog.=) $1 FOR KEY SHARE OF x")
+            cursor.execute("EXPLAIN EXECUTE ri_check('x')")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            cursor.execute("DEALLOCATE ri_check")
+            assert index in plan, (column, plan)
 
 
 def test_the_indexes_that_back_rules_and_reads_remain(db):
@@ -336,11 +426,28 @@ def test_the_migration_keeps_what_older_rows_answer(transactional_db, team, scri
         executor.migrate(executor.loader.graph.leaf_nodes())
 
 
-# a scripted turn's rows (its job, its two nodes, its five events), measured after the cuts of
-# migration 0019 (the job's prompt and answer stored once): the text once, then 1,339 B of row
-# (job 235 — it held 643 with the prompt and answer —, two nodes 376 beside their text, five
-# events 728); the rest is headroom
-TURN_ROW_BYTES_BEYOND_TEXT = 1_400
+def test_a_turns_nodes_name_their_job_in_their_column_alone(team, scripted_session, run_queued):
+    """The prompt node, a tool-call node and the final answer keep no copy of their ``job`` column
+    in their metadata, nor an empty header (readers take a missing one as none)."""
+    from tests.conftest import step
+
+    api, sid = scripted_session(team.member, [step({"name": "list_agents", "arguments": {}}), {"text": "done"}])
+    jid = api.post(f"/api/sessions/{sid}/turns", {"prompt": "hello"}).json()["execution_id"]
+    run_queued()
+
+    nodes = list(Message.objects.filter(session_id=sid).order_by("depth").values_list("role", "job_id", "metadata"))
+    assert [(role, job) for role, job, _ in nodes] == [("user", jid), ("assistant", jid), ("tool", jid), ("assistant", jid)]
+    prompt, call, result, final = (meta for _, _, meta in nodes)
+    assert (prompt, call, final) == ({}, {}, {"final": True, "is_error": False})
+    assert "job" not in result
+    assert api.get(f"/api/executions/{jid}").json()["result"] == "done"
+
+
+# a scripted turn's rows (its job, its two nodes, its five events), measured after the cuts that
+# came with migration 0020: the text once, then 1,232 B of row (job 235 — it held 643 with the prompt and
+# answer before 0019 —, two nodes 320 beside their text — 376 with their job in their metadata —,
+# five events 677 — 728 with the job in the two message.created); the rest is headroom
+TURN_ROW_BYTES_BEYOND_TEXT = 1_300
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="pg_column_size: PostgreSQL's row sizes")
@@ -351,16 +458,18 @@ def test_a_turns_rows_hold_its_text_once_plus_a_small_constant(team, scripted_se
     api, sid = scripted_session(team.member, [{"text": "{{prompt}}"}])
     api.post(f"/api/sessions/{sid}/turns", {"prompt": "first"})
     run_queued()
+    before = Event.objects.filter(session_id=sid).order_by("-seq").values_list("seq", flat=True).first()
     jid = api.post(f"/api/sessions/{sid}/turns", {"prompt": prompt}).json()["execution_id"]
     run_queued()
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT (SELECT pg_column_size(j.*) FROM collab_job j WHERE id = %s),"
             " (SELECT SUM(pg_column_size(m.*)) FROM collab_message m WHERE job_id = %s),"
-            " (SELECT SUM(pg_column_size(e.*)) FROM collab_event e WHERE payload->>'job' = %s)", [jid, jid, jid])
+            " (SELECT SUM(pg_column_size(e.*)) FROM collab_event e WHERE session_id = %s AND seq > %s)",
+            [jid, jid, sid, before])
         job, nodes, events = cursor.fetchone()
     text = 2 * len(prompt)
-    assert Event.objects.filter(payload__job=jid).count() == 5
+    assert [e["payload"]["job"] for e in events_after(sid, before, viewer=team.member)] == [jid] * 5
     print(f"job {job} B, nodes {nodes} B ({text} of text), events {events} B")
     assert job < 300  # neither the prompt nor the answer
     assert job + nodes + events <= text + TURN_ROW_BYTES_BEYOND_TEXT

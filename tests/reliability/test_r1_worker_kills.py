@@ -39,6 +39,7 @@ SEED = int(os.environ.get("TRELLIS_RELIABILITY_SEED", "20261201"))
 @pytest.mark.timeout(600 + 30 * KILLS)  # a hang guard, not a latency bound
 def test_r1_sigkilled_workers_lose_and_double_nothing(team, api_as, machines, figure):
     from collab.models import Job, Message
+    from collab.services.admission import PROMPT_KIND
 
     owner = api_as(team.owner)
     r = owner.patch("/api/projects/alpha/limits", {"max_spawn_fanout": 0, "max_messages": 0, "max_spawn_depth": 0})
@@ -101,7 +102,7 @@ def test_r1_sigkilled_workers_lose_and_double_nothing(team, api_as, machines, fi
         (lost if copies == 0 else doubled if copies > 1 else []).append((kid["id"], kid["status"], copies))
     reran = []
     for job in Job.objects.filter(session_id__in=sids):
-        prompts = Message.objects.filter(job_id=job.pk, role="user", metadata__job=job.pk).count()
+        prompts = Message.objects.filter(job_id=job.pk, role="user", kind=PROMPT_KIND[job.kind]).count()  # its prompt nodes
         finals = Message.objects.filter(job_id=job.pk, metadata__final=True).count()
         if prompts > 1 or finals > 1 or (job.status == "succeeded" and finals != 1):
             reran.append((job.pk, job.kind, job.status, prompts, finals))
