@@ -3,7 +3,12 @@ the tool gateway) runs on daphne's event loop with no thread held for the reques
 sync-only middleware would park a thread for the whole request."""
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.conf import settings
+from django.contrib.auth import middleware as auth
+from django.contrib.messages import middleware as messages
+from django.contrib.sessions import middleware as sessions
 from django.core.exceptions import PermissionDenied
+from django.middleware import clickjacking, common, csrf, security
 from django.db import OperationalError
 from django.http import Http404, HttpResponse, HttpResponseBadRequest, QueryDict
 from django.utils.deprecation import MiddlewareMixin
@@ -12,6 +17,79 @@ from whitenoise.middleware import WhiteNoiseMiddleware
 
 from collab.errors import DomainError, Forbidden, NotFound
 from collab.text import clean_text
+
+
+class OnTheLoop:
+    """For a ``MiddlewareMixin`` whose ``process_request``, ``process_view`` and
+    ``process_response`` do no I/O: under ASGI they run on the event loop. Django's mixin runs
+    each in the request's thread — a hop there and back for every method of every middleware,
+    about twenty per API request here (issue 15 item 1: the web process spent 16.5 ms of CPU per
+    turn). Under WSGI and the test client nothing changes. A subclass whose response step may
+    reach the database says so in ``needs_thread``; that step then hops as before."""
+
+    def __init__(self, get_response):
+        super().__init__(get_response)
+        if iscoroutinefunction(get_response) and hasattr(self, "process_view"):
+            # the handler hops to a thread for a plain process_view, not for a coroutine function
+            view = self.process_view
+
+            async def process_view(request, view_func, view_args, view_kwargs):
+                return view(request, view_func, view_args, view_kwargs)
+
+            self.process_view = process_view
+
+    def needs_thread(self, request) -> bool:
+        return False
+
+    async def __acall__(self, request):
+        response = self.process_request(request) if hasattr(self, "process_request") else None
+        response = response or await self.get_response(request)
+        if hasattr(self, "process_response"):
+            if self.needs_thread(request):
+                return await sync_to_async(self.process_response, thread_sensitive=True)(request, response)
+            response = self.process_response(request, response)
+        return response
+
+
+class SecurityMiddleware(OnTheLoop, security.SecurityMiddleware):
+    pass
+
+
+class CommonMiddleware(OnTheLoop, common.CommonMiddleware):
+    pass
+
+
+class CsrfViewMiddleware(OnTheLoop, csrf.CsrfViewMiddleware):
+    """The token is a cookie's (``CSRF_USE_SESSIONS`` is off), so checking it reads no session."""
+
+    def needs_thread(self, request) -> bool:
+        return settings.CSRF_USE_SESSIONS
+
+
+class SessionMiddleware(OnTheLoop, sessions.SessionMiddleware):
+    """A session is read lazily, by whoever uses ``request.session`` (in the view's thread); only
+    saving a changed one at the response reaches the database."""
+
+    def needs_thread(self, request) -> bool:
+        session = getattr(request, "session", None)
+        return session is not None and (session.modified or settings.SESSION_SAVE_EVERY_REQUEST)
+
+
+class AuthenticationMiddleware(OnTheLoop, auth.AuthenticationMiddleware):
+    """``request.user`` is lazy: the user is read where it is used."""
+
+
+class MessageMiddleware(OnTheLoop, messages.MessageMiddleware):
+    """Messages are stored at the response only if the request used or added some (then the
+    session may be read: in the thread)."""
+
+    def needs_thread(self, request) -> bool:
+        storage = getattr(request, "_messages", None)
+        return storage is not None and (storage.used or storage.added_new)
+
+
+class XFrameOptionsMiddleware(OnTheLoop, clickjacking.XFrameOptionsMiddleware):
+    pass
 
 
 class StaticFilesMiddleware(WhiteNoiseMiddleware):
@@ -65,7 +143,7 @@ class DomainErrorMiddleware(MiddlewareMixin):
         return None
 
 
-class CleanInputMiddleware(MiddlewareMixin):
+class CleanInputMiddleware(OnTheLoop, MiddlewareMixin):
     """The text boundary (``collab.text``) for what arrives outside a JSON body: URL path
     values, query strings and form fields of pages and API alike. A NUL (``%00``) becomes
     U+FFFD before any view or lookup sees it, so an id carrying one is simply not found and a

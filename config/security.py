@@ -11,6 +11,8 @@ SecurityMiddleware, configured in settings.
 
 from django.utils.deprecation import MiddlewareMixin
 
+from collab.middleware import OnTheLoop
+
 POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'{admin_styles}; img-src 'self' data:; "
     "font-src 'self'; connect-src 'self' {sockets}; object-src 'none'; base-uri 'none'; "
@@ -28,8 +30,9 @@ def content_security_policy(request) -> str:
     )
 
 
-class ContentSecurityPolicyMiddleware(MiddlewareMixin):
-    """Sync- and async-capable (``MiddlewareMixin``): an async view holds no thread for it."""
+class ContentSecurityPolicyMiddleware(OnTheLoop, MiddlewareMixin):
+    """Sync- and async-capable (``MiddlewareMixin``): an async view holds no thread for it, and
+    under ASGI it sets its header on the event loop (``OnTheLoop``)."""
 
     def process_response(self, request, response):
         response.headers.setdefault("Content-Security-Policy", content_security_policy(request))

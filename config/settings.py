@@ -74,16 +74,17 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "django.middleware.security.SecurityMiddleware",
+    # Django's own, run on the event loop under ASGI where they do no I/O (collab.middleware.OnTheLoop)
+    "collab.middleware.SecurityMiddleware",
     "config.security.ContentSecurityPolicyMiddleware",
     "collab.middleware.StaticFilesMiddleware",  # WhiteNoise, async-capable
     "collab.middleware.CleanInputMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "collab.middleware.SessionMiddleware",
+    "collab.middleware.CommonMiddleware",
+    "collab.middleware.CsrfViewMiddleware",
+    "collab.middleware.AuthenticationMiddleware",
+    "collab.middleware.MessageMiddleware",
+    "collab.middleware.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "collab.middleware.DomainErrorMiddleware",
     "axes.middleware.AxesMiddleware",  # last, as django-axes asks
