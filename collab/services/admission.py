@@ -134,12 +134,14 @@ def admit_job(
         started_by=started_by,
         **fields,
     )
+    if enqueue:
+        # first among the commit's callbacks: the worker's hand-off does not wait behind the
+        # push of this admission's events (listeners order events by seq, whenever they arrive)
+        enqueue_job(job.pk)
     events = []  # the prompt node's and the job's: one statement
     if idle:
         write_prompt_node(job, locked, prompt, message_id=prompt_msg_id, events=events)
     send_job_event(job, "job.queued", session, actor=started_by, events=events)
-    if enqueue:
-        enqueue_job(job.pk)
     return job
 
 
