@@ -109,6 +109,13 @@ def _comm(pid: str) -> str:
         return ""
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far (Linux ``/proc``);
+    0 if it is gone."""
+    fields = _stat(str(pid))
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_by_role(roles: dict) -> dict[str, dict[int, float]]:
     """CPU seconds (user + system, Linux ``/proc``) used so far by each role's processes, by
     pid: ``roles`` maps a name to ``("pgid", N)`` (a process group: a qcluster and the workers it

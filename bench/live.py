@@ -162,13 +162,6 @@ async def client(port, sid, token, after, arrivals: dict, connected: asyncio.Eve
         writer.close()
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (all its threads) so far (Linux ``/proc``)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def measure(port, env, setup, args, pid: int) -> dict:
     sid, token, after = setup["sid"], setup["token"], int(setup["seq"])
     connected, count = asyncio.Event(), [0]
@@ -178,7 +171,7 @@ async def measure(port, env, setup, args, pid: int) -> dict:
              for i in range(args.clients)]
     await asyncio.wait_for(connected.wait(), 600)
     await asyncio.sleep(1.0)  # every consumer has joined its group and read the (empty) log
-    cpu_before = cpu_seconds(pid)
+    cpu_before = _common.cpu_seconds(pid)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "bench/live.py", "--phase", "commit", "--sid", sid, "--events", str(args.events),
         "--gap-ms", str(args.gap_ms), cwd=_common.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -192,7 +185,7 @@ async def measure(port, env, setup, args, pid: int) -> dict:
     while any(last not in c for c in per_client) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)
-    cpu = cpu_seconds(pid) - cpu_before  # the web process's work for the events (and its idle ticks)
+    cpu = _common.cpu_seconds(pid) - cpu_before  # the web process's work for the events (and its idle ticks)
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

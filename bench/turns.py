@@ -21,7 +21,8 @@ table beside the targets:
     Redis connections), and timed until the answer says the execution is terminal —
     submit→visible p50/p99, no polling (the environment reaches every process: run it with
     ``DB_POOL_MAX_SIZE=8`` to time the web process with its connection pool);
-  - concurrent: ``--turns`` turns submitted through the API at once, one per session, then
+  - concurrent: ``--turns`` turns submitted through the API at once by ``--clients`` clients
+    (default 8, each on its own connection), one turn per session, then
     turns/s (first admission → last finish, from the jobs' own timestamps) and p50/p99 of
     each job's admission → terminal.
 """
@@ -89,6 +90,39 @@ class _Http:
         return response.status, response.read()
 
 
+def _submit_all(args, client, sessions: list) -> list[str]:
+    """One turn on each session, submitted at once by ``--clients`` clients (threads, each on its
+    own kept-alive connection to the web process), so that one client's round trips do not bound
+    the rate; the execution ids. With the test client: one after another, in this process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    token = client.defaults["HTTP_AUTHORIZATION"].split()[1]
+
+    def post(http, sid):
+        status, content = http.post(f"/api/sessions/{sid}/turns", {"prompt": PROMPT})
+        if status != 202:
+            raise SystemExit(f"POST /api/sessions/{sid}/turns: {status} {content[:500]!r}")
+        return json.loads(content)["execution_id"]
+
+    if not args.url:
+        ids = []
+        for sid in sessions:
+            r = client.post(f"/api/sessions/{sid}/turns", {"prompt": PROMPT}, content_type="application/json")
+            if r.status_code != 202:
+                raise SystemExit(f"POST /api/sessions/{sid}/turns: {r.status_code} {r.content[:500]!r}")
+            ids.append(r.json()["execution_id"])
+        return ids
+    k = max(1, min(args.clients, len(sessions)))
+    shares = [sessions[i::k] for i in range(k)]
+
+    def run(share):
+        http = _Http(args.url, token)
+        return [post(http, sid) for sid in share]
+
+    with ThreadPoolExecutor(k) as pool:
+        return [pk for ids in pool.map(run, shares) for pk in ids]
+
+
 def phase_run(args):
     from bench import _admit
     from collab.models import TERMINAL_STATUSES, Job, Session
@@ -131,7 +165,7 @@ def phase_run(args):
     roles = json.loads(args.cpu_roles or "{}")
     cpu_before = _common.cpu_by_role(roles)
     start = time.perf_counter()
-    ids = [submit(sid)["execution_id"] for sid in concurrent]
+    ids = _submit_all(args, client, concurrent)
     submit_elapsed = time.perf_counter() - start
     deadline = time.monotonic() + 600
     while Job.objects.filter(pk__in=ids).exclude(status__in=TERMINAL_STATUSES).exists():
@@ -171,6 +205,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=100, help="turns in the sequential and in the concurrent run")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=8,
+                        help="clients submitting the concurrent turns at once (each its own connection)")
     parser.add_argument("--web", choices=["daphne", "testclient"], default="daphne",
                         help="where the turns are submitted: a real daphne process, or Django's test client")
     parser.add_argument("--brokers", nargs="+", choices=["orm", "redis"], default=["orm", "redis"],
@@ -203,11 +239,13 @@ def main():
                 roles = {**({"web": ("pid", web_pid)} if web_pid else {}), "workers": ("pgid", cluster.pid),
                          "postgres": ("comm", "postgres"), "redis": ("comm", "redis-server")}
                 r = _common.child("turns.py", "run", env, "--turns", str(args.turns), "--cpu-roles", json.dumps(roles),
+                                  "--clients", str(args.clients),
                                   *(["--url", url] if url else []))
             seq = [float(x) * 1000 for x in r["seq"].split(",")]
             conc = [float(x) * 1000 for x in r["conc"].split(",")]
             tps = float(r["turns_per_s"])
             label = f"[{broker}, {args.workers} workers, {args.turns} turns, {args.web}]"
+            clabel = f"[{broker}, {args.workers} workers, {args.turns} turns, {args.web}, {args.clients} clients]"
             split = [[float(x) * 1000 for x in row.split(",")] for row in r["seq_split"].split(";")]
             parts = ("submit→admitted", "admitted→claimed", "claimed→ended", "ended→answer")
             rows += [
@@ -217,8 +255,10 @@ def main():
                 (f"{label} sequential p50 of each part", ", ".join(
                     f"{part} {_common.percentile([row[i] for row in split], 0.5):.1f} ms" for i, part in enumerate(parts)),
                  ""),
-                (f"{label} concurrent turns/s", f"{tps:,.1f}/s (ratio to raw commits {tps / raw:.4f})",
+                (f"{clabel} concurrent turns/s", f"{tps:,.1f}/s (ratio to raw commits {tps / raw:.4f})",
                  f">= {TARGET_TURNS_PER_S}/s"),
+                (f"{clabel} concurrent submissions/s (the clients' POSTs answered 202)",
+                 f"{float(r['submit_per_s']):,.1f}/s", ""),
                 (f"{label} concurrent admission→terminal p50", f"{_common.percentile(conc, 0.5):.0f} ms", ""),
                 (f"{label} concurrent admission→terminal p99", f"{_common.percentile(conc, 0.99):.0f} ms", ""),
             ]

@@ -12,7 +12,7 @@ from accounts.services import SlugTaken, create_project
 from collab import access
 from collab.scopes import request_token, token_scope
 from collab.errors import Conflict, Invalid
-from collab.awaiting import MAX_WAIT_SECONDS, in_thread, open_wait, parse_wait, until_terminal
+from collab.awaiting import MAX_WAIT_SECONDS, Subscription, in_thread, open_wait, parse_wait, until_terminal
 from collab.gateway import call_tool
 from collab.models import DeliveryStatus
 from collab.schemas import (
@@ -204,18 +204,26 @@ async def post_turn(request: HttpRequest, sid: str, payload: TurnIn, wait: float
     and no database connection (``collab.awaiting``)."""
     seconds = parse_wait(wait)
     slot = open_wait(request.auth) if seconds else None  # a user at the bound is refused before anything starts
+    subscription = None
     try:
+        # listening before the turn exists: its end cannot come before the subscription
+        subscription = await Subscription.before(sid, seconds)
         turn = await in_thread(request, _start_turn, request.auth, sid, payload)
     except BaseException:
         if slot is not None:
             slot.free()
+        if subscription is not None:
+            subscription.close_soon()
         raise
     session_id = turn.pop("session")
+    if subscription is not None and subscription.session_id != session_id:
+        subscription.close_soon()
+        subscription = None
     if seconds is None:
         return Status(202, turn)
     execution = await until_terminal(request, session_id, turn["execution_id"], seconds,
                                      lambda: in_thread(request, _read_execution, request.auth, turn["execution_id"]),
-                                     slot=slot)
+                                     slot=slot, subscription=subscription)
     return Status(202, {**turn, "status": execution["status"], "version": execution["version"], "waited": True,
                         "execution": execution})
 

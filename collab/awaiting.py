@@ -14,6 +14,7 @@ ends — then reads it once more.
 import asyncio
 import logging
 import math
+import re
 
 from asgiref.sync import SyncToAsync, sync_to_async
 from channels.layers import get_channel_layer
@@ -97,10 +98,12 @@ async def release_request_thread(request) -> None:
     thread (authentication and middleware ran there) and let that thread go. Django gives each
     ASGI request a thread of its own for sync code (asgiref's thread-sensitive context) that
     would otherwise idle — with its connection — until the request ends; sync code after the
-    wait gets a fresh one (asgiref creates it on demand)."""
+    wait gets a fresh one (asgiref creates it on demand). When ``in_thread`` has already given
+    that connection back, no hop to the thread is needed for it."""
     if not isinstance(request, ASGIRequest):
         return
-    await sync_to_async(connections.close_all)()
+    if not getattr(request, "_trellis_connection_given_back", False):
+        await give_back_request_connection(request)
     context = getattr(SyncToAsync, "thread_sensitive_context", None)
     context = context.get(None) if context is not None else None
     executors = getattr(SyncToAsync, "context_to_thread_executor", None)
@@ -108,6 +111,58 @@ async def release_request_thread(request) -> None:
         executor = executors.pop(context, None)
         if executor is not None:
             executor.shutdown(wait=False)
+
+
+# a session id as the routes take it (``collab.models.new_id``): only such a name is subscribed
+# to before the route has found the session (a group name must be short and plain)
+_PLAIN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+_closing_tasks: set[asyncio.Task] = set()
+
+
+class Subscription:
+    """A fresh channel in a session's event group (and, on the embedded default, the relay's watch
+    of that session): what a wait listens on. ``open`` it before the awaited execution can end and
+    no read is needed to learn that it ended before the subscription."""
+
+    def __init__(self, layer, session_id: str):
+        self.layer, self.session_id = layer, session_id
+        self.group, self.channel, self.relay = session_group(session_id), None, None
+
+    @classmethod
+    async def open(cls, session_id: str) -> "Subscription":
+        self = cls(get_channel_layer(), session_id)
+        self.channel = await self.layer.new_channel()
+        await self.layer.group_add(self.group, self.channel)
+        self.relay = relay()
+        if self.relay:
+            self.relay.watch(session_id, 0)
+        return self
+
+    @classmethod
+    async def before(cls, session_id: str, seconds: float | None) -> "Subscription | None":
+        """A subscription opened now, before the route admits or reads anything, for a wait of
+        ``seconds`` — None when there is no wait, no channel layer, or ``session_id`` is not a
+        plain id (the route answers 404 for it anyway). It only ever listens: what it hears is
+        used only after the route has authorized the caller on the session."""
+        if not seconds or get_channel_layer() is None or not _PLAIN_ID.fullmatch(session_id):
+            return None
+        return await cls.open(session_id)
+
+    def close_soon(self) -> None:
+        """Leave the group after the answer has gone (a round trip to the layer the caller need
+        not wait for): the channel is never read again; a failure is only logged."""
+        if self.relay:
+            self.relay.unwatch(self.session_id)
+            self.relay = None
+        task = asyncio.get_running_loop().create_task(self._discard())
+        _closing_tasks.add(task)
+        task.add_done_callback(_closing_tasks.discard)
+
+    async def _discard(self) -> None:
+        try:
+            await self.layer.group_discard(self.group, self.channel)
+        except Exception:  # noqa: BLE001 — the group's entry expires with the layer's group_expiry
+            logger.warning("leaving %s failed", self.group, exc_info=True)
 
 
 async def receive_within(layer, channel: str, seconds: float) -> dict | None:
@@ -138,49 +193,51 @@ def _wakes(message: dict, execution_id: str) -> bool:
 
 
 async def until_terminal(request, session_id: str, execution_id: str, seconds: float, read,
-                         current: dict | None = None, slot: Slot | None = None) -> dict:
+                         current: dict | None = None, slot: Slot | None = None,
+                         subscription: Subscription | None = None) -> dict:
     """Await ``read()`` (an async read of the execution's status, a dict with ``status``)
     until the status is terminal or ``seconds`` pass; return the last read. ``current``: a
     read just made (returned as it is when already terminal). ``slot``: the user's wait slot
-    when the route took it already (before admitting a turn); it is freed here either way."""
+    when the route took it already (before admitting a turn); it is freed here either way.
+    ``subscription``: one the route opened on ``session_id`` before the execution existed (its
+    terminal event cannot have been missed: no read before the first wake-up); closed here."""
     try:
         if current is not None and current["status"] in TERMINAL_STATUSES:
             return current
         if get_channel_layer() is None or seconds <= 0:
             return await read()
         slot = slot or open_wait(request.auth)
-        return await _until_terminal(request, session_id, execution_id, seconds, read)
+        return await _until_terminal(request, session_id, execution_id, seconds, read, subscription)
     finally:
         if slot is not None:
             slot.free()
+        if subscription is not None and subscription.channel is not None:
+            subscription.close_soon()
 
 
-async def _until_terminal(request, session_id: str, execution_id: str, seconds: float, read) -> dict:
-    layer = get_channel_layer()
+async def _until_terminal(request, session_id: str, execution_id: str, seconds: float, read,
+                          subscription: Subscription | None) -> dict:
     await release_request_thread(request)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    channel = await layer.new_channel()
-    group = session_group(session_id)
-    await layer.group_add(group, channel)
-    events_relay = relay()
-    if events_relay:
-        events_relay.watch(session_id, 0)
+    own = subscription is None
+    if own:
+        subscription = await Subscription.open(session_id)
     try:
-        shape = await read()  # after subscribing: it may have ended before
-        while shape["status"] not in TERMINAL_STATUSES:
+        # after subscribing: it may have ended before (unless subscribed before it existed)
+        shape = await read() if own else None
+        while shape is None or shape["status"] not in TERMINAL_STATUSES:
             left = deadline - loop.time()
             if left <= 0:
                 break
-            message = await receive_within(layer, channel, left)
+            message = await receive_within(subscription.layer, subscription.channel, left)
             if message is None and deadline - loop.time() <= 0:
                 break  # the wait is over: read once more below
             if message is None or _wakes(message, execution_id):
                 shape = await read()
     finally:
-        if events_relay:
-            events_relay.unwatch(session_id)
-        await layer.group_discard(group, channel)
-    if shape["status"] not in TERMINAL_STATUSES:
+        if own:
+            subscription.close_soon()
+    if shape is None or shape["status"] not in TERMINAL_STATUSES:
         shape = await read()  # once more at the end
     return shape

@@ -148,3 +148,28 @@ def test_issue_15_2_many_waiting_clients_hold_no_thread_or_connection(team, scri
         for call in calls:
             r = call.result(timeout=30)
             assert r.status_code == 200 and r.json()["status"] == "cancelled" and r.json()["waited"], r.text
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="group membership is a Redis layer's (the relay keeps none)")
+def test_issue_15_2_a_waiting_turn_leaves_the_session_group_whatever_its_answer(team, scripted_session, server, worker):
+    """``POST …/turns?wait=`` listens on the session's group from before the turn exists (so it
+    never reads the execution before it can have ended) and leaves the group after answering —
+    a succeeded turn, a refused one (an outsider: 404; a viewer: 403) and an unknown session
+    alike: no channel is left subscribed once the answers are in."""
+    _, sid = scripted_session(team.member, [{"text": "done"}])
+    with http(server, team.member) as client:
+        for _ in range(3):
+            r = client.post(f"/api/sessions/{sid}/turns?wait=30", json={"prompt": "hi"})
+            assert r.status_code == 202 and r.json()["status"] == "succeeded", r.text
+    with http(server, team.outsider) as client:
+        r = client.post(f"/api/sessions/{sid}/turns?wait=30", json={"prompt": "mine?"})
+        assert r.status_code == 404, r.text
+    with http(server, team.viewer) as client:
+        r = client.post(f"/api/sessions/{sid}/turns?wait=30", json={"prompt": "may I?"})
+        assert r.status_code == 403, r.text
+        r = client.post("/api/sessions/nosuchsession/turns?wait=30", json={"prompt": "?"})
+        assert r.status_code == 404, r.text
+        r = client.post("/api/sessions/not%20a%20plain%20id/turns?wait=30", json={"prompt": "?"})
+        assert r.status_code == 404, r.text
+    poll(lambda: _group_size(sid) == 0 and _group_size("nosuchsession") == 0, timeout=15,
+         what="every waiting turn to leave its session's group")
