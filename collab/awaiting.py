@@ -25,7 +25,7 @@ from django.conf import settings
 
 from collab.errors import DomainError, Invalid
 from collab.gateway import InFlight, Slot, give_back_request_connection
-from collab.events import session_group
+from collab.events import pushed_wires, session_group
 from collab.live import relay
 from collab.models import TERMINAL_STATUSES
 
@@ -184,12 +184,8 @@ async def receive_within(layer, channel: str, seconds: float) -> dict | None:
 def _wakes(message: dict, execution_id: str) -> bool:
     if message.get("type") == "collab.poke":
         return True
-    if message.get("type") != "collab.event":
-        return False
-    wire = message.get("event") or {}
-    payload = wire.get("payload") or {}
-    return (str(wire.get("type", "")).startswith("job.") and payload.get("job") == execution_id
-            and payload.get("status") in TERMINAL_STATUSES)
+    return any(str(wire.get("type", "")).startswith("job.") and (wire.get("payload") or {}).get("job") == execution_id
+               and (wire.get("payload") or {}).get("status") in TERMINAL_STATUSES for wire in pushed_wires(message))
 
 
 async def until_terminal(request, session_id: str, execution_id: str, seconds: float, read,

@@ -214,18 +214,34 @@ def deferred_event(type: str, payload: dict, actor=None, *, touch=None, stored: 
     return Deferred(type, payload, actor, touch, stored, head, rider)
 
 
+def pushed_wires(message: dict) -> list[dict]:
+    """The events a ``collab.event`` message of the channel layer carries, in order (``push_events``
+    sends a commit's events of a session as one message); [] for any other message."""
+    if message.get("type") != "collab.event":
+        return []
+    wires = message.get("events")
+    if isinstance(wires, list):
+        return [w for w in wires if isinstance(w, dict)]
+    wire = message.get("event")
+    return [wire] if isinstance(wire, dict) else []
+
+
 def push_events(session_id: str, wires: list[dict]) -> None:
     """Best effort, after a commit: the commit's events of one session to its live listeners, in
-    order, in one hand-off to the push loop (one wait, however many events; a listener that
-    misses a push catches up from the log by ``seq``)."""
+    order, as one message of the channel layer (one ``group_send`` — three round trips to Redis —
+    per commit, however many events; a listener that misses a push catches up from the log by
+    ``seq``)."""
     layer = get_channel_layer()
     if layer is None or not wires:
         return
     group = session_group(session_id)
 
+    # one message for the lot: ``events`` in order; ``event`` (the last of them) is what a reader
+    # of single events takes, and it reads the log for the ones before (a gap in ``seq``)
+    message = {"type": "collab.event", "event": wires[-1], "events": wires}
+
     async def send_all():
-        for wire in wires:
-            await layer.group_send(group, {"type": "collab.event", "event": wire})
+        await layer.group_send(group, message)
 
     try:
         loop = _push_loop(layer)

@@ -30,7 +30,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from collab.events import close_relay_socket, open_relay_socket, session_group
+from collab.events import close_relay_socket, open_relay_socket, pushed_wires, session_group
 from collab.selectors.events import PAGE, event_seqs, events_after, events_after_raw
 from collab.selectors.redact import Memo, names_no_other_session, redact_wires_for
 from collab.services.members import user_group
@@ -241,8 +241,8 @@ class Feed:
                 continue
             kind = message.get("type")
             if kind == "collab.event":
-                wire = message.get("event") or {}
-                self.notify(wire.get("seq"), wire)
+                for wire in pushed_wires(message):
+                    self.notify(wire.get("seq"), wire)
             elif kind == "collab.poke":
                 self.notify(message.get("seq"))
             elif kind == "collab.access_changed":

@@ -38,7 +38,7 @@ from collab import access
 from collab.api import ERRORS
 from collab.awaiting import open_wait, receive_within
 from collab.errors import DomainError, Invalid
-from collab.events import session_group
+from collab.events import pushed_wires, session_group
 from collab.live import relay
 from collab.models import TERMINAL_STATUSES, Job, Session
 from collab.schemas import stated
@@ -138,6 +138,21 @@ def _still_allowed(viewer, token_id: int | None, job_id: str) -> bool:
     return True
 
 
+def _unread(wires: list[dict], last: int, job_id: str) -> tuple[int, bool]:
+    """Pushed events against the stream's position ``last``: the new position, and whether the log
+    must be read (an event about the job, or a gap). Events already read and the next ones about
+    something else only move the position."""
+    for wire in wires:
+        seq = wire.get("seq")
+        if not isinstance(seq, int) or seq <= last:
+            continue  # already read
+        if seq == last + 1 and (wire.get("payload") or {}).get("job") != job_id:
+            last = seq  # the next event, about something else: nothing to read
+            continue
+        return last, True
+    return last, False
+
+
 async def _frames(viewer, token_id: int | None, job_id: str, session_id: str, after: int, slot=None):
     """The stream's frames; ``slot`` (the viewer's open-wait slot) is freed when it ends."""
     layer = get_channel_layer()
@@ -172,12 +187,10 @@ async def _frames(viewer, token_id: int | None, job_id: str, session_id: str, af
                         return  # revoked token, or the job no longer visible: close, say nothing more
                     yield ": keep-alive\n\n"
                     break
-                wire = message.get("event") if message.get("type") == "collab.event" else None
-                if wire is not None and wire["seq"] <= last:
-                    continue  # already read
-                if wire is not None and wire["seq"] == last + 1 and wire["payload"].get("job") != job_id:
-                    last = wire["seq"]  # the next event, about something else: nothing to read
-                    continue
+                if message.get("type") == "collab.event":
+                    last, read = _unread(pushed_wires(message), last, job_id)
+                    if not read:
+                        continue
                 if message.get("type") == "collab.poke" and message.get("seq", 0) <= last:
                     continue
                 break

@@ -5,6 +5,7 @@ process (the wake-up comes from the worker's events: channels-redis with REDIS_U
 embedded relay without), on PostgreSQL + Redis and on SQLite."""
 
 import os
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -157,6 +158,7 @@ def test_issue_15_2_a_waiting_turn_leaves_the_session_group_whatever_its_answer(
     a succeeded turn, a refused one (an outsider: 404; a viewer: 403) and an unknown session
     alike: no channel is left subscribed once the answers are in."""
     _, sid = scripted_session(team.member, [{"text": "done"}])
+    missing = f"nosuch{uuid.uuid4().hex[:12]}"
     with http(server, team.member) as client:
         for _ in range(3):
             r = client.post(f"/api/sessions/{sid}/turns?wait=30", json={"prompt": "hi"})
@@ -167,9 +169,9 @@ def test_issue_15_2_a_waiting_turn_leaves_the_session_group_whatever_its_answer(
     with http(server, team.viewer) as client:
         r = client.post(f"/api/sessions/{sid}/turns?wait=30", json={"prompt": "may I?"})
         assert r.status_code == 403, r.text
-        r = client.post("/api/sessions/nosuchsession/turns?wait=30", json={"prompt": "?"})
+        r = client.post(f"/api/sessions/{missing}/turns?wait=30", json={"prompt": "?"})
         assert r.status_code == 404, r.text
         r = client.post("/api/sessions/not%20a%20plain%20id/turns?wait=30", json={"prompt": "?"})
         assert r.status_code == 404, r.text
-    poll(lambda: _group_size(sid) == 0 and _group_size("nosuchsession") == 0, timeout=15,
+    poll(lambda: (_group_size(sid), _group_size(missing)) == (0, 0), timeout=15,
          what="every waiting turn to leave its session's group")

@@ -486,3 +486,50 @@ def test_server_refuses_non_members_and_foreign_origins(team, session_of, server
     assert {case: results[case] for case in ("outsider", "anonymous", "evil_origin")} == {
         "outsider": 403, "anonymous": 403, "evil_origin": 403,
     }
+
+
+def test_a_commits_events_travel_as_one_message_and_arrive_in_order(transactional_db, team, session_of):
+    """OP §3 (live), issue 15 item 1 ``live``: the events one transaction commits for a session
+    go to its listeners as one message of the channel layer (one ``group_send`` per commit, not
+    one per event), carrying them in ``seq`` order with ``event`` the last of them (what a reader
+    of single events takes; it reads the rest from the log); a socket gets every one of them,
+    contiguous and identical to the log."""
+    from channels.layers import get_channel_layer
+
+    from collab.events import deferred_event, pushed_wires, send_events_on_commit, session_group
+
+    api, sid = session_of
+    auth = bearer(team.member)
+    layer = get_channel_layer()
+
+    def commit_three():
+        with transaction.atomic():
+            return [e.seq for e in send_events_on_commit(sid, [deferred_event("test.batch", {"n": i}) for i in range(3)])]
+
+    async def body():
+        channel = await layer.new_channel()
+        await layer.group_add(session_group(sid), channel)
+        comm = communicator(sid, 1, [ORIGIN, auth])
+        assert (await comm.connect(timeout=RECV_TIMEOUT))[0]
+        try:
+            seqs = await sync_to_async(commit_three)()
+            frames = await frames_through(comm, seqs[-1])
+            messages = []  # what the group got for that commit (the embedded relay's pokes aside)
+            while True:
+                try:
+                    messages.append(await asyncio.wait_for(layer.receive(channel), 0.5))
+                except TimeoutError:
+                    break
+            return seqs, [m for m in messages if m["type"] != "collab.poke"], frames
+        finally:
+            await comm.disconnect()
+            await layer.group_discard(session_group(sid), channel)
+
+    seqs, messages, frames = run(body)
+    assert len(messages) == 1, messages
+    message = messages[0]
+    assert message["type"] == "collab.event" and message["event"]["seq"] == seqs[-1]
+    assert [w["seq"] for w in pushed_wires(message)] == seqs == [2, 3, 4]
+    assert [w["payload"]["n"] for w in pushed_wires(message)] == [0, 1, 2]
+    assert_contiguous(frames, 2)
+    assert frames == log_of(api, sid, after=1)
