@@ -109,6 +109,17 @@ def _comm(pid: str) -> str:
         return ""
 
 
+def python_speed() -> float:
+    """Seconds of CPU this interpreter takes for ten million additions in a loop: how fast this
+    machine runs Python right now (a turn's cost is mostly Python), printed beside the raw commit
+    rate so that figures from different machines, or one machine under other load, compare."""
+    start = time.process_time()
+    total = 0
+    for i in range(10_000_000):
+        total += i
+    return time.process_time() - start
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` (all its threads) so far (Linux ``/proc``);
     0 if it is gone."""

@@ -225,6 +225,7 @@ def main():
         first_commits = int(t["first_admission_commits"]) + int(t["first_worker_commits"])
         rows = [
             ("raw single-row INSERT+COMMIT", f"{raw:,.0f}/s", "(machine)"),
+            ("Python: 10M additions in a loop", f"{_common.python_speed():.2f} s CPU", "(machine)"),
             ("statements per turn (2nd turn of a branch)", t["statements"], f"<= {TARGET_QUERIES}"),
             ("queries per turn (traced: with BEGIN/COMMIT and the broker's row)", t["queries"], ""),
             ("commits per turn (traced, 2nd turn of a branch)", f"{commits} (admission {t['admission_commits']}, "
