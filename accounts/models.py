@@ -159,10 +159,11 @@ def default_token_scopes() -> list[str]:
 
 
 class ApiTokenQuerySet(models.QuerySet):
-    def active(self):
-        """Usable now: not revoked, not expired."""
+    def active(self, now=None):
+        """Usable at ``now`` (default: now): not revoked, not expired. ``now`` may be an
+        expression (a prepared statement's parameter: ``accounts.policy.token_for``)."""
         return self.filter(revoked_at__isnull=True).filter(
-            Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
+            Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now() if now is None else now)
         )
 
 

@@ -4,9 +4,11 @@ Row-level rules (own branches, own executions, holds, job ownership, acting as a
 applied by ``collab.access`` on top of these project-level capabilities.
 """
 
+from django.db.models import DateTimeField
 from django.utils import timezone
 
 from accounts.models import ApiToken, Membership, Project, Role, hash_token
+from config.prepared import Param, Select
 
 ROLE_RANK = {Role.VIEWER: 1, Role.MEMBER: 2, Role.MAINTAINER: 3, Role.OWNER: 4}
 
@@ -53,7 +55,13 @@ def member_roles(user):
     A pending invitation is not among them (SPEC §8: nothing of the project reaches an invitee)."""
     if user is None or not user.is_authenticated or not user.is_active:
         return Membership.objects.none()
-    return Membership.objects.accepted().filter(user=user)
+    return roles_of_user_id(user.pk)
+
+
+def roles_of_user_id(user_id):
+    """``member_roles`` of a user already known to be active and signed in, by id — or by an
+    expression of one (a prepared statement's ``Param``: ``collab.access``)."""
+    return Membership.objects.accepted().filter(user_id=user_id)
 
 
 def member_project_ids(user):
@@ -97,16 +105,19 @@ def user_for_token(raw: str):
     return token.user if token is not None else None
 
 
+# every API request reads its token: one statement, compiled once per process (config.prepared)
+_TOKEN = Select("token_for", lambda: ApiToken.objects.active(Param("now", DateTimeField())).select_related("user")
+                .filter(key_hash=Param("hash"), user__is_active=True)[:1])
+
+
 def token_for(raw: str):
     """The active, unrevoked token (with its user) for a raw bearer value, recording its use."""
     if not raw:
         return None
-    token = (
-        ApiToken.objects.active().select_related("user").filter(key_hash=hash_token(raw), user__is_active=True).first()
-    )
+    now = timezone.now()
+    token = _TOKEN.first(hash=hash_token(raw), now=now)
     if token is None:
         return None
-    now = timezone.now()
     # Only touch the row when it is stale, so busy clients don't write on every request.
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)

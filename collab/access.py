@@ -31,13 +31,14 @@ from accounts.policy import (
     has_capability,
     lesser_role,
     member_project_ids,
-    member_roles,
     own_tokens,
     project_ids_with,
     role_allows,
     role_of,
+    roles_of_user_id,
 )
 from collab.errors import Forbidden, Invalid, NotFound
+from config.prepared import Param, Select
 from collab.models import Artifact, Branch, HeldDelivery, Job, Message, Session, SessionShare, Visibility, Webhook
 
 
@@ -96,16 +97,18 @@ def _effective_role(user, session: Session, role: str | None, share_of) -> str |
     return None
 
 
-def _with_viewer_role(rows, user, to_session: str = ""):
+def _with_viewer_role(rows, user_id, to_session: str = ""):
     """``rows`` (sessions, or rows reaching one through ``to_session``, e.g. ``"session__"``)
-    with what ``_effective_role`` needs of ``user`` read in the same statement: their accepted
-    role in the session's project (``viewer_role``) and their share of its root session
-    (``viewer_share``). An outsider's lookup then costs what a missing id's does: one statement."""
+    with what ``_effective_role`` needs of the user ``user_id`` (active and signed in; a value or
+    a ``Param``) read in the same statement: their accepted role in the session's project
+    (``viewer_role``) and their share of its root session (``viewer_share``). An outsider's lookup
+    then costs what a missing id's does: one statement."""
     return rows.annotate(
-        viewer_role=Subquery(member_roles(user).filter(project_id=OuterRef(f"{to_session}project_id"))
+        viewer_role=Subquery(roles_of_user_id(user_id).filter(project_id=OuterRef(f"{to_session}project_id"))
                              .values("role")[:1]),
         viewer_share=Subquery(SessionShare.objects.filter(
-            user=user, session_id=Coalesce(OuterRef(f"{to_session}parent_session_id"), OuterRef(f"{to_session}pk")),
+            user_id=user_id,
+            session_id=Coalesce(OuterRef(f"{to_session}parent_session_id"), OuterRef(f"{to_session}pk")),
         ).values("role")[:1]),
     )
 
@@ -150,10 +153,25 @@ def _project_id_of_session(session_id: str) -> int | None:
     return Session.objects.filter(pk=session_id).values_list("project_id", flat=True).first()
 
 
-def _within(project_id: int | None) -> dict:
-    """Agents stay in their project (SPEC §8): an agent-side lookup passes the acting branch's
-    project, and a row of any other project answers like a missing one."""
-    return {} if project_id is None else {"project_id": project_id}
+def _by_id(rows, to_session: str, within_project: bool):
+    """A lookup of one row of ``rows`` by id (``Param("id")``) with the standing of the user
+    ``Param("user")`` in its session, and (``within_project``) only in ``Param("project")``:
+    agents stay in their project (SPEC §8), so an agent-side lookup passes the acting branch's
+    project, and a row of any other project answers like a missing one. The statement of
+    ``access_session`` and ``access_job``, compiled once per process and shape
+    (``config.prepared``): every API request on a session or execution makes one."""
+    # the id typed as the primary key (a value not a string is made one, as the ORM would)
+    rows = _with_viewer_role(rows, Param("user"), to_session).filter(pk=Param("id", rows.model._meta.pk))
+    if within_project:
+        rows = rows.filter(project_id=Param("project"))
+    return rows[:1]
+
+
+_SESSION = Select("access_session", lambda within_project: _by_id(
+    Session.objects.select_related("project", "agent_spec", "parent_session"), "", within_project))
+_JOB = Select("access_job", lambda within_project: _by_id(
+    Job.objects.select_related("session", "session__parent_session", "branch").with_result(), "session__",
+    within_project))
 
 
 def access_session(user, session_id: str, capability: str = "project.read", *, project_id: int | None = None) -> Session:
@@ -166,11 +184,7 @@ def access_session(user, session_id: str, capability: str = "project.read", *, p
     """
     if not user or not user.is_authenticated or not user.is_active:
         raise NotFound()
-    session = (
-        _with_viewer_role(Session.objects.select_related("project", "agent_spec", "parent_session"), user)
-        .filter(pk=session_id, **_within(project_id))
-        .first()
-    )
+    session = _SESSION.first(project_id is not None, id=session_id, user=user.pk, project=project_id)
     _checked(None if session is None else _role_read_with(user, session, session), capability)
     return session
 
@@ -178,12 +192,7 @@ def access_session(user, session_id: str, capability: str = "project.read", *, p
 def access_job(user, job_id: str, capability: str = "project.read", *, project_id: int | None = None) -> Job:
     if not user or not user.is_authenticated or not user.is_active:
         raise NotFound()
-    job = (
-        _with_viewer_role(Job.objects.select_related("session", "session__parent_session", "branch").with_result(),
-                          user, "session__")
-        .filter(pk=job_id, **_within(project_id))
-        .first()
-    )
+    job = _JOB.first(project_id is not None, id=job_id, user=user.pk, project=project_id)
     _checked(None if job is None else _role_read_with(user, job.session, job), capability)
     return job
 

@@ -7,6 +7,7 @@ client resuming with ``?after=SEQ`` can never skip one.
 """
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -92,18 +93,13 @@ def _append_events(session_id: str, events: list[Event], touch=None, head=None, 
     ``touch``/``head`` as ``_session_sets``; ``riders``' writes run first in the same statement
     (``Rider``), each handed what its RETURNING gave. The
     columns come from the model, so a field added to Event is written here too."""
-    fields = [f for f in Event._meta.concrete_fields if not f.primary_key and f.attname not in ("seq", "project_id")]
+    fields, columns, row_sql, names = _event_rows_shape()
     qn = connection.ops.quote_name
-    columns = [qn(f.column) for f in fields]
-    rows_sql, params = [], []
+    params = []
     for i, event in enumerate(events, start=1):
-        values = ["%s::integer" ]
         params.append(i)
-        for f in fields:
-            values.append(f"CAST(%s AS {f.db_type(connection)})")
-            params.append(f.get_db_prep_save(f.pre_save(event, add=True), connection))
-        rows_sql.append(f"({', '.join(values)})")
-    names = ["i", *(f"c{n}" for n in range(len(fields)))]
+        params.extend(f.get_db_prep_save(f.pre_save(event, add=True), connection) for f in fields)
+    rows_sql = [row_sql] * len(events)
     count = len(events)
     sets, sets_params = _session_sets(touch, head)
     pk = Event._meta.pk.column
@@ -138,6 +134,18 @@ def _append_events(session_id: str, events: list[Event], touch=None, head=None, 
         event = events[seq - first]
         event.pk, event.seq, event.project_id = pk_value, seq, project_id
         event._state.adding, event._state.db = False, connection.alias
+
+
+@functools.cache
+def _event_rows_shape() -> tuple:
+    """What ``_append_events`` writes of each event, the same for every statement (built once per
+    process; PostgreSQL's types): the fields, their quoted columns, one row of the VALUES list
+    (its number, then a typed placeholder per field) and the VALUES list's column names."""
+    fields = tuple(f for f in Event._meta.concrete_fields if not f.primary_key and f.attname not in ("seq", "project_id"))
+    qn = connection.ops.quote_name
+    columns = [qn(f.column) for f in fields]
+    row_sql = f"({', '.join(['%s::integer', *(f'CAST(%s AS {f.db_type(connection)})' for f in fields)])})"
+    return fields, columns, row_sql, ["i", *(f"c{n}" for n in range(len(fields)))]
 
 
 def _next_project_seq(project_id: int) -> int:

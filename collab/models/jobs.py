@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from collab.models.ids import id_field
 from collab.models.sessions import Message, MessageRole
+from config.prepared import Param, Select
 
 
 class JobKind(models.TextChoices):
@@ -71,12 +72,18 @@ def final_answers(**where):
 
 def is_busy(branch) -> bool:
     """A turn is running (or stopping) on ``branch`` (``JobQuerySet.running``)."""
-    return Job.objects.running().filter(branch=branch).exists()
+    return _ANY_ON_BRANCH.first("running", branch=branch.pk) is not None
 
 
 def is_occupied(branch) -> bool:
     """``branch`` has a job admitted and not ended, queued included (``JobQuerySet.open``)."""
-    return Job.objects.open().filter(branch=branch).exists()
+    return _ANY_ON_BRANCH.first("open", branch=branch.pk) is not None
+
+
+# one job of the branch in those statuses, or none: every admission and completion asks
+# (compiled once per process and shape: config.prepared)
+_ANY_ON_BRANCH = Select("any_job_on_branch", lambda statuses: getattr(Job.objects, statuses)()
+                        .filter(branch_id=Param("branch")).order_by().values_list("pk", flat=True)[:1])
 
 
 class FollowupState(models.TextChoices):
@@ -169,6 +176,10 @@ class Job(models.Model):
     worker = models.CharField(max_length=100, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # a queued job whose claim was declined because its project was at its running cap (P-SEC-6):
+    # since when it waits for a worker slot. Set by the declined claim, cleared by the completion
+    # that hands it back to the queue (collab.services.fair_share); meaningless once it left queued
+    waiting_since = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     followup_state = models.CharField(max_length=16, choices=FollowupState.choices, default=FollowupState.NONE)
@@ -193,6 +204,10 @@ class Job(models.Model):
             # stale queued jobs): an ended job leaves this index
             models.Index(fields=["status", "lease_expires_at"], condition=Q(status__in=OPEN_STATUSES),
                          name="job_status_lease"),
+            # the jobs a freed worker slot may wake (fair_share.wake_waiting_in_project), oldest first:
+            # only the queued ones a claim declined for the cap, a handful, whatever the queue holds
+            models.Index(fields=["project", "created_at"], condition=Q(waiting_since__isnull=False, status=JobStatus.QUEUED),
+                         name="job_waiting_for_slot"),
             models.Index(fields=["caller_session"], condition=Q(caller_session__isnull=False), name="job_caller_session"),
             models.Index(fields=["caller_msg"], condition=Q(caller_msg__isnull=False), name="job_caller_msg"),
             models.Index(fields=["caller_job"], condition=Q(caller_job__isnull=False), name="job_caller_job"),

@@ -26,6 +26,7 @@ from collab.models import (
     Session,
     effective_spec_id,
     format_address,
+    is_occupied,
 )
 from collab.models.ids import new_id
 from collab.services.budgets import check_admission_quota
@@ -116,7 +117,7 @@ def admit_job(
     # an idle branch gets the prompt node now (read with the branch locked: its open jobs change
     # only under this lock); its id is the job's prompt_msg from the INSERT on (the foreign key is
     # checked at commit), so the job row is not written twice
-    idle = not Job.objects.open().filter(branch=locked).exists()
+    idle = not is_occupied(locked)
     prompt_msg_id = new_id() if idle else None
     # the prompt is stored once (issue 15 item 1): in the node when it is written now, else in the
     # job row until the claim writes the node (it clears the row's copy in its UPDATE)

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, Exists, F, OuterRef, Q, Subquery, Value, When
+from django.db.models import Case, DurationField, Exists, F, IntegerField, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from accounts.limits import effective_limit
+from accounts.models import Project
 from collab.models import (
     ACTIVE_STATUSES,
     Branch,
@@ -35,12 +36,20 @@ from collab.services.admission import FENCED, enqueue_job, send_job_event, write
 from collab.services.archive import AUTOMATIC_REASON, do_archive_branch
 from collab.services.artifacts import store_result
 from collab.services.deliver import drain_inbox_locked
-from collab.services.fair_share import lock_project_for_claim, running_slot_free, wake_waiting_in_project
+from collab.services.fair_share import (
+    lock_project_for_claim,
+    running_cap,
+    running_slot_free,
+    slot_waiters,
+    wait_for_slot,
+    wake_waiting_in_project,
+)
 from collab.services.followup import deliver_owed_after_commit, deliver_owed_locked, owes_followup
 from collab.services.budgets import live_slots_free
-from collab.services.locking import lock_branch, lock_job, lock_sessions, refresh_from_row, update_returning
+from collab.services.locking import lock_branch, lock_branch_if_any, lock_job, lock_sessions, refresh_from_row
 from collab.services.messages import append_message
 from collab.services.naming import schedule_naming
+from config.prepared import Param, Select, Update
 from collab.services.retry import retry_on_deadlock
 from collab.services.webhooks import owe_webhook_deliveries
 from collab.text import clean_text
@@ -51,10 +60,62 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def lease_deadline():
+def lease_deadline(length=None):
     """The database's now + the lease, as an expression: every lease is set and checked on
-    the database clock, never an app server's."""
-    return Now() + timezone.timedelta(seconds=settings.TRELLIS_LEASE_SECONDS)
+    the database clock, never an app server's. ``length``: the lease's length as an expression
+    (a prepared statement's ``Param``, bound to ``lease_length()``); default the setting's."""
+    return Now() + (timezone.timedelta(seconds=settings.TRELLIS_LEASE_SECONDS) if length is None else length)
+
+
+def lease_length() -> timezone.timedelta:
+    return timezone.timedelta(seconds=settings.TRELLIS_LEASE_SECONDS)
+
+
+# The claim's statements, compiled once per process (config.prepared: a worker makes
+# them at every turn). The first look, no lock (everything is read again after its lock): the
+# branch and session come with it, for the archived check and the session's parent (set once,
+# at creation), and the spec the job was admitted with (the turn's; never locked, so read here
+# as well as later) and the prompt node an idle branch's admission wrote (it holds the prompt:
+# Job.prompt_text)
+_FIRST_LOOK = Select("claim.first_look", lambda: Job.objects.select_related(
+    "project", "branch", "session", "agent_spec", "prompt_msg").filter(pk=Param("job")))
+
+
+def _claimable(job_id):
+    """The job's row while it may start but for its project's cap: still queued, no job running
+    on its branch and none queued there before it (``job_id``: a value, or the claim's ``Param``)."""
+    busy = Job.objects.running().filter(branch=OuterRef("branch"))
+    earlier = Job.objects.filter(
+        branch=OuterRef("branch"), status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at")
+    )
+    return Job.objects.filter(pk=job_id, status=JobStatus.QUEUED).filter(~Exists(busy), ~Exists(earlier))
+
+
+def _claim(capped: bool):
+    """The claim's conditional UPDATE (``claim_job``): the job, still queued, with no job running
+    on its branch and none queued there before it; ``capped``: with a worker slot of its project
+    free, counted by the UPDATE itself (the project is locked: fair_share) — at the cap the job
+    stays queued, woken when a job of its project ends."""
+    claimable = _claimable(Param("job"))
+    if capped:
+        claimable = claimable.filter(running_slot_free(Param("project"), Param("cap")))
+    sets = {
+        "status": JobStatus.RUNNING,
+        "version": F("version") + 1,
+        "started_at": Now(),
+        "worker": Param("worker"),
+        "heartbeat_at": Now(),
+        "lease_expires_at": lease_deadline(Param("lease", DurationField())),
+        "prompt": None,  # the prompt node holds it from now on (written by the claim if not yet)
+    }
+    # whether results wait in the branch's mailbox: the turn's first drain reads it from here
+    # instead of asking again (collab.services.followup.drain_mailbox)
+    returning = {"results_owed": Exists(Job.objects.filter(caller_branch=OuterRef("branch"),
+                                                           followup_state=FollowupState.OWED))}
+    return claimable, sets, returning
+
+
+_CLAIM = Update("claim", _claim)
 
 
 @retry_on_deadlock
@@ -70,11 +131,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     ``cancelled`` never starts: it ends ``cancelled`` here (the fence, SPEC §7), even if
     the cancel's cascade has not reached it yet. A queued job whose branch was archived
     meanwhile is refused instead (``refuse_start``): nothing is written on the branch."""
-    # a first look, no lock (everything is read again below, after its lock): the branch and
-    # session come with it, for the archived check and the session's parent (set once, at creation),
-    # and the spec the job was admitted with (the turn's; never locked, so read here as well as later)
-    # and the prompt node an idle branch's admission wrote (it holds the prompt: Job.prompt_text)
-    job = Job.objects.select_related("project", "branch", "session", "agent_spec", "prompt_msg").filter(pk=job_id).first()
+    job = _FIRST_LOOK.first(job=job_id)  # no lock: everything is read again below, after its lock
     if job is None or job.status != JobStatus.QUEUED:
         return None
     if not inline and job.branch.archived:
@@ -83,43 +140,25 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     if not inline and not live_slots_free(job.session_id, job.project):
         return None
     spec, prompt, prompt_msg = job.agent_spec, job.prompt, job.prompt_msg  # set at the admission, never changed
-    busy = Job.objects.running().filter(branch=OuterRef("branch"))
-    earlier = Job.objects.filter(
-        branch=OuterRef("branch"), status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at")
-    )
     try:
         with transaction.atomic():
             project = job.project  # an inline job runs in its caller's slot: no project lock, no cap
-            slot_free = None
+            cap = None
             if not inline:
                 project = lock_project_for_claim(job.project_id)
-                slot_free = running_slot_free(project)
+                cap = running_cap(project)
             session = lock_sessions(job.session_id, job.session.parent_session_id)[job.session_id]  # lock_session_family, parent known
             branch = lock_branch(job.branch_id)
             if branch.archived and not inline:
                 raise _Archived  # archived since the check above: refused, nothing written
             if job.parent_job_id and _caller_fenced(job):
                 return None
-            claimable = Job.objects.filter(pk=job_id, status=JobStatus.QUEUED).filter(~Exists(busy), ~Exists(earlier))
-            if slot_free is not None:
-                # fair share, counted by the UPDATE itself (the project is locked): at the cap the
-                # job stays queued, woken when a job of its project ends (fair_share)
-                claimable = claimable.filter(slot_free)
-            won = update_returning(
-                claimable,
-                # whether results wait in the branch's mailbox: the turn's first drain reads it
-                # from here instead of asking again (collab.services.followup.drain_mailbox)
-                returning={"results_owed": Exists(Job.objects.filter(
-                    caller_branch=OuterRef("branch"), followup_state=FollowupState.OWED))},
-                status=JobStatus.RUNNING,
-                version=F("version") + 1,
-                started_at=Now(),
-                worker=worker_name(),
-                heartbeat_at=Now(),
-                lease_expires_at=lease_deadline(),
-                prompt=None,  # the prompt node holds it from now on (written below if not yet)
-            )
+            # fair share: with a cap, the UPDATE counts the project's jobs in worker slots (_claim)
+            won = _CLAIM.run(cap is not None, job=job_id, project=job.project_id, cap=cap,
+                             worker=worker_name(), lease=lease_length())
             if not won:
+                if cap is not None:  # declined for the cap? then it waits for a slot (P-SEC-6)
+                    wait_for_slot(job_id, project, _claimable(job_id))
                 return None
             job = won[0]  # the row as the claim left it, read by the UPDATE (no second read)
             job.results_owed = bool(job.results_owed)
@@ -191,9 +230,12 @@ def refuse_start(job: Job) -> Job:
                       error_code="archived", error_reason=reason, from_statuses=(JobStatus.QUEUED,), refused=True)
 
 
+_STATUS = Select("job.status", lambda: Job.objects.filter(pk=Param("job")).values_list("status", flat=True))
+
+
 def current_status(job: Job) -> str:
     """The job's status now (the turn loop's stop check; the lease is the worker process's)."""
-    return Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
+    return _STATUS.first(job=job.pk)
 
 
 @retry_on_deadlock
@@ -239,13 +281,10 @@ def finish_job(
                 return job
             session_id, parent_id = ids
         session = lock_sessions(session_id, parent_id).get(session_id)  # lock_session_family, in one read less
-        branch = Branch.objects.select_for_update(no_key=True).filter(pk=job.branch_id).first()  # lock_branch, or gone
+        branch = lock_branch_if_any(job.branch_id)
         if branch is None or session is None:
             return job
         branch.session = session
-        guard = Q(status__in=from_statuses)
-        if lease_expired:
-            guard &= Q(lease_expires_at__lt=Now())
         summary, artifact = store_result(job, result_text)
         # an answer that is the whole result is stored once, in its node (issue 15 item 1):
         # the job row holds NULL, which ``Job.result`` reads as the final answer's text
@@ -255,15 +294,13 @@ def finish_job(
         # ``cancelled`` (SPEC §7; the database guard agrees, migration 0012): an answer or error
         # that raced the cancel is not kept — the UPDATE itself picks the cancel's values when it
         # finds the row stopping
-        ended = update_returning(
-            Job.objects.filter(guard, pk=job.pk),
-            version=F("version") + 1,
-            finished_at=Now(),
-            lease_expires_at=None,
-            followup_state=FollowupState.OWED if owed else FollowupState.NONE,
-            **_unless_stopping(status, status=status, result_text=kept, result_artifact=getattr(artifact, "pk", None),
-                               is_error=is_error, error_code=error_code, error_reason=clean_text(error_reason)),
-            **{k: usage[k] for k in ("model_calls", "tool_calls", "tokens_in", "tokens_out", "cost") if k in usage},
+        spent = tuple(k for k in USAGE_FIELDS if k in usage)
+        ended = _FINISH.run(
+            tuple(from_statuses), lease_expired, status == JobStatus.CANCELLED, spent,
+            job=job.pk, followup_state=FollowupState.OWED if owed else FollowupState.NONE,
+            status=status, result_text=kept, result_artifact=getattr(artifact, "pk", None),
+            is_error=is_error, error_code=error_code, error_reason=clean_text(error_reason),
+            **{k: usage[k] for k in spent},
         )
         if not ended or ended[0].status != status:
             if artifact is not None:  # its result was not kept: neither is its full text
@@ -316,14 +353,20 @@ def finish_job(
                 enqueue_job(waiting.next_on_branch)
             if effective_limit(project, "max_live_per_session"):
                 enqueue_next_in_session(branch.session_id)
-            if waiting.in_project:
-                wake_waiting_in_project(project, ended_branch_id=branch.pk)
+            if waiting.in_project is not None:
+                _wake_for_slot(project, branch.pk, waiting)
         else:
             if not is_busy(branch):
                 # the branch is idle (a queued job ended before it started): its inbox goes now,
                 # whatever ended it (OP §5.4)
                 drain_inbox_locked(branch)
             enqueue_next_on_branch(branch.pk)
+            if job.run_in_background and running_cap(project) is not None:
+                # it may have been woken for a worker slot it never took (cancelled, refused while
+                # queued): the slot goes to the next job waiting for one
+                unused = _waiting_on(branch.pk, project.pk, background=True)
+                if unused.in_project is not None:
+                    _wake_for_slot(project, branch.pk, unused)
         if owed:
             deliver_owed_after_commit(job.caller_branch_id)
     return job
@@ -335,16 +378,30 @@ STOPPED_AS = {  # what a job that was stopping ends with, whatever its turn ende
 }
 
 
-def _unless_stopping(ending: str, **values) -> dict:
-    """``values`` for the UPDATE that ends a job, each as a CASE that takes ``STOPPED_AS``'s value
-    instead when the row is ``stopping`` — unless the job is ending ``cancelled`` anyway."""
-    if ending == JobStatus.CANCELLED:
-        return values
-    return {
-        name: Case(When(status=JobStatus.STOPPING, then=Value(STOPPED_AS[name])), default=Value(value),
-                   output_field=Job._meta.get_field(name))
-        for name, value in values.items()
-    }
+USAGE_FIELDS = ("model_calls", "tool_calls", "tokens_in", "tokens_out", "cost")
+
+
+def _finish(from_statuses: tuple, lease_expired: bool, cancelling: bool, spent: tuple):
+    """The UPDATE that ends a job (``finish_job``): only from ``from_statuses`` and (``lease_expired``)
+    with a lease that ran out on the database clock. Its end — status, result, error — is a
+    ``Param`` each, as a CASE that takes ``STOPPED_AS``'s value instead when the row is
+    ``stopping``, unless the job is ``cancelling`` anyway; ``spent``: the usage fields it sets."""
+    guard = Q(status__in=from_statuses)
+    if lease_expired:
+        guard &= Q(lease_expires_at__lt=Now())
+    sets = {"version": F("version") + 1, "finished_at": Now(), "lease_expires_at": None,
+            "followup_state": Param("followup_state"), **{name: Param(name) for name in spent}}
+    for name in STOPPED_AS:
+        field = Job._meta.get_field(name)
+        if cancelling:
+            sets[name] = Param(name)
+        else:
+            sets[name] = Case(When(status=JobStatus.STOPPING, then=Value(STOPPED_AS[name])),
+                              default=Param(name, field), output_field=field)
+    return Job.objects.filter(guard, pk=Param("job")), sets, {}
+
+
+_FINISH = Update("finish", _finish)
 
 
 @dataclass(frozen=True)
@@ -352,31 +409,48 @@ class _Waiting:
     inbox: bool
     owed: bool
     next_on_branch: str | None
-    in_project: bool
+    in_project: int | None  # a job of another branch waits for a slot: the project's jobs in worker slots
     webhooks: bool
+    max_running_jobs: int | None = None  # the project's own cap as it is now (``background`` only)
 
 
 def _waiting_on(branch_id: str, project_id: int, *, background: bool) -> _Waiting:
     """What waits for a branch whose turn just ended, in one statement: entries in its inbox,
     results owed to it (any mode), its oldest queued job, (``background``: the job held a
-    worker slot of its project) queued jobs of its project on other branches, and whether the
+    worker slot of its project) whether jobs of its project on other branches wait for a slot
+    (then with the project's count of jobs in worker slots: ``fair_share.slot_waiters``), and whether the
     project has an active webhook (read again, held against deletion, only then). Precondition:
     the branch is locked (its inbox and queue change only under that lock)."""
+    row = _WAITING.first(background, branch=branch_id, project=project_id)
+    if row is None:
+        return _Waiting(False, False, None, None, True)
+    inbox, owed, nxt, in_project, webhooks, cap = row
+    return _Waiting(bool(inbox), bool(owed), nxt, in_project, bool(webhooks), cap)
+
+
+def _waiting(background: bool):
+    """``_waiting_on``'s statement (compiled once per process and ``background``)."""
+    branch_id, project_id = Param("branch"), Param("project")
     queued_here = Job.objects.filter(branch_id=branch_id, status=JobStatus.QUEUED).order_by("created_at", "pk")
-    row = Branch.objects.filter(pk=branch_id).annotate(
+    return Branch.objects.filter(pk=branch_id).annotate(
         _inbox=Exists(InboxEntry.objects.filter(target_branch_id=branch_id)),
         _owed=Exists(Job.objects.filter(caller_branch_id=branch_id, followup_state=FollowupState.OWED)),
         _next=Subquery(queued_here.values("pk")[:1]),
-        _in_project=Exists(
-            Job.objects.filter(project_id=project_id, status=JobStatus.QUEUED, run_in_background=True)
-            .exclude(branch_id=branch_id)
-        ) if background else Value(False),
+        _in_project=slot_waiters(project_id, except_branch_id=branch_id) if background else Value(None, output_field=IntegerField()),
         _webhooks=Exists(Webhook.objects.filter(project_id=project_id, active=True)),
-    ).values_list("_inbox", "_owed", "_next", "_in_project", "_webhooks").first()
-    if row is None:
-        return _Waiting(False, False, None, False, True)
-    inbox, owed, nxt, in_project, webhooks = row
-    return _Waiting(bool(inbox), bool(owed), nxt, bool(in_project), bool(webhooks))
+        _cap=Subquery(Project.objects.filter(pk=project_id).values("max_running_jobs")[:1])
+        if background else Value(None, output_field=IntegerField()),
+    ).values_list("_inbox", "_owed", "_next", "_in_project", "_webhooks", "_cap")
+
+
+_WAITING = Select("finish.waiting", _waiting)
+
+
+def _wake_for_slot(project, branch_id: str, waiting: _Waiting) -> None:
+    """``wake_waiting_in_project`` with the project's cap as the probe read it (``project`` was
+    read at the claim: an operator may have changed the cap while the turn ran)."""
+    project.max_running_jobs = waiting.max_running_jobs
+    wake_waiting_in_project(project, ended_branch_id=branch_id, running=waiting.in_project)
 
 
 DANGLING_RESULT = {

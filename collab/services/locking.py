@@ -33,20 +33,29 @@ helpers only read the rows.
 
 from contextlib import contextmanager
 
-from django.db import connections, transaction
-from django.db.models.sql import UpdateQuery
-
 from collab.models import Branch, Job, Session
+from config import prepared
+from config.prepared import Param, Select
+
+
+# each lock below is one statement compiled once per process (config.prepared): the
+# claim and the completion take them at every turn
+_LOCK_SESSION = Select("lock_session", lambda: Session.objects.select_for_update(no_key=True)
+                       .filter(pk=Param("id", Session._meta.pk)).order_by())
+_LOCK_BRANCH = Select("lock_branch", lambda: Branch.objects.select_for_update(no_key=True)
+                      .filter(pk=Param("id", Branch._meta.pk)).order_by())
 
 
 def lock_sessions(*session_ids) -> dict:
-    """Lock these sessions (None and repeats ignored) in the one order; returns {id: Session}."""
+    """Lock these sessions (None and repeats ignored) in the one order; returns {id: Session}
+    (a session that does not exist is left out)."""
     ids = {sid for sid in session_ids if sid}
     if not ids:
         return {}
     if len(ids) == 1:  # nothing to order: no query for the parents
-        rows = list(Session.objects.select_for_update(no_key=True).filter(pk__in=ids))
-        return {row.pk: row for row in rows}
+        (sid,) = ids
+        row = _LOCK_SESSION.first(id=sid)
+        return {} if row is None else {sid: row}
     parents = dict(Session.objects.filter(pk__in=ids).values_list("pk", "parent_session_id"))
     ordered = sorted(parents, key=lambda sid: (parents[sid] is not None, sid))
     return {sid: lock_session(sid) for sid in ordered}
@@ -54,13 +63,18 @@ def lock_sessions(*session_ids) -> dict:
 
 def lock_session(session_id) -> Session:
     """Precondition: inside ``transaction.atomic``; no branch or job of another session locked yet."""
-    return Session.objects.select_for_update(no_key=True).get(pk=session_id)
+    return _LOCK_SESSION.get(id=session_id)
 
 
 def lock_branch(branch_id) -> Branch:
     """The branch, locked, read after the lock (its ``tip`` loads lazily, after it too).
     Precondition: its session is locked already when this transaction writes events there."""
-    return Branch.objects.select_for_update(no_key=True).get(pk=branch_id)
+    return _LOCK_BRANCH.get(id=branch_id)
+
+
+def lock_branch_if_any(branch_id) -> Branch | None:
+    """``lock_branch``, or None when the branch is gone (its session was deleted meanwhile)."""
+    return _LOCK_BRANCH.first(id=branch_id)
 
 
 def lock_job(job_id, *, status_in=None) -> Job | None:
@@ -112,48 +126,9 @@ def update_returning(queryset, *, returning=None, **values):
     as they are read, and no second statement reads them again. A conditional UPDATE that
     matched nothing returns []. Rows are converted as a SELECT of the model would convert them.
     ``returning``: {name: expression} evaluated by the same statement on each changed row (after
-    the change), set on the instances as attributes (booleans: EXISTS …)."""
-    returning = returning or {}
-    model, db = queryset.model, queryset.db
-    connection = connections[db]
-    if not connection.features.can_return_columns_from_insert:  # SQLite before 3.35: no RETURNING
-        # (its write transaction holds the whole database, so reading the rows first is the same)
-        pks = list(queryset.values_list("pk", flat=True))
-        rows = model._base_manager.using(db).filter(pk__in=pks)
-        rows.update(**values)
-        return list(rows.annotate(**returning))
-    query = queryset.query.chain(UpdateQuery)
-    query.add_update_values(values)
-    query.annotations = {}
-    compiler = query.get_compiler(db)
-    sql, params = compiler.as_sql()  # as_sql sets the query up itself
-    if not sql:
-        return []
-    fields = model._meta.concrete_fields
-    columns = [connection.ops.quote_name(f.column) for f in fields]
-    params = list(params)
-    for expression in returning.values():
-        extra_sql, extra_params = compiler.compile(expression.resolve_expression(query, allow_joins=False))
-        columns.append(extra_sql)
-        params.extend(extra_params)
-    sql += " RETURNING " + ", ".join(columns)
-    with transaction.mark_for_rollback_on_error(using=db), connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    select = model._base_manager.using(db).all().query.get_compiler(db)
-    select.setup_query()
-    converters = select.get_converters([col for col, _sql, _alias in select.select])
-    if converters:
-        rows = select.apply_converters(rows, converters)
-    names, extra = [f.attname for f in fields], list(returning)
-    instances = []
-    for row in rows:
-        row = tuple(row)
-        instance = model.from_db(db, names, row[:len(names)])
-        for name, value in zip(extra, row[len(names):]):
-            setattr(instance, name, value)
-        instances.append(instance)
-    return instances
+    the change), set on the instances as attributes (booleans: EXISTS …). The same statement,
+    compiled once per shape: ``config.prepared.Update``."""
+    return prepared.update_returning(queryset, values, returning or {})
 
 
 def refresh_from_row(instance, row) -> None:

@@ -48,6 +48,7 @@ from collab.services.branches import create_branch, name_for
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.services.locking import lock_branch, lock_sessions
 from collab.services.retry import retry_on_deadlock
+from config.prepared import Param, Select
 
 ENQUEUE, REJECT, INTERRUPT, ROLLBACK = STRATEGIES
 ROLLED_BACK = "rolled back"
@@ -65,10 +66,15 @@ def check_not_child(session: Session) -> None:
         )
 
 
+# every person's turn without a ``branch`` asks (compiled once per process: config.prepared)
+_HEAD_BRANCH = Select("head_branch", lambda: Branch.objects.filter(
+    pk=Subquery(Message.objects.filter(pk=Param("head")).values("branch_id")))[:1])
+
+
 def selected_branch(session: Session) -> Branch:
     """The branch a person's turn goes to by default: the selected HEAD's, else the first one."""
     if session.head_id:  # one query: the branch of the head node
-        return Branch.objects.get(pk=Subquery(Message.objects.filter(pk=session.head_id).values("branch_id")))
+        return _HEAD_BRANCH.get(head=session.head_id)
     branch = session.branches.order_by("created_at").first()
     if branch is None:  # sessions are created with a main branch; be robust to old rows
         branch = Branch.objects.create(session=session, name="main", name_stage=3)

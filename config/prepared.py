@@ -1,0 +1,339 @@
+"""Statements compiled once per process (issue 15, "≥ 100 turns/s with two workers").
+
+Django builds and compiles a queryset again at every call: ~0.5–1 ms of Python per statement,
+most of a turn's CPU in the web process and the worker. The hot statements (the token's and the
+access layer's reads, the claim, the completion, their locks) are compiled here by Django's own
+compiler once per process and *shape*, and run again with new values bound to the same SQL (which PostgreSQL, with
+server-side binding, also parses and plans once: ``DB_PREPARE_THRESHOLD``).
+
+- A value that varies from call to call is a ``Param``: an expression that compiles to one
+  placeholder, filled when the statement runs. Everything else a builder puts in its queryset is
+  part of the SQL, the same every time.
+- A statement is a ``Select`` or an ``Update`` (a conditional ``UPDATE … RETURNING``, as
+  ``collab.services.locking.update_returning``): a name and a builder. ``build(*shape)`` makes the
+  queryset from the shape alone — the few things that change the SQL (whether a cap applies, which
+  statuses a job may leave) — never from the values; the cache key is (name, *shape).
+- The cache belongs to the process, keyed by the database's alias and vendor (PostgreSQL and
+  SQLite have SQL of their own): a statement compiled on one connection runs on any other of
+  that alias, in any thread — under ASGI each request may hold a connection object of its own,
+  and a pool hands out a different raw connection each time. Rows are converted with the
+  connection that ran the statement.
+
+What a cached statement does is what the queryset did: the same SQL, rows converted as the ORM
+converts them (field converters, ``select_related`` rows, annotations), ``select_for_update``
+refused outside a transaction.
+"""
+
+import datetime
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.models import Expression
+from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesListIterable, get_related_populators
+from django.db.models.sql import UpdateQuery
+from django.db.transaction import TransactionManagementError
+
+# the values of a statement that runs through the ORM instead of its cached SQL (an old SQLite
+# without RETURNING): Params compile to the values themselves there
+_bound: ContextVar[dict | None] = ContextVar("prepared_bound", default=None)
+
+
+class Param(Expression):
+    """A value given when the statement runs (``values[name]``): one placeholder in the SQL.
+
+    ``output_field``: the field whose preparation the value passes (``get_db_prep_value``, or
+    ``get_db_prep_save`` in an UPDATE's SET), as a ``Value`` of that field would; needed where
+    the value is not one the driver takes as it is (a duration, a decimal on SQLite). Without it
+    the value goes to the driver unchanged: ids, numbers, text, booleans, None. An ``Update``
+    gives a Param that is a SET value its column's field."""
+
+    def __init__(self, name: str, output_field=None):
+        super().__init__(output_field=output_field)
+        self.name = name
+        self.for_save = False
+
+    def __repr__(self):
+        return f"Param({self.name!r})"
+
+    def resolve_expression(self, query=None, allow_joins=True, reuse=None, summarize=False, for_save=False):
+        resolved = super().resolve_expression(query, allow_joins, reuse, summarize, for_save)
+        resolved.for_save = for_save
+        return resolved
+
+    def get_group_by_cols(self):
+        return []
+
+    def as_sql(self, compiler, connection):
+        slot = _Slot(self.name, self._output_field_or_none, self.for_save)
+        bound = _bound.get()
+        return "%s", [slot.value(bound, connection) if bound is not None else slot]
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """A Param's place among a compiled statement's parameters."""
+
+    name: str
+    field: object
+    for_save: bool
+
+    def value(self, values: dict, connection):
+        try:
+            value = values[self.name]
+        except KeyError:
+            raise TypeError(f"no value for the statement's parameter {self.name!r}") from None
+        if self.field is None:
+            return value
+        if self.for_save:
+            return self.field.get_db_prep_save(value, connection)
+        return self.field.get_db_prep_value(value, connection, prepared=False)
+
+
+def _frozen_check(sql: str, params) -> None:
+    """A value read from the clock when the statement is built would be bound to every later run
+    of it (``timezone.now()`` in a builder: an expiry never passing). Refused: the builder passes
+    the time as a ``Param``, or uses the database's clock (``Now()``). (SQLite's lookups turn a
+    time into text before this sees it: the builders are the same, PostgreSQL's check holds.)"""
+    for p in params:
+        if isinstance(p, (datetime.datetime, datetime.date, datetime.timedelta)):
+            raise TypeError(f"a prepared statement would keep the value {p!r} for every run; pass it as a Param: {sql}")
+
+
+def _converted(rows, converters: dict, connection) -> list:
+    """``SQLCompiler.apply_converters`` with the connection that ran the statement."""
+    converters = list(converters.items())
+    out = []
+    for row in map(list, rows):
+        for pos, (convs, expression) in converters:
+            value = row[pos]
+            for converter in convs:
+                value = converter(value, expression, connection)
+            row[pos] = value
+        out.append(row)
+    return out
+
+
+def _bind(params, values: dict, connection) -> list:
+    return [p.value(values, connection) if type(p) is _Slot else p for p in params]
+
+
+# (alias, vendor, name, *shape) -> the compiled statement, for the whole process: its SQL depends
+# on the database's vendor and the shape alone, never on one connection (under ASGI a request may
+# have a connection object of its own, and a pool hands out another raw connection each time).
+# Entries are added, never changed; two threads compiling one key at once both get a valid one
+_STATEMENTS: dict[tuple, object] = {}
+
+
+def _cached(key: tuple, compile_):
+    """This thread's connection and the statement compiled for ``key`` (``compile_(connection)``
+    the first time in this process). The connection is opened first (the compiler may ask the
+    server's version)."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    connection.ensure_connection()
+    full_key = (connection.alias, connection.vendor, *key)
+    compiled = _STATEMENTS.get(full_key)
+    if compiled is None:
+        token = _bound.set(None)  # compiled with placeholders, even inside an ORM-run statement
+        try:
+            compiled = _STATEMENTS[full_key] = compile_(connection)
+        finally:
+            _bound.reset(token)
+    return connection, compiled
+
+
+# --- SELECT ---------------------------------------------------------------------------------------
+
+
+class Select:
+    """A SELECT compiled once per process and shape: ``build(*shape)`` returns its queryset
+    (of model instances, ``select_related`` followed, or ``values_list``, flat or not)."""
+
+    def __init__(self, name: str, build):
+        self.name, self.build = name, build
+
+    def rows(self, *shape, **values) -> list:
+        connection, compiled = _cached((self.name, *shape), lambda conn: _CompiledSelect(self.build(*shape), conn))
+        return compiled.run(connection, values)
+
+    def first(self, *shape, **values):
+        """The first row, or None (the builder orders and limits the queryset as it needs)."""
+        rows = self.rows(*shape, **values)
+        return rows[0] if rows else None
+
+    def get(self, *shape, **values):
+        """The one row, or the model's ``DoesNotExist`` (builders filter on a unique key)."""
+        rows = self.rows(*shape, **values)
+        if not rows:
+            raise self._model(shape).DoesNotExist(f"{self.name}: no row matches {values}")
+        return rows[0]
+
+    def _model(self, shape):
+        return self.build(*shape).model
+
+
+class _CompiledSelect:
+    """What ``ModelIterable`` / ``ValuesListIterable`` do with a compiler, decided once."""
+
+    def __init__(self, queryset, connection):
+        if queryset._prefetch_related_lookups or queryset._known_related_objects:
+            raise TypeError("a prepared SELECT neither prefetches nor knows related objects")
+        iterable = queryset._iterable_class
+        if iterable not in (ModelIterable, ValuesListIterable, FlatValuesListIterable):
+            raise TypeError(f"a prepared SELECT reads model instances or value tuples, not {iterable.__name__}")
+        compiler = queryset.query.get_compiler(connection=connection)
+        self.sql, self.params = compiler.as_sql()
+        _frozen_check(self.sql, self.params)
+        features = connection.features  # as the compiler refuses it (SQLite: no row locks, no refusal)
+        self.locks = bool(queryset.query.select_for_update) and features.has_select_for_update \
+            and features.supports_transactions
+        self.iterable, self.db = iterable, connection.alias
+        self.width = compiler.col_count if compiler.has_extra_select else None
+        self.converters = compiler.get_converters([s[0] for s in compiler.select[0:compiler.col_count]])
+        if iterable is ModelIterable:
+            klass_info, select = compiler.klass_info, compiler.select
+            self.model = klass_info["model"]
+            first, last = klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1
+            self.span = slice(first, last)
+            self.names = [f[0].target.attname for f in select[first:last]]
+            self.populators = get_related_populators(klass_info, select, self.db)
+            self.annotations = list(compiler.annotation_col_map.items())
+
+    def run(self, connection, values: dict) -> list:
+        if self.locks and connection.get_autocommit():  # as the compiler says it, at every call
+            raise TransactionManagementError("select_for_update cannot be used outside of a transaction.")
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, _bind(self.params, values, connection))
+            rows = cursor.fetchall()
+        if self.width is not None:
+            rows = [row[:self.width] for row in rows]
+        if self.converters:
+            rows = _converted(rows, self.converters, connection)
+        if self.iterable is FlatValuesListIterable:
+            return [row[0] for row in rows]
+        if self.iterable is ValuesListIterable:
+            return [tuple(row) for row in rows]
+        instances = []
+        for row in rows:
+            instance = self.model.from_db(self.db, self.names, row[self.span])
+            for populator in self.populators:
+                populator.populate(row, instance)
+            for name, position in self.annotations:
+                setattr(instance, name, row[position])
+            instances.append(instance)
+        return instances
+
+
+# --- UPDATE … RETURNING ---------------------------------------------------------------------------
+
+
+class Update:
+    """A conditional ``UPDATE … RETURNING`` compiled once per process and shape:
+    ``build(*shape)`` returns (queryset, {field: value}, {name: expression}) — the rows to change,
+    what to set, and what else to read from each changed row — as ``update_returning`` takes them.
+    ``run`` returns the changed rows as instances, as that function does."""
+
+    def __init__(self, name: str, build):
+        self.name, self.build = name, build
+
+    def run(self, *shape, **values) -> list:
+        connection = connections[DEFAULT_DB_ALIAS]
+        if not connection.features.can_return_columns_from_insert:
+            with _binding(values):  # no RETURNING: through the ORM, each time (see update_returning)
+                queryset, sets, returning = self.build(*shape)
+                return update_returning(queryset, sets, returning)
+        connection, compiled = _cached((self.name, *shape), lambda conn: _checked(compile_update_returning(
+            *self._typed(*self.build(*shape)), connection=conn)))
+        if compiled is None:
+            return []
+        return compiled.run(connection, values)
+
+    @staticmethod
+    def _typed(queryset, sets: dict, returning: dict):
+        """A Param set as a column's value is prepared as that column's field prepares it."""
+        meta = queryset.model._meta
+        sets = {name: Param(value.name, meta.get_field(name)) if isinstance(value, Param)
+                and value._output_field_or_none is None else value for name, value in sets.items()}
+        return queryset, sets, returning
+
+
+def _checked(compiled):
+    if compiled is not None:
+        _frozen_check(compiled.sql, compiled.params)
+    return compiled
+
+
+class _binding:
+    def __init__(self, values):
+        self.values = values
+
+    def __enter__(self):
+        self.token = _bound.set(self.values)
+
+    def __exit__(self, *exc):
+        _bound.reset(self.token)
+
+
+class _CompiledUpdate:
+    def __init__(self, sql, params, model, db, converters, extra):
+        self.sql, self.params, self.model, self.db = sql, params, model, db
+        self.converters, self.extra = converters, extra
+        self.names = [f.attname for f in model._meta.concrete_fields]
+
+    def run(self, connection, values: dict) -> list:
+        with transaction.mark_for_rollback_on_error(using=self.db), connection.cursor() as cursor:
+            cursor.execute(self.sql, _bind(self.params, values, connection))
+            rows = cursor.fetchall()
+        if self.converters:
+            rows = _converted(rows, self.converters, connection)
+        width, instances = len(self.names), []
+        for row in rows:
+            row = tuple(row)
+            instance = self.model.from_db(self.db, self.names, row[:width])
+            for name, value in zip(self.extra, row[width:]):
+                setattr(instance, name, value)
+            instances.append(instance)
+        return instances
+
+
+def compile_update_returning(queryset, values: dict, returning: dict, *, connection) -> _CompiledUpdate | None:
+    """``queryset.update(**values)`` + ``RETURNING`` every column and ``returning``'s expressions,
+    compiled; None when the UPDATE would change nothing whatever the values (no SET)."""
+    model, db = queryset.model, connection.alias
+    query = queryset.query.chain(UpdateQuery)
+    query.add_update_values(values)
+    query.annotations = {}
+    compiler = query.get_compiler(connection=connection)
+    sql, params = compiler.as_sql()  # as_sql sets the query up itself
+    if not sql:
+        return None
+    fields = model._meta.concrete_fields
+    columns = [connection.ops.quote_name(f.column) for f in fields]
+    params = list(params)
+    for expression in returning.values():
+        extra_sql, extra_params = compiler.compile(expression.resolve_expression(query, allow_joins=False))
+        columns.append(extra_sql)
+        params.extend(extra_params)
+    sql += " RETURNING " + ", ".join(columns)
+    # the columns are converted as a SELECT of the model would convert them
+    select = model._base_manager.using(db).all().query.get_compiler(connection=connection)
+    select.setup_query()
+    converters = select.get_converters([col for col, _sql, _alias in select.select])
+    return _CompiledUpdate(sql, params, model, db, converters, list(returning))
+
+
+def update_returning(queryset, values: dict, returning: dict) -> list:
+    """Run ``queryset.update(**values)`` and return the rows it changed, as they are after it, with
+    ``returning``'s expressions set on them (``collab.services.locking.update_returning``)."""
+    db = queryset.db
+    connection = connections[db]
+    if not connection.features.can_return_columns_from_insert:  # SQLite before 3.35: no RETURNING
+        # (its write transaction holds the whole database, so reading the rows first is the same)
+        pks = list(queryset.values_list("pk", flat=True))
+        rows = queryset.model._base_manager.using(db).filter(pk__in=pks)
+        rows.update(**values)
+        return list(rows.annotate(**returning))
+    compiled = compile_update_returning(queryset, values, returning, connection=connection)
+    if compiled is None:
+        return []
+    return compiled.run(connection, {})
