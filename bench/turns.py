@@ -2,7 +2,7 @@
 """Turns end to end (SPEC §13 "Turn overhead", issue 15 item 1 ``turns``), measured on this machine in one run.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/14 \\
-      .venv/bin/python bench/turns.py [--turns 100] [--workers 2] [--web daphne|testclient] [--brokers orm redis]
+      .venv/bin/python bench/turns.py [--turns 100] [--workers 2] [--web daphne|testclient] [--brokers orm redis] [--history N]
 
 Creates a throw-away database ``<db>_bench_turns`` next to DATABASE_URL's and prints, in one
 table beside the targets:
@@ -21,6 +21,8 @@ table beside the targets:
     Redis connections), and timed until the answer says the execution is terminal —
     submit→visible p50/p99, no polling (the environment reaches every process: run it with
     ``DB_POOL_MAX_SIZE=8`` to time the web process with its connection pool);
+    ``--history N`` first runs N turns on that branch (in-process, untimed), so the p50 is taken
+    on a branch of N turns: the target is the same at 1,000 and at 10,000 (flat);
   - concurrent: ``--turns`` turns submitted through the API at once by ``--clients`` clients
     (default 8, each on its own connection), one turn per session, then
     turns/s (first admission → last finish, from the jobs' own timestamps) and p50/p99 of
@@ -123,6 +125,30 @@ def _submit_all(args, client, sessions: list) -> list[str]:
         return [pk for ids in pool.map(run, shares) for pk in ids]
 
 
+def _seed_history(sid: str, turns: int) -> None:
+    """``turns`` turns on the session's branch before the timed ones (``--history``: the target is
+    flat at 1,000 and 10,000 turns on one branch), each admitted through the service and run by
+    ``run_job`` in this process, as a worker runs it (the admission's hand-off to the broker is
+    dropped: no worker sees them)."""
+    from django.contrib.auth import get_user_model
+
+    from collab.access import access_session
+    from collab.runtime.loop import run_job
+    from collab.services import admission, naming
+    from collab.services.turns import do_start_user_turn
+
+    user = get_user_model().objects.get(username="bench")
+    handed = admission.async_task, naming.async_task
+    admission.async_task = naming.async_task = lambda *a, **k: None
+    try:
+        for _ in range(turns):
+            job = do_start_user_turn(user, access_session(user, sid, "turn.start"), PROMPT)
+            if run_job(job.pk) != "succeeded":
+                raise SystemExit(f"a history turn did not succeed: {job.pk}")
+    finally:
+        admission.async_task, naming.async_task = handed
+
+
 def phase_run(args):
     from bench import _admit
     from collab.models import TERMINAL_STATUSES, Job, Session
@@ -145,6 +171,8 @@ def phase_run(args):
             raise SystemExit(f"POST {path}: {status} {content[:500]!r}")
         return json.loads(content)
 
+    if args.history:
+        _seed_history(seq_session, args.history)
     submit(sessions[-2], wait=30)  # warm-up: first request builds the middleware chain
     latencies, marks = [], []
     for _ in range(n):
@@ -211,6 +239,8 @@ def main():
                         help="where the turns are submitted: a real daphne process, or Django's test client")
     parser.add_argument("--brokers", nargs="+", choices=["orm", "redis"], default=["orm", "redis"],
                         help="the brokers to time (redis only with REDIS_URL)")
+    parser.add_argument("--history", type=int, default=0,
+                        help="turns run on the sequential branch before the timed ones (in-process, untimed)")
     parser.add_argument("--phase", choices=["trace", "run"], help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--cpu-roles", help=argparse.SUPPRESS)
@@ -240,20 +270,22 @@ def main():
                 roles = {**({"web": ("pid", web_pid)} if web_pid else {}), "workers": ("pgid", cluster.pid),
                          "postgres": ("comm", "postgres"), "redis": ("comm", "redis-server")}
                 r = _common.child("turns.py", "run", env, "--turns", str(args.turns), "--cpu-roles", json.dumps(roles),
-                                  "--clients", str(args.clients),
+                                  "--clients", str(args.clients), "--history", str(args.history),
                                   *(["--url", url] if url else []))
             seq = [float(x) * 1000 for x in r["seq"].split(",")]
             conc = [float(x) * 1000 for x in r["conc"].split(",")]
             tps = float(r["turns_per_s"])
             label = f"[{broker}, {args.workers} workers, {args.turns} turns, {args.web}]"
+            slabel = label if not args.history else \
+                f"[{broker}, {args.workers} workers, {args.turns} turns after {args.history:,} on the branch, {args.web}]"
             clabel = f"[{broker}, {args.workers} workers, {args.turns} turns, {args.web}, {args.clients} clients]"
             split = [[float(x) * 1000 for x in row.split(",")] for row in r["seq_split"].split(";")]
             parts = ("submit→admitted", "admitted→claimed", "claimed→ended", "ended→answer")
             rows += [
-                (f"{label} sequential submit→visible p50", f"{_common.percentile(seq, 0.5):.0f} ms",
+                (f"{slabel} sequential submit→visible p50", f"{_common.percentile(seq, 0.5):.0f} ms",
                  f"<= {TARGET_SEQ_P50_MS} ms"),
-                (f"{label} sequential submit→visible p99", f"{_common.percentile(seq, 0.99):.0f} ms", ""),
-                (f"{label} sequential p50 of each part", ", ".join(
+                (f"{slabel} sequential submit→visible p99", f"{_common.percentile(seq, 0.99):.0f} ms", ""),
+                (f"{slabel} sequential p50 of each part", ", ".join(
                     f"{part} {_common.percentile([row[i] for row in split], 0.5):.1f} ms" for i, part in enumerate(parts)),
                  ""),
                 (f"{clabel} concurrent turns/s", f"{tps:,.1f}/s (ratio to raw commits {tps / raw:.4f})",
