@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Expression
 from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesListIterable, get_related_populators
-from django.db.models.sql import UpdateQuery
+from django.db.models.sql import InsertQuery, UpdateQuery
 from django.db.transaction import TransactionManagementError
 
 # the values of a statement that runs through the ORM instead of its cached SQL (an old SQLite
@@ -337,3 +337,58 @@ def update_returning(queryset, values: dict, returning: dict) -> list:
     if compiled is None:
         return []
     return compiled.run(connection, {})
+
+
+# --- INSERT (one row) ----------------------------------------------------------------------------
+
+
+class Insert:
+    """A one-row INSERT of ``model`` compiled once per process: ``create(**fields)`` does what
+    ``model.objects.create(**fields)`` does for a model with no ``save()`` of its own and no signal
+    receivers (Trellis has neither): the instance is made by its constructor (defaults included),
+    each column's value is taken as ``save`` takes it (``pre_save``), and the columns the database
+    fills (``db_default``) are read back by the same statement. A ``db_default`` column given a
+    value, or a database without ``INSERT … RETURNING``, goes through ``QuerySet.create``."""
+
+    def __init__(self, name: str, model):
+        self.name, self.model = name, model
+
+    def create(self, **fields):
+        connection = connections[DEFAULT_DB_ALIAS]
+        meta = self.model._meta
+        if not connection.features.can_return_columns_from_insert or any(
+                f.attname in fields for f in meta.local_concrete_fields if f.has_db_default()):
+            return self.model._base_manager.create(**fields)
+        instance = self.model(**fields)
+        connection, compiled = _cached((self.name,), lambda conn: _CompiledInsert(self.model, conn))
+        compiled.run(connection, instance)
+        return instance
+
+
+class _CompiledInsert:
+    def __init__(self, model, connection):
+        meta = model._meta
+        self.db = connection.alias
+        self.fields = [f for f in meta.local_concrete_fields if not f.generated]
+        self.returning = [f for f in self.fields if f.has_db_default()]
+        self.bound = [f for f in self.fields if not f.has_db_default()]
+        placeholder = model(**{f.attname: Param(f.attname, f) for f in self.bound})
+        query = InsertQuery(model)
+        query.insert_values(self.fields, [placeholder])
+        compiler = query.get_compiler(connection=connection)
+        compiler.returning_fields = self.returning
+        [(self.sql, self.params)] = compiler.as_sql()
+        self.params = list(self.params)
+        _frozen_check(self.sql, self.params)
+        self.converters = compiler.get_converters([f.get_col(meta.db_table) for f in self.returning])
+
+    def run(self, connection, instance) -> None:
+        values = {f.attname: f.pre_save(instance, add=True) for f in self.bound}
+        with transaction.mark_for_rollback_on_error(using=self.db), connection.cursor() as cursor:
+            cursor.execute(self.sql, _bind(self.params, values, connection))
+            row = cursor.fetchone() if self.returning else None
+        if row is not None:
+            [row] = _converted([row], self.converters, connection)
+            for field, value in zip(self.returning, row):
+                setattr(instance, field.attname, value)
+        instance._state.adding, instance._state.db = False, self.db

@@ -29,6 +29,7 @@ from collab.models import (
     is_occupied,
 )
 from collab.models.ids import new_id
+from config.prepared import Insert
 from collab.services.budgets import check_admission_quota
 from collab.services.locking import lock_branch, lock_job, lock_sessions
 from collab.services.messages import append_message
@@ -121,7 +122,7 @@ def admit_job(
     prompt_msg_id = new_id() if idle else None
     # the prompt is stored once (issue 15 item 1): in the node when it is written now, else in the
     # job row until the claim writes the node (it clears the row's copy in its UPDATE)
-    job = Job.objects.create(
+    job = _NEW_JOB.create(
         project_id=session.project_id,
         session=session,
         branch=locked,
@@ -145,6 +146,9 @@ def admit_job(
     send_job_event(job, "job.queued", session, actor=started_by, events=events)
     return job
 
+
+# every admission writes one (compiled once per process: config.prepared)
+_NEW_JOB = Insert("new_job", Job)
 
 FENCED = (JobStatus.STOPPING, JobStatus.CANCELLED)
 

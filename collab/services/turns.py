@@ -66,16 +66,18 @@ def check_not_child(session: Session) -> None:
         )
 
 
-# every person's turn without a ``branch`` asks (compiled once per process: config.prepared)
+# every person's turn without a ``branch`` asks one of these (compiled once per process: config.prepared)
 _HEAD_BRANCH = Select("head_branch", lambda: Branch.objects.filter(
     pk=Subquery(Message.objects.filter(pk=Param("head")).values("branch_id")))[:1])
+_FIRST_BRANCH = Select("first_branch", lambda: Branch.objects.filter(session_id=Param("session"))
+                       .order_by("created_at")[:1])
 
 
 def selected_branch(session: Session) -> Branch:
     """The branch a person's turn goes to by default: the selected HEAD's, else the first one."""
     if session.head_id:  # one query: the branch of the head node
         return _HEAD_BRANCH.get(head=session.head_id)
-    branch = session.branches.order_by("created_at").first()
+    branch = _FIRST_BRANCH.first(session=session.pk)  # a new session's first turn
     if branch is None:  # sessions are created with a main branch; be robust to old rows
         branch = Branch.objects.create(session=session, name="main", name_stage=3)
     return branch

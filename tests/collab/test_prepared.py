@@ -204,3 +204,25 @@ def test_a_claimed_and_finished_turn_is_what_it_was_on_this_database(two_jobs, d
         assert ended.final_answer == "ok" and ended.worker and ended.lease_expires_at is None
         assert ended.started_at <= ended.finished_at and ended.version == job.version + 2
     assert connection.vendor in ("postgresql", "sqlite")
+
+
+def test_a_cached_insert_writes_the_row_create_would(two_jobs):
+    """A one-row INSERT compiled once: each call writes its own row (its id from the model's
+    default at each call, not frozen), with the values ``create`` would write, and reads back the
+    column the database fills (``created_at``, ``db_default``) — the instance is as the row."""
+    from config.prepared import Insert
+
+    source = two_jobs[0]
+    fields = dict(project_id=source.project_id, session_id=source.session_id, branch_id=source.branch_id,
+                  kind=source.kind, status=JobStatus.QUEUED, prompt="again", started_by_id=source.started_by_id,
+                  agent_spec_id=source.agent_spec_id)
+    insert = Insert("test.new_job", Job)
+    made = [insert.create(**fields, prompt_header=f"h{n}") for n in range(2)]
+    assert made[0].pk != made[1].pk
+    for n, job in enumerate(made):
+        row = Job.objects.get(pk=job.pk)
+        assert job._state.adding is False and job.created_at is not None and job.prompt_header == f"h{n}"
+        assert {f.attname: getattr(job, f.attname) for f in Job._meta.concrete_fields} == {
+            f.attname: getattr(row, f.attname) for f in Job._meta.concrete_fields}
+    given = insert.create(**fields, created_at=made[0].created_at)  # a db_default column given: as create does
+    assert Job.objects.get(pk=given.pk).created_at == made[0].created_at
