@@ -64,7 +64,7 @@ def lease_deadline(length=None):
     """The database's now + the lease, as an expression: every lease is set and checked on
     the database clock, never an app server's. ``length``: the lease's length as an expression
     (a prepared statement's ``Param``, bound to ``lease_length()``); default the setting's."""
-    return Now() + (timezone.timedelta(seconds=settings.TRELLIS_LEASE_SECONDS) if length is None else length)
+    return Now() + (lease_length() if length is None else length)
 
 
 def lease_length() -> timezone.timedelta:

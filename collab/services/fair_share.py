@@ -124,7 +124,7 @@ def _hand_off_if_a_slot_is_free(job_id: str, project_id: int) -> None:
             running += len(_in_worker_slots(project_id).filter(pk=pk).select_for_update(no_key=True)
                            .values_list("pk", flat=True))
     project = Project.objects.get(pk=project_id)  # its cap as it is now
-    cap = effective_limit(project, "max_running_jobs")
+    cap = running_cap(project)
     if cap is not None and running >= cap:
         return
     if waiting_for_slot(project_id).filter(pk=job_id).update(waiting_since=None, heartbeat_at=Now()):
@@ -159,7 +159,7 @@ def wake_waiting_in_project(project: Project, *, ended_branch_id: str, running: 
 
     Precondition: inside the completion transaction of the job that ended (enqueued on commit),
     after its ending UPDATE; the ended job's own branch is woken by its own rule."""
-    cap = effective_limit(project, "max_running_jobs")
+    cap = running_cap(project)
     free = None if cap is None else cap - running
     if free is not None and free <= 0:
         return []
