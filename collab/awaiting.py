@@ -28,6 +28,7 @@ from collab.gateway import InFlight, Slot, give_back_request_connection
 from collab.events import pushed_wires, session_group
 from collab.live import relay
 from collab.models import TERMINAL_STATUSES
+from config.request_threads import RequestThread
 
 logger = logging.getLogger(__name__)
 
@@ -96,10 +97,11 @@ async def in_thread(request, fn, *args, **kwargs):
 async def release_request_thread(request) -> None:
     """Before a long wait under ASGI: close the database connection of the request's own
     thread (authentication and middleware ran there) and let that thread go. Django gives each
-    ASGI request a thread of its own for sync code (asgiref's thread-sensitive context) that
-    would otherwise idle — with its connection — until the request ends; sync code after the
-    wait gets a fresh one (asgiref creates it on demand). When ``in_thread`` has already given
-    that connection back, no hop to the thread is needed for it."""
+    ASGI request a thread of its own for sync code (asgiref's thread-sensitive context; lent
+    by ``config.request_threads``) that would otherwise idle — with its connection — until the
+    request ends: a lent thread goes back to be lent again, any other is shut down. Sync code
+    after the wait gets a fresh one (asgiref creates it on demand). When ``in_thread`` has
+    already given that connection back, no hop to the thread is needed for it."""
     if not isinstance(request, ASGIRequest):
         return
     if not getattr(request, "_trellis_connection_given_back", False):
@@ -109,7 +111,9 @@ async def release_request_thread(request) -> None:
     executors = getattr(SyncToAsync, "context_to_thread_executor", None)
     if context is not None and executors is not None and getattr(context, "_executor", None) is None:
         executor = executors.pop(context, None)
-        if executor is not None:
+        if isinstance(executor, RequestThread):
+            executor.give_back()
+        elif executor is not None:
             executor.shutdown(wait=False)
 
 

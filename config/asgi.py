@@ -14,6 +14,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from collab.mcp_server import PATHS as MCP_PATHS, mcp_app  # noqa: E402
 from collab.routing import websocket_urlpatterns  # noqa: E402
 from collab.ws_auth import OriginCheckedStack  # noqa: E402
+from config.request_threads import RequestThreads  # noqa: E402
 
 
 async def http_app(scope, receive, send):
@@ -24,7 +25,7 @@ async def http_app(scope, receive, send):
 
 application = ProtocolTypeRouter(
     {
-        "http": http_app,
+        "http": RequestThreads(http_app),
         "websocket": OriginCheckedStack(URLRouter(websocket_urlpatterns)),
     }
 )

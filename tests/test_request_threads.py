@@ -1,0 +1,153 @@
+"""Issue 15 item 1 (the web process's CPU per turn): each HTTP request's sync code runs on a thread
+lent for the request and kept for the next one (``config.request_threads``), instead of a thread
+started, and joined by another new thread, for every request — never two requests on one thread
+at once, and a parked ``?wait=`` request holds none."""
+
+import asyncio
+import io
+import threading
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.core.signals import request_started
+
+from collab.awaiting import release_request_thread
+from config.request_threads import RequestThread, RequestThreads
+
+SCOPE = {"type": "http", "method": "GET", "path": "/", "query_string": b"", "headers": [], "root_path": ""}
+
+
+async def _get(app, path: str) -> tuple[int, bytes]:
+    """One GET through an ASGI ``app``: the status and the body."""
+    messages = [{"type": "http.request", "body": b"", "more_body": False}]
+    sent = []
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await asyncio.Event().wait()  # no disconnect while the request runs
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {**SCOPE, "path": path, "headers": [(b"host", b"localhost")], "server": ("localhost", 80),
+             "client": ("127.0.0.1", 1), "scheme": "http", "asgi": {"version": "3.0"}, "http_version": "1.1"}
+    await app(scope, receive, send)
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def _request_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("trellis-request")]
+
+
+def test_issue_15_1_sequential_requests_run_on_one_kept_thread_through_the_application():
+    """Through ``config.asgi.application`` (what daphne serves): Django's sync work of five
+    requests one after another (its ``request_started`` receivers, a sync view) runs on one
+    thread, which is a lent request thread and is still there for the next request."""
+    from config.asgi import application
+
+    seen = []
+
+    def record(**kwargs):
+        seen.append(threading.current_thread())
+
+    request_started.connect(record, weak=False)
+    try:
+        async def five():
+            return [await _get(application, "/api/openapi.json") for _ in range(5)]
+
+        answers = asyncio.run(five())
+    finally:
+        request_started.disconnect(record)
+    assert [status for status, _ in answers] == [200] * 5
+    assert len(seen) == 5 and len(set(seen)) == 1, seen
+    assert seen[0].name.startswith("trellis-request") and seen[0].is_alive()
+    assert seen[0] in _request_threads()
+
+
+def test_issue_15_1_concurrent_requests_never_share_a_thread_and_each_keeps_its_own():
+    """Two requests at once get two threads; each request's sync calls all run on its own one."""
+    first_in, release = threading.Event(), asyncio.Event()
+
+    async def app(scope, receive, send):
+        one = await sync_to_async(threading.current_thread)()
+        if scope["path"] == "/a":
+            first_in.set()
+            await release.wait()
+        two = await sync_to_async(threading.current_thread)()
+        send.threads = (one, two)
+
+    wrapped = RequestThreads(app)
+
+    async def both():
+        class Sink:
+            async def __call__(self, message):
+                pass
+
+        a, b = Sink(), Sink()
+        task = asyncio.get_running_loop().create_task(wrapped({**SCOPE, "path": "/a"}, None, a))
+        while not first_in.is_set():
+            await asyncio.sleep(0.001)
+        await wrapped({**SCOPE, "path": "/b"}, None, b)  # while /a is still in flight
+        release.set()
+        await task
+        return a.threads, b.threads
+
+    (a1, a2), (b1, b2) = asyncio.run(both())
+    assert a1 is a2 and b1 is b2
+    assert a1 is not b1
+    assert len(wrapped.idle) == 2  # both kept for later requests
+
+
+def test_issue_15_1_a_parked_request_gives_its_thread_back_for_others_to_use():
+    """``release_request_thread`` (before a ``?wait=`` parks) hands the lent thread back at once:
+    a request arriving while the first is parked runs on that same thread, and the parked one's
+    sync code after its wait runs on another thread, never on the one now lent to someone else."""
+    parked, resume = threading.Event(), asyncio.Event()
+
+    async def app(scope, receive, send):
+        before = await sync_to_async(threading.current_thread)()
+        if scope["path"] == "/wait":
+            await release_request_thread(ASGIRequest(scope, io.BytesIO(b"")))
+            parked.set()
+            await resume.wait()
+        after = await sync_to_async(threading.current_thread)()
+        send.threads = (before, after)
+
+    wrapped = RequestThreads(app)
+
+    async def run():
+        class Sink:
+            async def __call__(self, message):
+                pass
+
+        waiting, other = Sink(), Sink()
+        task = asyncio.get_running_loop().create_task(wrapped({**SCOPE, "path": "/wait"}, None, waiting))
+        while not parked.is_set():
+            await asyncio.sleep(0.001)
+        assert len(wrapped.idle) == 1  # given back while still parked
+        await wrapped({**SCOPE, "path": "/other"}, None, other)
+        resume.set()
+        await task
+        return waiting.threads, other.threads
+
+    (w_before, w_after), (o_before, o_after) = asyncio.run(run())
+    assert o_before is w_before and o_after is w_before  # the parked request's thread, lent again
+    assert w_after is not w_before  # after its wait the parked one ran elsewhere
+    assert not w_after.name.startswith("trellis-request")
+
+
+def test_issue_15_1_at_most_the_kept_number_of_threads_stay_idle():
+    """A burst past the bound makes threads for it, and shuts down what is past the bound when
+    those requests end: the process does not keep a thread per request it once held at once."""
+    wrapped = RequestThreads(None, keep=2)
+    lent = [wrapped.borrow() for _ in range(5)]
+    assert all(isinstance(e, RequestThread) for e in lent) and len({id(e) for e in lent}) == 5
+    for executor in lent:
+        executor.give_back()
+    assert wrapped.idle == lent[:2]
+    for executor in lent[2:]:
+        with pytest.raises(RuntimeError):  # shut down: it takes no more work
+            executor.submit(int)
+    assert wrapped.borrow() is lent[1]
