@@ -16,7 +16,7 @@ import logging
 import math
 import re
 
-from asgiref.sync import SyncToAsync, sync_to_async
+from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
@@ -28,7 +28,7 @@ from collab.gateway import InFlight, Slot, give_back_request_connection
 from collab.events import pushed_wires, session_group
 from collab.live import relay
 from collab.models import TERMINAL_STATUSES
-from config.request_threads import RequestThread
+from config.request_threads import release_thread, retake_thread
 
 logger = logging.getLogger(__name__)
 
@@ -85,36 +85,43 @@ def _closing(fn):
 
 
 async def in_thread(request, fn, *args, **kwargs):
-    """Run sync database work for an async route. Under ASGI in a worker thread that closes its
-    connections when done (nothing is held across the wait); under WSGI and Django's test
-    client on the request's own thread (and its connection and transaction)."""
+    """Run sync database work for an async route. Under ASGI on the request's own thread (where
+    authentication ran: its connection serves the work too), which then closes its connections
+    (nothing is held across a wait) — or, once the request has given its thread up for a wait
+    (``release_request_thread``), on a thread of the shared pool that closes its connections when
+    done; under WSGI and Django's test client on the request's own thread (and its connection and
+    transaction)."""
     if not isinstance(request, ASGIRequest):
         return await sync_to_async(fn)(*args, **kwargs)
-    await give_back_request_connection(request)  # one connection at a time (a pool deadlocks otherwise)
-    return await sync_to_async(_closing(fn), thread_sensitive=False)(*args, **kwargs)
+    if getattr(request, "_trellis_thread_released", False):
+        return await sync_to_async(_closing(fn), thread_sensitive=False)(*args, **kwargs)
+    try:
+        return await sync_to_async(_closing(fn))(*args, **kwargs)
+    finally:
+        request._trellis_connection_given_back = True  # closed by _closing, on that thread
 
 
 async def release_request_thread(request) -> None:
     """Before a long wait under ASGI: close the database connection of the request's own
     thread (authentication and middleware ran there) and let that thread go. Django gives each
-    ASGI request a thread of its own for sync code (asgiref's thread-sensitive context; lent
-    by ``config.request_threads``) that would otherwise idle — with its connection — until the
-    request ends: a lent thread goes back to be lent again, any other is shut down. Sync code
-    after the wait gets a fresh one (asgiref creates it on demand). When ``in_thread`` has
-    already given that connection back, no hop to the thread is needed for it."""
+    ASGI request a thread of its own for sync code (asgiref's thread-sensitive context; lent by
+    ``config.request_threads``) that would otherwise idle — with its connection — until the
+    request ends; a lent thread goes back to be lent again. Sync work during the wait runs on
+    the shared pool (``in_thread``); ``retake_request_thread`` ends the wait. When ``in_thread``
+    has already closed that connection, no hop to the thread is needed for it."""
     if not isinstance(request, ASGIRequest):
         return
     if not getattr(request, "_trellis_connection_given_back", False):
         await give_back_request_connection(request)
-    context = getattr(SyncToAsync, "thread_sensitive_context", None)
-    context = context.get(None) if context is not None else None
-    executors = getattr(SyncToAsync, "context_to_thread_executor", None)
-    if context is not None and executors is not None and getattr(context, "_executor", None) is None:
-        executor = executors.pop(context, None)
-        if isinstance(executor, RequestThread):
-            executor.give_back()
-        elif executor is not None:
-            executor.shutdown(wait=False)
+    request._trellis_thread_released = True
+    release_thread()
+
+
+def retake_request_thread(request) -> None:
+    """After a wait: the request's sync code runs on a lent thread again (``retake_thread``)."""
+    if isinstance(request, ASGIRequest) and getattr(request, "_trellis_thread_released", False):
+        retake_thread(request.scope)
+        request._trellis_thread_released = False
 
 
 # a session id as the routes take it (``collab.models.new_id``): only such a name is subscribed
@@ -238,6 +245,7 @@ async def _until_terminal(request, session_id: str, execution_id: str, seconds: 
     finally:
         if own:
             subscription.close_soon()
+        retake_request_thread(request)
     if shape is None or shape["status"] not in TERMINAL_STATUSES:
         shape = await read()  # once more at the end
     return shape

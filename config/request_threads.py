@@ -12,7 +12,7 @@ What the request leaves on its thread is what a WSGI thread keeps between reques
 (or hands back to the pool) the thread's database connections at ``request_finished``, which runs
 on that thread as the response closes; everything else per request lives in context variables.
 A request that parks (``collab.awaiting.release_request_thread``) gives its thread back before it
-waits; any sync call after the wait gets a thread of its own, as before.
+waits (``release_thread``) and is lent one again when the wait ends (``retake_thread``).
 """
 
 import threading
@@ -65,14 +65,46 @@ class RequestThreads:
             return await self.app(scope, receive, send)
         executors = SyncToAsync.context_to_thread_executor
         async with ThreadSensitiveContext() as context:  # the outer-most: Django's own then adds none
-            if SyncToAsync.thread_sensitive_context.get(None) is not context:
+            if _context() is not context:
                 return await self.app(scope, receive, send)  # inside another context: that one decides
-            executor = executors[context] = self.borrow()
+            executors[context] = self.borrow()
             try:
-                await self.app(scope, receive, send)
+                await self.app({**scope, SCOPE_KEY: self}, receive, send)
             finally:
-                # still the request's (not given back by a parked request): back to the free list;
-                # whatever asgiref made for the context since is shut down by its exit, as before
-                if executors.get(context) is executor:
+                # the thread lent to the request now (a parked request's was given back when it
+                # parked): back to the free list; anything else asgiref made for the context
+                # since is shut down by the context's exit, as before
+                executor = executors.get(context)
+                if isinstance(executor, RequestThread):
                     del executors[context]
                     executor.give_back()
+
+
+SCOPE_KEY = "trellis.request_threads"
+
+
+def _context():
+    return SyncToAsync.thread_sensitive_context.get(None)
+
+
+def release_thread() -> None:
+    """The current request's thread back (before it parks on a long wait): a lent one to be lent
+    again, any other shut down. Its sync code until ``retake_thread`` must not need the thread:
+    asgiref would make a new one for it."""
+    context = _context()
+    if context is None or getattr(context, "_executor", None) is not None:
+        return  # no request context, or one whose executor its owner keeps
+    executor = SyncToAsync.context_to_thread_executor.pop(context, None)
+    if isinstance(executor, RequestThread):
+        executor.give_back()
+    elif executor is not None:
+        executor.shutdown(wait=False)
+
+
+def retake_thread(scope) -> None:
+    """A thread lent again to the current request after its wait (when it is served through
+    ``RequestThreads`` and holds none), for the sync code that ends it (Django closes the response
+    on it) — instead of a thread asgiref would start for it, and join in another."""
+    owner, context = scope.get(SCOPE_KEY), _context()
+    if owner is not None and context is not None and context not in SyncToAsync.context_to_thread_executor:
+        SyncToAsync.context_to_thread_executor[context] = owner.borrow()

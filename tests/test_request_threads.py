@@ -12,8 +12,8 @@ from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.core.signals import request_started
 
-from collab.awaiting import release_request_thread
-from config.request_threads import RequestThread, RequestThreads
+from collab.awaiting import release_request_thread, retake_request_thread
+from config.request_threads import SCOPE_KEY, RequestThread, RequestThreads
 
 SCOPE = {"type": "http", "method": "GET", "path": "/", "query_string": b"", "headers": [], "root_path": ""}
 
@@ -151,3 +151,51 @@ def test_issue_15_1_at_most_the_kept_number_of_threads_stay_idle():
         with pytest.raises(RuntimeError):  # shut down: it takes no more work
             executor.submit(int)
     assert wrapped.borrow() is lent[1]
+
+
+def test_issue_15_1_a_request_back_from_its_wait_is_lent_a_thread_again():
+    """After its wait (``retake_request_thread``) a request's sync code runs on a lent thread
+    again — not the one lent meanwhile to a request still in flight, and not a thread started for
+    it — and that thread too goes back to the free list when the request ends."""
+    parked, resume, other_in, other_done = threading.Event(), asyncio.Event(), threading.Event(), asyncio.Event()
+
+    async def app(scope, receive, send):
+        assert scope[SCOPE_KEY] is wrapped
+        before = await sync_to_async(threading.current_thread)()
+        if scope["path"] == "/wait":
+            request = ASGIRequest(scope, io.BytesIO(b""))
+            await release_request_thread(request)
+            parked.set()
+            await resume.wait()
+            retake_request_thread(request)
+        else:
+            other_in.set()
+            await other_done.wait()  # still in flight while the first one comes back
+        after = await sync_to_async(threading.current_thread)()
+        send.threads = (before, after)
+
+    wrapped = RequestThreads(app)
+
+    async def run():
+        class Sink:
+            async def __call__(self, message):
+                pass
+
+        waiting, other = Sink(), Sink()
+        loop = asyncio.get_running_loop()
+        first = loop.create_task(wrapped({**SCOPE, "path": "/wait"}, None, waiting))
+        while not parked.is_set():
+            await asyncio.sleep(0.001)
+        second = loop.create_task(wrapped({**SCOPE, "path": "/other"}, None, other))
+        while not other_in.is_set():
+            await asyncio.sleep(0.001)
+        resume.set()
+        await first
+        other_done.set()
+        await second
+        return waiting.threads, other.threads
+
+    (w_before, w_after), (o_before, o_after) = asyncio.run(run())
+    assert o_before is w_before and o_after is w_before
+    assert w_after is not w_before and w_after.name.startswith("trellis-request")
+    assert len(wrapped.idle) == 2
