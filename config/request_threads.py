@@ -19,6 +19,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import SyncToAsync, ThreadSensitiveContext
+from django.db import close_old_connections
 
 
 class RequestThread(ThreadPoolExecutor):
@@ -29,7 +30,11 @@ class RequestThread(ThreadPoolExecutor):
         self.owner = owner
 
     def give_back(self) -> None:
-        self.owner.give_back(self)
+        """Back to the free list once idle: a request whose task was cancelled (daphne gives up
+        on an app still running after the client left; a shutdown) may leave its sync call still
+        running here, and the next request must not be lent a thread busy with it. Whatever that
+        call left open is closed first, as ``request_finished`` would have."""
+        self.submit(close_old_connections).add_done_callback(lambda _: self.owner.give_back(self))
 
 
 # Idle threads kept to be lent again. Steady load needs as many as requests run sync code at

@@ -37,14 +37,24 @@ async def _get(app, path: str) -> tuple[int, bytes]:
     return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
 
 
+def _idle(wrapped, n: int) -> bool:
+    """Whether ``wrapped`` holds ``n`` idle threads within a second (a thread goes back to the
+    free list from its own thread, once idle)."""
+    for _ in range(1000):
+        if len(wrapped.idle) == n:
+            return True
+        threading.Event().wait(0.001)
+    return False
+
+
 def _request_threads():
     return [t for t in threading.enumerate() if t.name.startswith("trellis-request")]
 
 
 def test_issue_15_1_sequential_requests_run_on_one_kept_thread_through_the_application():
     """Through ``config.asgi.application`` (what daphne serves): Django's sync work of five
-    requests one after another (its ``request_started`` receivers, a sync view) runs on one
-    thread, which is a lent request thread and is still there for the next request."""
+    requests one after another (its ``request_started`` receivers, a sync view) runs on lent
+    request threads that are still there for the next request — not on a thread per request."""
     from config.asgi import application
 
     seen = []
@@ -61,9 +71,10 @@ def test_issue_15_1_sequential_requests_run_on_one_kept_thread_through_the_appli
     finally:
         request_started.disconnect(record)
     assert [status for status, _ in answers] == [200] * 5
-    assert len(seen) == 5 and len(set(seen)) == 1, seen
-    assert seen[0].name.startswith("trellis-request") and seen[0].is_alive()
-    assert seen[0] in _request_threads()
+    # a thread goes back from itself once idle, so a request right behind may find it not back
+    # yet and be lent another: at most two, each a kept request thread, never one per request
+    assert len(seen) == 5 and len(set(seen)) <= 2, seen
+    assert all(t.name.startswith("trellis-request") and t.is_alive() and t in _request_threads() for t in seen)
 
 
 def test_issue_15_1_concurrent_requests_never_share_a_thread_and_each_keeps_its_own():
@@ -97,7 +108,7 @@ def test_issue_15_1_concurrent_requests_never_share_a_thread_and_each_keeps_its_
     (a1, a2), (b1, b2) = asyncio.run(both())
     assert a1 is a2 and b1 is b2
     assert a1 is not b1
-    assert len(wrapped.idle) == 2  # both kept for later requests
+    assert _idle(wrapped, 2)  # both kept for later requests
 
 
 def test_issue_15_1_a_parked_request_gives_its_thread_back_for_others_to_use():
@@ -126,7 +137,11 @@ def test_issue_15_1_a_parked_request_gives_its_thread_back_for_others_to_use():
         task = asyncio.get_running_loop().create_task(wrapped({**SCOPE, "path": "/wait"}, None, waiting))
         while not parked.is_set():
             await asyncio.sleep(0.001)
-        assert len(wrapped.idle) == 1  # given back while still parked
+        for _ in range(1000):  # given back while still parked
+            if len(wrapped.idle) == 1:
+                break
+            await asyncio.sleep(0.001)
+        assert len(wrapped.idle) == 1
         await wrapped({**SCOPE, "path": "/other"}, None, other)
         resume.set()
         await task
@@ -146,6 +161,7 @@ def test_issue_15_1_at_most_the_kept_number_of_threads_stay_idle():
     assert all(isinstance(e, RequestThread) for e in lent) and len({id(e) for e in lent}) == 5
     for executor in lent:
         executor.give_back()
+        assert _idle(wrapped, min(2, lent.index(executor) + 1))
     assert wrapped.idle == lent[:2]
     for executor in lent[2:]:
         with pytest.raises(RuntimeError):  # shut down: it takes no more work
@@ -198,4 +214,49 @@ def test_issue_15_1_a_request_back_from_its_wait_is_lent_a_thread_again():
     (w_before, w_after), (o_before, o_after) = asyncio.run(run())
     assert o_before is w_before and o_after is w_before
     assert w_after is not w_before and w_after.name.startswith("trellis-request")
-    assert len(wrapped.idle) == 2
+    assert _idle(wrapped, 2)
+
+
+def test_issue_15_1_a_cancelled_request_s_thread_is_lent_again_only_once_its_call_has_ended():
+    """A request whose task is cancelled while its sync call still runs (daphne gives up on an
+    app still running after its client left; a shutdown) does not hand the busy thread to the
+    next request: that one runs on another thread at once, and the busy one goes back to the free
+    list only when its call ends."""
+    started, finish = threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        finish.wait(10)
+        return threading.current_thread()
+
+    async def app(scope, receive, send):
+        if scope["path"] == "/slow":
+            await sync_to_async(slow)()
+        send.thread = await sync_to_async(threading.current_thread)()
+
+    wrapped = RequestThreads(app)
+
+    async def run():
+        class Sink:
+            async def __call__(self, message):
+                pass
+
+        task = asyncio.get_running_loop().create_task(wrapped({**SCOPE, "path": "/slow"}, None, Sink()))
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        nxt = Sink()
+        await asyncio.wait_for(wrapped({**SCOPE, "path": "/next"}, None, nxt), 5)
+        return nxt.thread
+
+    try:
+        thread = asyncio.run(run())
+        assert thread.name.startswith("trellis-request")
+        assert _idle(wrapped, 1)  # the next request's, given back; the busy one is not in the list
+        busy = [t for t in _request_threads() if t is not thread]
+        assert busy and all(t.is_alive() for t in busy)
+    finally:
+        finish.set()
+    assert _idle(wrapped, 2)  # the cancelled request's thread, idle again, is back
