@@ -51,7 +51,12 @@ def ceiling(field: str):
 def effective_limit(project: Project, field: str):
     """The limit in force: the project's value bounded by the ceiling. Topology: 0 = unlimited;
     resources: None = no limit."""
-    value = getattr(project, field)
+    return limit_in_force(field, getattr(project, field))
+
+
+def limit_in_force(field: str, value):
+    """``effective_limit`` of a project whose ``field`` holds ``value`` (read apart from the
+    project's row, e.g. by a statement that reads it as it is now)."""
     cap = ceiling(field)
     if cap is None:
         return value

@@ -17,7 +17,7 @@ from django.db.models import Case, DurationField, Exists, F, IntegerField, Outer
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from accounts.limits import effective_limit
+from accounts.limits import effective_limit, limit_in_force
 from accounts.models import Project
 from collab.models import (
     ACTIVE_STATUSES,
@@ -447,10 +447,10 @@ _WAITING = Select("finish.waiting", _waiting)
 
 
 def _wake_for_slot(project, branch_id: str, waiting: _Waiting) -> None:
-    """``wake_waiting_in_project`` with the project's cap as the probe read it (``project`` was
-    read at the claim: an operator may have changed the cap while the turn ran)."""
-    project.max_running_jobs = waiting.max_running_jobs
-    wake_waiting_in_project(project, ended_branch_id=branch_id, running=waiting.in_project)
+    """``wake_waiting_in_project`` with the project's cap as the probe read it, not as ``project``
+    holds it (read at the claim: an operator may have changed the cap while the turn ran)."""
+    wake_waiting_in_project(project.pk, cap=limit_in_force("max_running_jobs", waiting.max_running_jobs),
+                            ended_branch_id=branch_id, running=waiting.in_project)
 
 
 DANGLING_RESULT = {

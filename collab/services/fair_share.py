@@ -139,10 +139,10 @@ def slot_waiters(project_id: int, *, except_branch_id: str):
     return Case(When(Exists(waiting), then=_running_count(project_id)), default=None, output_field=IntegerField())
 
 
-def wake_waiting_in_project(project: Project, *, ended_branch_id: str, running: int) -> list[str]:
+def wake_waiting_in_project(project_id: int, *, cap: int | None, ended_branch_id: str, running: int) -> list[str]:
     """A worker slot of the project was freed: hand its oldest jobs waiting for a slot back to the
-    queue, as many as it has free slots (``running``: its jobs in worker slots, from the
-    completion's probe, ``slot_waiters``), and clear their marks — in one statement, which picks
+    queue, as many as it has free slots (``cap``: its ``running_cap`` as it is now; ``running``:
+    its jobs in worker slots, from the completion's probe, ``slot_waiters``), and clear their marks — in one statement, which picks
     and changes them, so a job is woken once per decline. Returns the ids woken.
 
     A job whose branch is busy, or has an earlier queued job, is skipped and stays marked (its
@@ -159,7 +159,6 @@ def wake_waiting_in_project(project: Project, *, ended_branch_id: str, running: 
 
     Precondition: inside the completion transaction of the job that ended (enqueued on commit),
     after its ending UPDATE; the ended job's own branch is woken by its own rule."""
-    cap = running_cap(project)
     free = None if cap is None else cap - running
     if free is not None and free <= 0:
         return []
@@ -167,7 +166,7 @@ def wake_waiting_in_project(project: Project, *, ended_branch_id: str, running: 
         Q(status__in=ACTIVE_STATUSES) | Q(status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at"))
     ).order_by().values("pk")[:1]
     candidates = (
-        waiting_for_slot(project.pk).exclude(branch_id=ended_branch_id)
+        waiting_for_slot(project_id).exclude(branch_id=ended_branch_id)
         .annotate(blocker=Subquery(blocker)).filter(blocker__isnull=True)
         .order_by("created_at").select_for_update(no_key=True, skip_locked=True, of=("self",))
         .values("pk")

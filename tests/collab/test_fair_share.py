@@ -505,7 +505,7 @@ def test_p_sec_6_the_wake_ups_plan_does_not_depend_on_the_tables_statistics(team
     from django.test.utils import CaptureQueriesContext
 
     from collab.models import Branch
-    from collab.services.fair_share import slot_waiters, wake_waiting_in_project
+    from collab.services.fair_share import running_cap, slot_waiters, wake_waiting_in_project
 
     sessions = capped_sessions(team, 40, cap=2)
     branch_of = dict(Branch.objects.filter(session__in=sessions).values_list("session_id", "pk"))
@@ -517,7 +517,7 @@ def test_p_sec_6_the_wake_ups_plan_does_not_depend_on_the_tables_statistics(team
 
     def plans() -> tuple[str, str]:
         with CaptureQueriesContext(connection) as statements, transaction.atomic():
-            assert wake_waiting_in_project(project, ended_branch_id=ended_branch, running=1) == declined[:1]
+            assert wake_waiting_in_project(project.pk, cap=running_cap(project), ended_branch_id=ended_branch, running=1) == declined[:1]
             transaction.set_rollback(True)  # woken in a rolled-back transaction: planned again below
         wake = [q["sql"] for q in statements.captured_queries if q["sql"].startswith("UPDATE")]
         assert len(wake) == 1, statements.captured_queries  # picks and unmarks in one statement
