@@ -34,7 +34,9 @@ from collab.services.budgets import check_admission_quota
 from collab.services.locking import lock_branch, lock_job, lock_sessions
 from collab.services.messages import append_message
 from collab.text import clean_text
+from config.task_paths import TaskPath
 
+RUN_TURN = TaskPath("collab.tasks.run_turn")  # django-q2 calls it as it is (config.task_paths)
 PROMPT_KIND = {
     JobKind.USER: MessageKind.NORMAL,
     JobKind.SPAWN: MessageKind.AGENT_SPAWN,
@@ -210,4 +212,4 @@ def prompt_metadata(job: Job) -> dict:
 
 def enqueue_job(job_id: str) -> None:
     """Hand the job to a worker once the admission has committed (STYLE §6)."""
-    transaction.on_commit(lambda: async_task("collab.tasks.run_turn", job_id, task_name=f"turn-{job_id}"))
+    transaction.on_commit(lambda: async_task(RUN_TURN, job_id, task_name=f"turn-{job_id}"))

@@ -13,7 +13,9 @@ from collab.events import send_event_on_commit
 from collab.models import Branch, NameStage, effective_spec
 from collab.services.locking import lock_session
 from collab.text import fit_text
+from config.task_paths import TaskPath
 
+NAME_BRANCH = TaskPath("collab.tasks.name_branch")
 NAMING_TURNS = frozenset({1, 6, 16, 40})
 RENAMABLE = (NameStage.NONE, NameStage.LABEL, NameStage.AUTO)
 
@@ -22,7 +24,7 @@ def schedule_naming(branch_id: str, turns: int, name_stage: int) -> None:
     """Precondition: inside the transaction that brought the branch to ``turns`` turns."""
     if turns not in NAMING_TURNS or name_stage not in RENAMABLE:
         return
-    transaction.on_commit(lambda: async_task("collab.tasks.name_branch", branch_id, task_name=f"name-{branch_id}-{turns}"))
+    transaction.on_commit(lambda: async_task(NAME_BRANCH, branch_id, task_name=f"name-{branch_id}-{turns}"))
 
 
 def naming_input(branch_id: str):

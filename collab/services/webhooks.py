@@ -43,7 +43,9 @@ from collab.models import DeliveryEvent, DeliveryStatus, Job, Session, Webhook, 
 from collab.selectors.shapes import execution_shape
 from collab.text import clean_text
 from config.webhook_hosts import DEFAULT_PORTS, WebhookUrlError, check_webhook_url
+from config.task_paths import TaskPath
 
+DELIVER_WEBHOOK = TaskPath("collab.tasks.deliver_webhook")
 MAX_WEBHOOKS_PER_PROJECT = 10
 MAX_DESCRIPTION = 200
 SECRET_PREFIX = "whsec_"
@@ -234,7 +236,7 @@ def active_webhooks_key_shared(project_id: int) -> list[Webhook]:
 
 def enqueue_delivery(delivery_id: str) -> None:
     """Hand a delivery to a worker once the transaction that owes it commits."""
-    transaction.on_commit(lambda: async_task("collab.tasks.deliver_webhook", delivery_id,
+    transaction.on_commit(lambda: async_task(DELIVER_WEBHOOK, delivery_id,
                                              task_name=f"webhook-{delivery_id}"))
 
 
