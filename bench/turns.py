@@ -298,8 +298,13 @@ def main():
                 (f"{label} concurrent admission→terminal p50", f"{_common.percentile(conc, 0.5):.0f} ms", ""),
                 (f"{label} concurrent admission→terminal p99", f"{_common.percentile(conc, 0.99):.0f} ms", ""),
             ]
-            rows.append((f"{label} concurrent CPU per turn", ", ".join(
-                f"{name} {ms} ms" for name, ms in (part.split(":") for part in r["cpu"].split(","))), ""))
+            cpu = {name: float(ms) for name, ms in (part.split(":") for part in r["cpu"].split(","))}
+            rows.append((f"{label} concurrent CPU per turn", ", ".join(f"{name} {ms:.2f} ms" for name, ms in cpu.items()),
+                         ""))
+            # what the machine's cores allow at that cost (the load generator's own CPU aside): the
+            # rate to expect when nothing but CPU bounds it, to read the measured rate against
+            rows.append((f"{label} turns/s this machine's {os.cpu_count()} cores allow at that CPU per turn",
+                         f"{os.cpu_count() * 1000 / sum(cpu.values()):,.1f}/s", f">= {TARGET_TURNS_PER_S}/s"))
             if int(r["failed"]):
                 rows.append((f"{label} turns not succeeded", r["failed"], "0"))
         _common.table(rows)
