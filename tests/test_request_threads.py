@@ -47,6 +47,19 @@ def _idle(wrapped, n: int) -> bool:
     return False
 
 
+class Sink:
+    """An ASGI ``send`` that drops the messages; the test apps leave what they saw on it."""
+
+    async def __call__(self, message):
+        pass
+
+
+async def _until(event: threading.Event) -> None:
+    """Until ``event`` (set from a request's thread or task) is set, without blocking the loop."""
+    while not event.is_set():
+        await asyncio.sleep(0.001)
+
+
 def _request_threads():
     return [t for t in threading.enumerate() if t.name.startswith("trellis-request")]
 
@@ -92,14 +105,10 @@ def test_issue_15_1_concurrent_requests_never_share_a_thread_and_each_keeps_its_
     wrapped = RequestThreads(app)
 
     async def both():
-        class Sink:
-            async def __call__(self, message):
-                pass
 
         a, b = Sink(), Sink()
         task = asyncio.get_running_loop().create_task(wrapped({**SCOPE, "path": "/a"}, None, a))
-        while not first_in.is_set():
-            await asyncio.sleep(0.001)
+        await _until(first_in)
         await wrapped({**SCOPE, "path": "/b"}, None, b)  # while /a is still in flight
         release.set()
         await task
@@ -129,19 +138,11 @@ def test_issue_15_1_a_parked_request_gives_its_thread_back_for_others_to_use():
     wrapped = RequestThreads(app)
 
     async def run():
-        class Sink:
-            async def __call__(self, message):
-                pass
 
         waiting, other = Sink(), Sink()
         task = asyncio.get_running_loop().create_task(wrapped({**SCOPE, "path": "/wait"}, None, waiting))
-        while not parked.is_set():
-            await asyncio.sleep(0.001)
-        for _ in range(1000):  # given back while still parked
-            if len(wrapped.idle) == 1:
-                break
-            await asyncio.sleep(0.001)
-        assert len(wrapped.idle) == 1
+        await _until(parked)
+        assert await asyncio.to_thread(_idle, wrapped, 1)  # given back while still parked
         await wrapped({**SCOPE, "path": "/other"}, None, other)
         resume.set()
         await task
@@ -193,18 +194,13 @@ def test_issue_15_1_a_request_back_from_its_wait_is_lent_a_thread_again():
     wrapped = RequestThreads(app)
 
     async def run():
-        class Sink:
-            async def __call__(self, message):
-                pass
 
         waiting, other = Sink(), Sink()
         loop = asyncio.get_running_loop()
         first = loop.create_task(wrapped({**SCOPE, "path": "/wait"}, None, waiting))
-        while not parked.is_set():
-            await asyncio.sleep(0.001)
+        await _until(parked)
         second = loop.create_task(wrapped({**SCOPE, "path": "/other"}, None, other))
-        while not other_in.is_set():
-            await asyncio.sleep(0.001)
+        await _until(other_in)
         resume.set()
         await first
         other_done.set()
@@ -237,13 +233,9 @@ def test_issue_15_1_a_cancelled_request_s_thread_is_lent_again_only_once_its_cal
     wrapped = RequestThreads(app)
 
     async def run():
-        class Sink:
-            async def __call__(self, message):
-                pass
 
         task = asyncio.get_running_loop().create_task(wrapped({**SCOPE, "path": "/slow"}, None, Sink()))
-        while not started.is_set():
-            await asyncio.sleep(0.001)
+        await _until(started)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
