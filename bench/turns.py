@@ -45,6 +45,7 @@ from bench import _common  # noqa: E402
 TARGET_QUERIES = 20
 TARGET_TURNS_PER_S = 100
 TARGET_SEQ_P50_MS = 30
+LOAD_GENERATOR = "load generator"
 PROMPT = ("The quick brown fox jumps over the lazy dog; " * 9)[:400]
 
 
@@ -190,7 +191,9 @@ def phase_run(args):
     split = [(stamps[pk][0] - sent, stamps[pk][1] - stamps[pk][0], stamps[pk][2] - stamps[pk][1], back - stamps[pk][2])
              for pk, sent, back in marks]
     print("seq_split=" + ";".join(",".join(f"{x:.5f}" for x in row) for row in split))
-    roles = json.loads(args.cpu_roles or "{}")
+    # this process too (the clients' threads and the end check): not the platform's, but it runs on
+    # the same cores, so what it takes is what the measured rate falls short of their ceiling by
+    roles = {**json.loads(args.cpu_roles or "{}"), LOAD_GENERATOR: ["pid", os.getpid()]}
     cpu_before = _common.cpu_by_role(roles)
     start = time.perf_counter()
     ids = _submit_all(args, client, concurrent)
@@ -301,10 +304,11 @@ def main():
             cpu = {name: float(ms) for name, ms in (part.split(":") for part in r["cpu"].split(","))}
             rows.append((f"{label} concurrent CPU per turn", ", ".join(f"{name} {ms:.2f} ms" for name, ms in cpu.items()),
                          ""))
-            # what the machine's cores allow at that cost (the load generator's own CPU aside): the
+            # what the machine's cores allow at the platform's cost (the load generator's aside): the
             # rate to expect when nothing but CPU bounds it, to read the measured rate against
-            rows.append((f"{label} turns/s this machine's {os.cpu_count()} cores allow at that CPU per turn",
-                         f"{os.cpu_count() * 1000 / sum(cpu.values()):,.1f}/s", f">= {TARGET_TURNS_PER_S}/s"))
+            platform = sum(ms for name, ms in cpu.items() if name != LOAD_GENERATOR)
+            rows.append((f"{label} turns/s this machine's {os.cpu_count()} cores allow at the platform's CPU per turn",
+                         f"{os.cpu_count() * 1000 / platform:,.1f}/s", f">= {TARGET_TURNS_PER_S}/s"))
             if int(r["failed"]):
                 rows.append((f"{label} turns not succeeded", r["failed"], "0"))
         _common.table(rows)
