@@ -17,9 +17,10 @@ and authorization as ``GET /api/executions/{id}``.
 
 No thread is busy per open stream: the view is async and the body an async iterator that
 daphne drains on its event loop (the request's own sync thread, ``config.request_threads``,
-stays reserved for the stream's reads, idle between them). It waits on the session's channel-layer group (Redis), or on
-this process's database relay (``collab.live``) on the embedded default, and reads the log
-only when something about this session arrived (or at each heartbeat, as a safety net).
+stays reserved for the stream's reads, idle between them). It waits on the session's
+channel-layer group (Redis), or on this process's database relay (``collab.live``) on the
+embedded default, and reads the log only when something about this session arrived (or at
+each heartbeat, as a safety net).
 """
 
 import asyncio

@@ -142,8 +142,9 @@ def slot_waiters(project_id: int, *, except_branch_id: str):
 def wake_waiting_in_project(project_id: int, *, cap: int | None, ended_branch_id: str, running: int) -> list[str]:
     """A worker slot of the project was freed: hand its oldest jobs waiting for a slot back to the
     queue, as many as it has free slots (``cap``: its ``running_cap`` as it is now; ``running``:
-    its jobs in worker slots, from the completion's probe, ``slot_waiters``), and clear their marks — in one statement, which picks
-    and changes them, so a job is woken once per decline. Returns the ids woken.
+    its jobs in worker slots, from the completion's probe, ``slot_waiters``), and clear their
+    marks — in one statement, which picks and changes them, so a job is woken once per decline.
+    Returns the ids woken.
 
     A job whose branch is busy, or has an earlier queued job, is skipped and stays marked (its
     branch's rule wakes the next job there: ``execution.enqueue_next_on_branch``); so is one whose
