@@ -236,9 +236,10 @@ def pushed_wires(message: dict) -> list[dict]:
 
 def push_events(session_id: str, wires: list[dict]) -> None:
     """Best effort, after a commit: the commit's events of one session to its live listeners, in
-    order, as one message of the channel layer (one ``group_send`` — three round trips to Redis —
-    per commit, however many events; a listener that misses a push catches up from the log by
-    ``seq``)."""
+    order, as one message of the channel layer (one ``group_send`` per commit, however many events;
+    a listener that misses a push catches up from the log by ``seq``). With Redis, a thread without
+    an event loop sends it itself (``config.channel_layer``: one round trip when nobody listens,
+    two when someone does); elsewhere it goes through the layer's ``group_send`` on a loop."""
     layer = get_channel_layer()
     if layer is None or not wires:
         return
@@ -252,8 +253,10 @@ def push_events(session_id: str, wires: list[dict]) -> None:
         await layer.group_send(group, message)
 
     try:
-        loop = _push_loop(layer)
-        if loop is None:
+        sender = _blocking_sender(layer)
+        if sender is not None:
+            sender.group_send(group, message)
+        elif (loop := _push_loop(layer)) is None:
             async_to_sync(send_all)()
         else:
             sent = asyncio.run_coroutine_threadsafe(send_all(), loop)
@@ -266,6 +269,19 @@ def push_events(session_id: str, wires: list[dict]) -> None:
         log.warning("could not push events %s/%s-%s", session_id, wires[0].get("seq"), wires[-1].get("seq"),
                     exc_info=True)
     wake_relays()
+
+
+def _blocking_sender(layer):
+    """The layer's ``group_send`` for this thread (``config.channel_layer``), or None: where the
+    layer has none, and on a running event loop, which a blocking send would stall."""
+    sender = getattr(layer, "blocking_sender", None)
+    if sender is None:
+        return None
+    try:
+        asyncio.get_running_loop()
+        return None
+    except RuntimeError:
+        return sender
 
 
 # --- one push loop per process (issue 15 item 1) --------------------------------------------------
@@ -308,13 +324,22 @@ WARM_GROUP = "trellis-push-warm-up"
 
 
 def warm_push(wait: float = 0) -> None:
-    """Open this process's push loop and its channel-layer connection now, not at its first event:
-    the first push of a fresh process set up the loop thread and the Redis connection (~57 ms
-    here, issue 15 item 1 ``live``), on that event's way to every listener. A worker process does
-    it as it starts (``collab.apps``), in the background; ``wait`` > 0 waits that long for it.
-    A no-op where pushes do not use the push loop (the in-memory layer, a thread of a server)."""
+    """Open this process's channel-layer connection (and, where pushes go through one, its push
+    loop) now, not at its first event: the first push of a fresh process set them up (~57 ms here,
+    issue 15 item 1 ``live``), on that event's way to every listener. A worker process does it as
+    it starts (``collab.apps``), in the background; ``wait`` > 0 waits that long for it. A no-op
+    where pushes open nothing (the in-memory layer, a thread of a server without a blocking sender)."""
     layer = get_channel_layer()
-    loop = _push_loop(layer) if layer is not None else None
+    if layer is None:
+        return
+    sender = _blocking_sender(layer)
+    if sender is not None:  # one round trip to each server, in the background
+        warming = threading.Thread(target=_ping, args=(sender,), name="trellis-push-warm-up", daemon=True)
+        warming.start()
+        if wait:
+            warming.join(wait)
+        return
+    loop = _push_loop(layer)
     if loop is None:
         return
     # one round trip: removing a member nobody added from a group nobody uses
@@ -324,6 +349,13 @@ def warm_push(wait: float = 0) -> None:
             warmed.result(wait)
         except Exception:  # best effort, like the pushes themselves
             log.warning("could not reach the channel layer to warm up the event push", exc_info=True)
+
+
+def _ping(sender) -> None:
+    try:
+        sender.ping()
+    except Exception:  # best effort, like the pushes themselves
+        log.warning("could not reach the channel layer to warm up the event push", exc_info=True)
 
 
 # --- waking the embedded relays (collab/live.py) across processes --------------------------------

@@ -249,7 +249,7 @@ CHANNEL_REDIS_SOCKET_TIMEOUT = 15  # seconds; channels-redis blocks 5 s (brpop_t
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "config.channel_layer.RedisChannelLayer",  # channels-redis's, + a blocking group_send
             # socket_timeout: redis-py 8 reads with a 5 s timeout by default, the length of the
             # BZPOPMIN channels-redis blocks in while a channel is idle — the read then raised
             # "Timeout reading from …" into whichever consumer was receiving, killing it

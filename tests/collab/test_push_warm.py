@@ -1,7 +1,7 @@
-"""A worker process opens its event push loop and channel-layer connection as it starts
-(issue 15 item 1 ``live``): its first event no longer carries that set-up to every listener."""
+"""A worker process opens its channel-layer connection (and its event push loop, where pushes go
+through one) as it starts (issue 15 item 1 ``live``): its first event no longer carries that
+set-up to every listener."""
 
-import os
 import threading
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -10,24 +10,45 @@ from collab import events
 from collab.apps import _warm_event_push
 
 
-def test_a_worker_start_opens_the_push_loop_its_events_then_use(monkeypatch):
+def _on_a_plain_thread(fn, *args, **kwargs):
+    """As in a worker process (this test's own thread may carry an event loop of an earlier async test)."""
+    thread = threading.Thread(target=fn, args=args, kwargs=kwargs)
+    thread.start()
+    thread.join(20)
+
+
+def test_a_worker_start_opens_the_connection_its_events_then_use(monkeypatch):
     monkeypatch.setattr(events, "_loop", None)  # as in a freshly spawned worker
-    # what django-q2's post_spawn sends, on a plain thread as in a worker process (this test's own
-    # thread may carry an event loop of an earlier async test)
-    spawned = threading.Thread(target=_warm_event_push, kwargs={"sender": "django_q", "proc_name": "Process-test"})
-    spawned.start()
-    spawned.join()
-    if isinstance(get_channel_layer(), InMemoryChannelLayer):
+    layer = get_channel_layer()
+    sender = getattr(layer, "blocking_sender", None)
+    if sender is not None:
+        monkeypatch.setattr(sender, "_clients", {})
+    # what django-q2's post_spawn sends
+    _on_a_plain_thread(_warm_event_push, sender="django_q", proc_name="Process-test")
+    if isinstance(layer, InMemoryChannelLayer):
         assert events._loop is None  # the embedded default pushes in-process: nothing to open
         return
-    loop = events._loop
-    assert loop is not None and loop[0] == os.getpid()
-    def push():
-        events.warm_push(wait=10)  # the signal's round trip ran in the background: one more, waited for
-        events.push_events("abcdefabcdef", [{"seq": 1, "type": "test", "payload": {}}])
+    _on_a_plain_thread(events.warm_push, wait=10)  # the signal's round trip ran in the background: one more, waited for
+    pool = sender.client(0).connection_pool
+    opened = pool._created_connections
+    assert opened >= 1 and len(pool._available_connections) == opened  # open, and back in the pool
+    _on_a_plain_thread(events.push_events, "abcdefabcdef", [{"seq": 1, "type": "test", "payload": {}}])
+    assert pool._created_connections == opened  # the push took a warmed connection
+    assert events._loop is None  # and started no push loop
 
-    pushing = threading.Thread(target=push)
-    pushing.start()
-    pushing.join()
+
+def test_a_layer_without_a_blocking_send_is_warmed_through_the_push_loop(monkeypatch):
+    """A layer of the operator's choosing that has no ``blocking_sender`` (channels-redis's own, a
+    pub/sub layer): the push loop and its connection open at worker start, and pushes use them."""
+    layer = get_channel_layer()
+    if isinstance(layer, InMemoryChannelLayer):
+        return
+    monkeypatch.setattr(layer, "blocking_sender", None)
+    monkeypatch.setattr(events, "_loop", None)
+    _on_a_plain_thread(_warm_event_push, sender="django_q", proc_name="Process-test")
+    loop = events._loop
+    assert loop is not None
+    _on_a_plain_thread(events.warm_push, wait=10)
+    _on_a_plain_thread(events.push_events, "abcdefabcdef", [{"seq": 1, "type": "test", "payload": {}}])
     assert loop[1].is_running()
     assert events._loop is loop  # the push went through the warmed loop, no new one
