@@ -129,9 +129,11 @@ def cpu_seconds(pid: int) -> float:
 
 def cpu_by_role(roles: dict) -> dict[str, dict[int, float]]:
     """CPU seconds (user + system, Linux ``/proc``) used so far by each role's processes, by
-    pid: ``roles`` maps a name to ``("pgid", N)`` (a process group: a qcluster and the workers it
-    forked), ``("pid", N)`` or ``("comm", NAME)`` (every process of that name: PostgreSQL's
-    backends, redis-server). ``cpu_used`` gives what was used between two readings."""
+    pid, with what their ended children used (the kernel adds a child's to its parent's when
+    the parent reaps it): ``roles`` maps a name to ``("pgid", N)`` (a process group: a qcluster
+    and the workers it forked, which django-q2 replaces every ``recycle`` tasks), ``("pid", N)``
+    or ``("comm", NAME)`` (every process of that name: PostgreSQL's postmaster and backends,
+    redis-server). ``cpu_used`` gives what was used between two readings."""
     ticks = os.sysconf("SC_CLK_TCK")
     found = {name: {} for name in roles}
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
@@ -141,15 +143,16 @@ def cpu_by_role(roles: dict) -> dict[str, dict[int, float]]:
         for name, (kind, value) in roles.items():
             if ((kind == "pgid" and int(fields[2]) == value) or (kind == "pid" and int(pid) == value)
                     or (kind == "comm" and _comm(pid) == value)):
-                found[name][int(pid)] = (int(fields[11]) + int(fields[12])) / ticks
+                found[name][int(pid)] = sum(int(f) for f in fields[11:15]) / ticks  # utime stime cutime cstime
     return found
 
 
 def cpu_used(before: dict, after: dict) -> dict[str, float]:
-    """Per role, the CPU seconds used between two ``cpu_by_role`` readings: each process's
-    growth, a process started meanwhile whole; one that ended meanwhile (a PostgreSQL backend
-    whose connection closed) is lost with what it used."""
-    return {name: sum(t - before[name].get(pid, 0.0) for pid, t in after[name].items()) for name in after}
+    """Per role, the CPU seconds used between two ``cpu_by_role`` readings: all of the second
+    less all of the first. A process that ended meanwhile (a recycled worker, a PostgreSQL
+    backend whose connection closed) is counted by its parent's reaped children, of the same
+    role, whole; what it had used by the first reading is taken off with that reading."""
+    return {name: sum(after[name].values()) - sum(before[name].values()) for name in after}
 
 
 def run_phase(args, phases: dict) -> bool:
