@@ -13,6 +13,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from config.fast_load import FastLoad
+
 
 class Role(models.TextChoices):
     VIEWER = "viewer"
@@ -36,7 +38,7 @@ def _null_or_positive(name):
     )
 
 
-class Project(models.Model):
+class Project(FastLoad, models.Model):
     """A tenant. Limits live here (SPEC §7): topology counts use 0 = unlimited,
     resource limits use null = inherit the deployment default."""
 
@@ -100,7 +102,7 @@ class MembershipQuerySet(models.QuerySet):
         return self.filter(accepted_at__isnull=True)
 
 
-class Membership(models.Model):
+class Membership(FastLoad, models.Model):
     """A person's role in a project. Added through the API, a page or the admin it starts as an
     *invitation* (``accepted_at`` null) that gives nothing until the person accepts it; rows
     created directly by trusted code (a new project's creator, ``manage.py demo``, fixtures)
@@ -167,7 +169,7 @@ class ApiTokenQuerySet(models.QuerySet):
         )
 
 
-class ApiToken(models.Model):
+class ApiToken(FastLoad, models.Model):
     """A bearer token. Only its SHA-256 is stored; the raw value is shown once.
 
     A token may expire (``expires_at``) and carries scopes; revoking a token revokes the

@@ -3,9 +3,10 @@ from django.db.models import Q
 from django.utils import timezone
 
 from collab.models.ids import id_field
+from config.fast_load import FastLoad
 
 
-class Artifact(models.Model):
+class Artifact(FastLoad, models.Model):
     """The full text of a truncated result (SPEC §9), readable like its execution."""
 
     id = id_field()

@@ -2,6 +2,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from config.fast_load import FastLoad
+
 
 class ConnectionProvider(models.TextChoices):
     OPENAI = "openai"
@@ -13,7 +15,7 @@ class ConnectionSource(models.TextChoices):
     SETTINGS = "settings"  # mirrored from TRELLIS_MODEL_CONNECTIONS; read-only in the admin
 
 
-class ModelConnection(models.Model):
+class ModelConnection(FastLoad, models.Model):
     """An operator-owned model endpoint (SPEC §10, P-SEC-0): where requests go and which worker
     environment variable holds the key. Tenants never type a URL or a variable name; an
     AgentSpec names a connection, and may use it only if it is bound to the spec's project

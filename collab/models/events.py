@@ -2,8 +2,10 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from config.fast_load import FastLoad
 
-class Event(models.Model):
+
+class Event(FastLoad, models.Model):
     """Append-only, per-session ordered log (OP §3): the audit trail and the source of live updates.
 
     Project-level events (memberships, limits) have no session; their ``seq`` counts

@@ -3,6 +3,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from config.fast_load import FastLoad
+
 
 class HoldStatus(models.TextChoices):
     PENDING = "pending"
@@ -10,7 +12,7 @@ class HoldStatus(models.TextChoices):
     REJECTED = "rejected"
 
 
-class HeldDelivery(models.Model):
+class HeldDelivery(FastLoad, models.Model):
     """A delivery (``send_message`` or ``agent(to=…)``) held by the project's watch policy
     until a member approves or rejects it (SPEC §7, OP §3, §5.8). Sub-agents pass the same gate."""
 

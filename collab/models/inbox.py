@@ -3,13 +3,15 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from config.fast_load import FastLoad
+
 
 class InboxKind(models.TextChoices):
     MESSAGE = "message"
     TASK = "task"
 
 
-class InboxEntry(models.Model):
+class InboxEntry(FastLoad, models.Model):
     """A delivery persisted for a busy target (OP §5.4), drained FIFO when its turn ends."""
 
     target_branch = models.ForeignKey("collab.Branch", on_delete=models.CASCADE, related_name="inbox")

@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from collab.models.ids import id_field
 from collab.models.sessions import Message, MessageRole
+from config.fast_load import FastLoad
 from config.prepared import Param, Select
 
 
@@ -92,7 +93,7 @@ class FollowupState(models.TextChoices):
     DELIVERED = "delivered"
 
 
-class Job(models.Model):
+class Job(FastLoad, models.Model):
     """The canonical execution: ``execution_id == Job.id``.
 
     Every state change bumps ``version`` (the cancel command's optimistic check).
@@ -274,7 +275,7 @@ class Job(models.Model):
         return answer
 
 
-class ExecutionCommand(models.Model):
+class ExecutionCommand(FastLoad, models.Model):
     """An idempotent control command (SPEC §7): repeating ``command_id`` returns the first answer."""
 
     command_id = models.CharField(max_length=120, primary_key=True, help_text="EXECUTION_ID:client command id")

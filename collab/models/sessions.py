@@ -4,6 +4,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from collab.models.ids import id_field
+from config.fast_load import FastLoad
 
 # OW §3's task_name format for the database CHECKs: ``\A``/``\Z`` anchor at the very start and end
 # on both PostgreSQL (ARE) and SQLite (Python ``re``), where ``$`` would accept a trailing newline
@@ -18,7 +19,7 @@ class Visibility(models.TextChoices):
     SHARED = "shared"  # its creator and the members named in ``SessionShare``, plus maintainers and owners
 
 
-class Session(models.Model):
+class Session(FastLoad, models.Model):
     """A conversation DAG in one project.
 
     ``head`` is the message a person has selected; agents never move it (OP §2.1).
@@ -106,7 +107,7 @@ class MessageKind(models.TextChoices):
     ATTACH = "attach"
 
 
-class Message(models.Model):
+class Message(FastLoad, models.Model):
     """An immutable DAG node. It belongs to the branch it was written on.
 
     ``depth`` (distance from the root) and ``turn`` (turn ordinal along the
@@ -166,7 +167,7 @@ class Message(models.Model):
 SHARE_ROLES = ("viewer", "member", "maintainer", "owner")
 
 
-class SessionShare(models.Model):
+class SessionShare(FastLoad, models.Model):
     """A member a ``shared`` session is shown to, with the most they may do in it: their
     effective role is the lesser of ``role`` and their project role. Rows outlive a change
     of visibility (nothing is deleted); they count only while the session is ``shared``."""

@@ -2,6 +2,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from config.fast_load import FastLoad
+
 
 class Provider(models.TextChoices):
     SCRIPTED = "scripted"
@@ -24,7 +26,7 @@ class FollowupMode(models.TextChoices):
     MAILBOX = "mailbox"
 
 
-class AgentSpec(models.Model):
+class AgentSpec(FastLoad, models.Model):
     """A saved, reusable agent configuration, selected by ``agent_id``.
 
     ``agent_id`` never addresses a branch (OP §1). A spec on a model API names an

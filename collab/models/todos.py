@@ -2,6 +2,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from config.fast_load import FastLoad
+
 
 class TodoStatus(models.TextChoices):
     PENDING = "pending"
@@ -9,7 +11,7 @@ class TodoStatus(models.TextChoices):
     COMPLETED = "completed"
 
 
-class Todo(models.Model):
+class Todo(FastLoad, models.Model):
     """A plan item; never starts anything (OP §1)."""
 
     session = models.ForeignKey("collab.Session", on_delete=models.CASCADE, related_name="todos")

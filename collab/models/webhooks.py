@@ -13,9 +13,10 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from collab.models.ids import id_field
+from config.fast_load import FastLoad
 
 
-class Webhook(models.Model):
+class Webhook(FastLoad, models.Model):
     id = id_field()
     project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="webhooks")
     url = models.CharField(max_length=2000, help_text="http(s); its host is on TRELLIS_WEBHOOK_HOSTS")
@@ -54,7 +55,7 @@ class DeliveryEvent(models.TextChoices):
     EXECUTION_FINISHED = "execution.finished"
 
 
-class WebhookDelivery(models.Model):
+class WebhookDelivery(FastLoad, models.Model):
     """One notice to one webhook, and how its attempts went (the remote host's answer is kept
     as its HTTP status only; reasons are Trellis's own words)."""
 
