@@ -62,8 +62,11 @@ def _session_sets(touch=None, head=None) -> tuple[str, list]:
         sql += ", last_active_at = %s"
         params.append(connection.ops.adapt_datetimefield_value(touch))
     if head is not None:
-        sql += (", head_id = CASE WHEN head_id IS NULL OR EXISTS (SELECT 1 FROM collab_message h "
-                "WHERE h.id = collab_session.head_id AND h.branch_id = %s) THEN %s ELSE head_id END")
+        # the HEAD's branch by its id alone: a subquery that also names the branch can be planned
+        # as a walk through the branch's messages (a prepared statement's generic plan, made while
+        # the table was small, kept it: one read per message of the branch at every turn)
+        sql += (", head_id = CASE WHEN head_id IS NULL OR (SELECT h.branch_id FROM collab_message h "
+                "WHERE h.id = collab_session.head_id) = %s THEN %s ELSE head_id END")
         params.extend(head)
     return sql, params
 

@@ -25,6 +25,7 @@ refused outside a transaction.
 """
 
 import datetime
+import re
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -98,6 +99,46 @@ def _frozen_check(sql: str, params) -> None:
     for p in params:
         if isinstance(p, (datetime.datetime, datetime.date, datetime.timedelta)):
             raise TypeError(f"a prepared statement would keep the value {p!r} for every run; pass it as a Param: {sql}")
+
+
+_PLACEHOLDER = re.compile(r"%%|%s")
+
+
+def _inline_constants(sql: str, params, connection) -> tuple[str, list]:
+    """PostgreSQL: the statement's constants (every parameter but a ``Param``'s: a status, a
+    flag, the 1 of ``version + 1``, which the builder put there and which never change) written
+    into its SQL as literals (quoted by psycopg), only the ``Param`` placeholders left.
+
+    Why: PostgreSQL plans a prepared statement once for all values (a generic plan), and a
+    condition on a parameter proves nothing about a partial index's predicate or a status's
+    frequency. Planned while a fresh database's tables were nearly empty, the claim counted a
+    project's running jobs by reading all of the project's jobs, and the admission looked for a
+    branch's open job among all of its jobs — plans kept until the tables were analyzed, reading
+    more rows at every turn as the tables grew (``pg_stat_user_indexes`` in a 1,500-turn
+    ``bench/turns.py`` run: ~2,000 index entries read per claim). With the constants in the SQL,
+    ``status IN ('running', 'stopping')`` is what the partial indexes are built for."""
+    if connection.vendor != "postgresql":
+        return sql, list(params)
+    from psycopg import sql as psycopg_sql
+
+    raw, values, kept = connection.connection, iter(params), []
+
+    def one(match):
+        if match.group() == "%%":
+            return "%%"
+        value = next(values)
+        if type(value) is _Slot:
+            kept.append(value)
+            return "%s"
+        return psycopg_sql.Literal(value).as_string(raw).replace("%", "%%")
+
+    inlined = _PLACEHOLDER.sub(one, sql)
+    if next(values, _END) is not _END:
+        raise ValueError(f"more parameters than placeholders: {sql}")
+    return inlined, kept
+
+
+_END = object()
 
 
 def _converted(rows, converters: dict, connection) -> list:
@@ -184,6 +225,7 @@ class _CompiledSelect:
         compiler = queryset.query.get_compiler(connection=connection)
         self.sql, self.params = compiler.as_sql()
         _frozen_check(self.sql, self.params)
+        self.sql, self.params = _inline_constants(self.sql, self.params, connection)
         features = connection.features  # as the compiler refuses it (SQLite: no row locks, no refusal)
         self.locks = bool(queryset.query.select_for_update) and features.has_select_for_update \
             and features.supports_transactions
@@ -243,7 +285,7 @@ class Update:
                 queryset, sets, returning = self.build(*shape)
                 return update_returning(queryset, sets, returning)
         connection, compiled = _cached((self.name, *shape), lambda conn: _checked(compile_update_returning(
-            *self._typed(*self.build(*shape)), connection=conn)))
+            *self._typed(*self.build(*shape)), connection=conn), conn))
         if compiled is None:
             return []
         return compiled.run(connection, values)
@@ -257,9 +299,10 @@ class Update:
         return queryset, sets, returning
 
 
-def _checked(compiled):
+def _checked(compiled, connection):
     if compiled is not None:
         _frozen_check(compiled.sql, compiled.params)
+        compiled.sql, compiled.params = _inline_constants(compiled.sql, compiled.params, connection)
     return compiled
 
 

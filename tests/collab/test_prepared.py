@@ -226,3 +226,32 @@ def test_a_cached_insert_writes_the_row_create_would(two_jobs):
             f.attname: getattr(row, f.attname) for f in Job._meta.concrete_fields}
     given = insert.create(**fields, created_at=made[0].created_at)  # a db_default column given: as create does
     assert Job.objects.get(pk=given.pk).created_at == made[0].created_at
+
+
+def test_a_statements_constants_are_in_its_sql_on_postgresql(two_jobs):
+    """PostgreSQL plans a prepared statement once for all values: a constant sent as a parameter
+    proves nothing about a partial index's predicate (``status IN ('queued', …)``) or a status's
+    frequency. On PostgreSQL the constants a builder puts in a statement are written into its SQL
+    as quoted literals, only the Params left as parameters; rows read and written are the same."""
+    from config.prepared import _STATEMENTS, _Slot
+
+    odd = "it's 50%"  # a quote and a percent sign, as SQL and the driver's placeholders see them
+    statement = Select("test.constants", lambda: Job.objects.filter(
+        pk=Param("job"), status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exclude(prompt_header=odd)
+        .values_list("pk", flat=True))
+    claim = Update("test.claim.constants", _claim)
+    assert statement.rows(job=two_jobs[0].pk) == [two_jobs[0].pk]
+    (won,) = claim.run(job=two_jobs[1].pk, worker="w", lease=timedelta(seconds=30))
+    assert won.status == JobStatus.RUNNING and won.version == two_jobs[1].version + 1
+    Job.objects.filter(pk=two_jobs[0].pk).update(prompt_header=odd)
+    assert statement.rows(job=two_jobs[0].pk) == []  # the quoted constant matches the stored text
+    select = _STATEMENTS[(connection.alias, connection.vendor, "test.constants")]
+    update = _STATEMENTS[(connection.alias, connection.vendor, "test.claim.constants")]
+    if connection.vendor != "postgresql":  # SQLite plans each statement anew: parameters as the ORM sends them
+        assert JobStatus.QUEUED in select.params
+        return
+    assert all(type(p) is _Slot for p in (*select.params, *update.params))
+    assert [p.name for p in select.params] == ["job"] and {p.name for p in update.params} == {"job", "worker", "lease"}
+    assert "IN ('queued', 'running')" in select.sql and "'it''s 50%%'" in select.sql
+    assert "\"status\" = 'running'" in update.sql and "\"status\" = 'queued'" in update.sql
+    assert '"version" + 1' in update.sql
