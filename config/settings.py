@@ -320,6 +320,10 @@ if TRELLIS_RECONCILE_SECONDS > TRELLIS_LEASE_SECONDS:
         f"TRELLIS_RECONCILE_SECONDS ({TRELLIS_RECONCILE_SECONDS}) must not exceed TRELLIS_LEASE_SECONDS "
         f"({TRELLIS_LEASE_SECONDS}): recovery takes up to lease + reconcile interval"
     )
+# A new database's turn tables are ANALYZEd by the reconciler once they hold this much (KB),
+# instead of at autovacuum's first pass: the plans prepared on their first rows are made again
+# with real proportions (collab/services/statistics.py).
+TRELLIS_FIRST_ANALYZE_KB = env_int("TRELLIS_FIRST_ANALYZE_KB", 64, minimum=0)
 # Fault points (collab/faults.py) for the reliability suite only: a directory of arming files;
 # unset (always, in a deployment) every point is a no-op.
 TRELLIS_FAULT_DIR = env_str("TRELLIS_FAULT_DIR", "")

@@ -17,6 +17,8 @@
   whatever left them waiting.
 - Webhook deliveries whose retry is due are handed to the queue, and attempts whose worker
   died mid-send are taken back (``collab.services.webhooks.hand_off_due_deliveries``).
+- A new database's turn tables get their first statistics once they hold a few pages
+  (``collab.services.statistics``).
 
 It runs in every worker process every ``TRELLIS_RECONCILE_SECONDS``, at worker start,
 and from ``manage.py reconcile``. All times are the database's.
@@ -35,6 +37,7 @@ from collab.services.admission import enqueue_job
 from collab.services.deliver import drain_idle_inbox
 from collab.services.execution import finish_job
 from collab.services.followup import deliver_owed
+from collab.services.statistics import analyze_new_tables
 from collab.services.webhooks import hand_off_due_deliveries
 
 log = logging.getLogger(__name__)
@@ -80,7 +83,7 @@ def reconcile() -> dict:
     for branch_id in set(InboxEntry.objects.filter(~Exists(running)).values_list("target_branch_id", flat=True)):
         drained += [j.pk for j in drain_idle_inbox(branch_id)]
     result = {"interrupted": interrupted, "requeued": stale, "followups": settled, "drained": drained,
-              **hand_off_due_deliveries()}
+              **hand_off_due_deliveries(), "analyzed": analyze_new_tables()}
     if any(result.values()):
         log.info("reconciled: %s", result)
     return result
