@@ -14,7 +14,8 @@ per claim.
 ``TRELLIS_FIRST_ANALYZE_KB`` of rows: the plans made before are dropped (an ANALYZE invalidates
 them in every connection) and made again with the rows' real proportions. From then on
 autovacuum keeps them. Each worker's reconciler calls it (every ``TRELLIS_RECONCILE_SECONDS``)
-until every such table has been analyzed; then it asks no more. A no-op on SQLite.
+until every such table has been analyzed, then asks no more; it tries each table once (a table
+it may not ANALYZE is left to autovacuum). A no-op on SQLite.
 """
 
 import logging
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 
 TURN_TABLES = (Job, Message, Event, Branch, Session)
 _done = False
+_tried: set[str] = set()  # once each per process: a user that may not ANALYZE a table is warned once
 
 
 def analyze_new_tables() -> list[str]:
@@ -49,7 +51,8 @@ def analyze_new_tables() -> list[str]:
         if not new:
             _done = True
             return []
-        due = [name for name, size in new if size >= settings.TRELLIS_FIRST_ANALYZE_KB * 1024]
+        due = [name for name, size in new if size >= settings.TRELLIS_FIRST_ANALYZE_KB * 1024 and name not in _tried]
+        _tried.update(due)
         if due:
             quote = connection.ops.quote_name
             cursor.execute("ANALYZE " + ", ".join(quote(name) for name in due))

@@ -28,6 +28,7 @@ def _reltuples(table):
 
 def test_the_reconciler_analyzes_a_new_turn_table_once_it_holds_enough(settings, monkeypatch):
     monkeypatch.setattr(statistics, "_done", False)
+    monkeypatch.setattr(statistics, "_tried", set())
     for table in ("collab_job", "collab_message", "collab_event", "collab_branch", "collab_session"):
         _never_analyzed(table)
     settings.TRELLIS_FIRST_ANALYZE_KB = 10**6  # more than any table holds: nothing is due yet
@@ -38,6 +39,10 @@ def test_the_reconciler_analyzes_a_new_turn_table_once_it_holds_enough(settings,
     assert set(analyzed) == {"collab_job", "collab_message", "collab_event", "collab_branch", "collab_session"}
     assert _reltuples("collab_job") >= 0
     assert reconcile()["analyzed"] == [] and statistics._done  # all analyzed: it asks no more
+    monkeypatch.setattr(statistics, "_done", False)
+    _never_analyzed("collab_job")  # as if its ANALYZE had been refused: it is not tried again
+    assert reconcile()["analyzed"] == [] and not statistics._done
+    monkeypatch.setattr(statistics, "_done", True)
     _never_analyzed("collab_job")
     assert reconcile()["analyzed"] == []  # (a process that saw them all analyzed)
     with connection.cursor() as cursor:
