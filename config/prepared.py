@@ -34,6 +34,7 @@ from django.db.models import Expression
 from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesListIterable, get_related_populators
 from django.db.models.sql import InsertQuery, UpdateQuery
 from django.db.transaction import TransactionManagementError
+from psycopg import sql as psycopg_sql
 
 # the values of a statement that runs through the ORM instead of its cached SQL (an old SQLite
 # without RETURNING): Params compile to the values themselves there
@@ -119,8 +120,6 @@ def _inline_constants(sql: str, params, connection) -> tuple[str, list]:
     ``status IN ('running', 'stopping')`` is what the partial indexes are built for."""
     if connection.vendor != "postgresql":
         return sql, list(params)
-    from psycopg import sql as psycopg_sql
-
     raw, values, kept = connection.connection, iter(params), []
 
     def one(match):
