@@ -104,16 +104,15 @@ def test_messages_expire_as_the_layers_own(monkeypatch):
 
 def test_a_thread_pushing_events_sends_them_itself_and_an_event_loop_does_not_block(monkeypatch):
     """``push_events`` from a plain thread goes through the blocking sender (no push loop is
-    started); on a running event loop it does not (that would stall the loop)."""
-    from channels.layers import get_channel_layer
-
+    started); on a running event loop it does not (that would stall the loop). A layer of the
+    test's own, as ``get_channel_layer`` would give: nothing else in this process uses it."""
     from collab import events
 
-    layer = get_channel_layer()
-    assert isinstance(layer, RedisChannelLayer)
+    layer = _layer()
+    monkeypatch.setattr(events, "get_channel_layer", lambda: layer)
     monkeypatch.setattr(events, "_loop", None)
     channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(events.session_group("abcdefabcdef"), channel)
+    _members(layer, channel, group=events.session_group("abcdefabcdef"))
     wires = [{"seq": 1, "type": "test", "payload": {}}, {"seq": 2, "type": "test", "payload": {"a": 1}}]
     _in_a_thread(events.push_events, "abcdefabcdef", wires)
     assert events._loop is None

@@ -5,6 +5,7 @@ set-up to every listener."""
 import threading
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.conf import settings
 
 from collab import events
 from collab.apps import _warm_event_push
@@ -17,18 +18,28 @@ def _on_a_plain_thread(fn, *args, **kwargs):
     thread.join(20)
 
 
+def _own_layer(monkeypatch):
+    """The settings' layer made anew for this test, as ``get_channel_layer`` gives it to
+    ``collab.events``: no other thread of this process pushes through it meanwhile."""
+    layer = get_channel_layer()
+    if not isinstance(layer, InMemoryChannelLayer):
+        layer = type(layer)(**settings.CHANNEL_LAYERS["default"].get("CONFIG", {}))
+        monkeypatch.setattr(events, "get_channel_layer", lambda: layer)
+    return layer
+
+
 def test_a_worker_start_opens_the_connection_its_events_then_use(monkeypatch):
     monkeypatch.setattr(events, "_loop", None)  # as in a freshly spawned worker
-    layer = get_channel_layer()
+    layer = _own_layer(monkeypatch)
     sender = getattr(layer, "blocking_sender", None)
-    if sender is not None:
-        monkeypatch.setattr(sender, "_clients", {})
     # what django-q2's post_spawn sends
     _on_a_plain_thread(_warm_event_push, sender="django_q", proc_name="Process-test")
     if isinstance(layer, InMemoryChannelLayer):
         assert events._loop is None  # the embedded default pushes in-process: nothing to open
         return
-    _on_a_plain_thread(events.warm_push, wait=10)  # the signal's round trip ran in the background: one more, waited for
+    for thread in threading.enumerate():  # the signal's round trip runs in the background
+        if thread.name == "trellis-push-warm-up":
+            thread.join(10)
     pool = sender.client(0).connection_pool
     opened = pool._created_connections
     assert opened >= 1 and len(pool._available_connections) == opened  # open, and back in the pool
@@ -40,7 +51,7 @@ def test_a_worker_start_opens_the_connection_its_events_then_use(monkeypatch):
 def test_a_layer_without_a_blocking_send_is_warmed_through_the_push_loop(monkeypatch):
     """A layer of the operator's choosing that has no ``blocking_sender`` (channels-redis's own, a
     pub/sub layer): the push loop and its connection open at worker start, and pushes use them."""
-    layer = get_channel_layer()
+    layer = _own_layer(monkeypatch)
     if isinstance(layer, InMemoryChannelLayer):
         return
     monkeypatch.setattr(layer, "blocking_sender", None)
