@@ -199,6 +199,7 @@ def test_issue_15_1_a_request_back_from_its_wait_is_lent_a_thread_again():
         loop = asyncio.get_running_loop()
         first = loop.create_task(wrapped({**SCOPE, "path": "/wait"}, None, waiting))
         await _until(parked)
+        assert await asyncio.to_thread(_idle, wrapped, 1)  # given back (once idle) while parked
         second = loop.create_task(wrapped({**SCOPE, "path": "/other"}, None, other))
         await _until(other_in)
         resume.set()
