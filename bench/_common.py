@@ -155,6 +155,18 @@ def cpu_used(before: dict, after: dict) -> dict[str, float]:
     return {name: sum(after[name].values()) - sum(before[name].values()) for name in after}
 
 
+def machine_times() -> dict[str, float]:
+    """The machine's CPU seconds so far, all cores (Linux ``/proc/stat``): ``busy`` (user,
+    system, interrupts), ``idle`` (with I/O wait) and ``steal`` (taken by the hypervisor for
+    other guests: a shared host's neighbours). Two readings, subtracted, tell whether the cores
+    bounded a run or sat idle — and whether the host took some of them away."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat") as stat:
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in stat.readline().split()[1:9])
+    return {"busy": (user + nice + system + irq + softirq) / ticks, "idle": (idle + iowait) / ticks,
+            "steal": steal / ticks}
+
+
 def run_phase(args, phases: dict) -> bool:
     """In a child process started by ``child`` (``--phase NAME``): set Django up and run that
     phase. Returns whether this process was such a child."""

@@ -194,7 +194,7 @@ def phase_run(args):
     # this process too (the clients' threads and the end check): not the platform's, but it runs on
     # the same cores, so what it takes is what the measured rate falls short of their ceiling by
     roles = {**json.loads(args.cpu_roles or "{}"), LOAD_GENERATOR: ["pid", os.getpid()]}
-    cpu_before = _common.cpu_by_role(roles)
+    cpu_before, machine_before = _common.cpu_by_role(roles), _common.machine_times()
     start = time.perf_counter()
     ids = _submit_all(args, client, concurrent)
     submit_elapsed = time.perf_counter() - start
@@ -207,6 +207,8 @@ def phase_run(args):
             raise SystemExit("concurrent turns did not finish")
         time.sleep(0.25)
     used = _common.cpu_used(cpu_before, _common.cpu_by_role(roles))
+    machine = _common.machine_times()
+    print("machine=" + ",".join(f"{k}:{machine[k] - machine_before[k]:.3f}" for k in machine))
     print("cpu=" + ",".join(f"{name}:{used[name] / n * 1000:.2f}" for name in roles))
     rows = list(Job.objects.filter(pk__in=ids).values_list("created_at", "finished_at", "status"))
     failed = sum(1 for r in rows if r[2] != "succeeded")
@@ -309,6 +311,11 @@ def main():
             platform = sum(ms for name, ms in cpu.items() if name != LOAD_GENERATOR)
             rows.append((f"{label} turns/s this machine's {os.cpu_count()} cores allow at the platform's CPU per turn",
                          f"{os.cpu_count() * 1000 / platform:,.1f}/s", f">= {TARGET_TURNS_PER_S}/s"))
+            # the whole machine over the same stretch: cores busy, idle, or taken by the host
+            machine = {k: float(v) for k, v in (part.split(":") for part in r["machine"].split(","))}
+            whole = sum(machine.values()) or 1
+            rows.append((f"{label} the machine's cores over the concurrent run (all processes)",
+                         ", ".join(f"{k} {machine[k] / whole:.0%}" for k in ("busy", "idle", "steal")), ""))
             if int(r["failed"]):
                 rows.append((f"{label} turns not succeeded", r["failed"], "0"))
         _common.table(rows)
