@@ -50,10 +50,20 @@ class Param(Expression):
     the value goes to the driver unchanged: ids, numbers, text, booleans, None. An ``Update``
     gives a Param that is a SET value its column's field."""
 
-    def __init__(self, name: str, output_field=None):
+    def __init__(self, name: str, output_field=None, *, fixed=None):
         super().__init__(output_field=output_field)
-        self.name = name
+        self.name, self.fixed = name, fixed
         self.for_save = False
+
+    @classmethod
+    def hidden(cls, name: str, value) -> "Param":
+        """A constant the planner must not see: bound at every run as a parameter (never written
+        into the SQL as the other constants are), so that no partial index can be proven from
+        it. For a primary-key lookup guarded by a status (``id = … AND status = 'queued'``):
+        with the status in the SQL, a generic plan may scan the partial index of that status —
+        every queued job — for the one id, a plan made while the queue was short and kept
+        while it is long (``bench/turns.py``: ~65 index entries read per claim)."""
+        return cls(name, fixed=value)
 
     def __repr__(self):
         return f"Param({self.name!r})"
@@ -67,7 +77,7 @@ class Param(Expression):
         return []
 
     def as_sql(self, compiler, connection):
-        slot = _Slot(self.name, self._output_field_or_none, self.for_save)
+        slot = _Slot(self.name, self._output_field_or_none, self.for_save, self.fixed)
         bound = _bound.get()
         return "%s", [slot.value(bound, connection) if bound is not None else slot]
 
@@ -79,8 +89,11 @@ class _Slot:
     name: str
     field: object
     for_save: bool
+    fixed: object = None  # Param.hidden's value
 
     def value(self, values: dict, connection):
+        if self.fixed is not None:
+            return self.fixed
         try:
             value = values[self.name]
         except KeyError:

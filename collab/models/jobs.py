@@ -201,6 +201,9 @@ class Job(FastLoad, models.Model):
             models.Index(fields=["caller_branch", "followup_state"], condition=Q(caller_branch__isnull=False),
                          name="job_caller_followup"),
             models.Index(fields=["session", "status"], name="job_session_status"),
+            # whether a branch has an open job (every admission and completion asks: is_occupied):
+            # the branch's open jobs alone, however long its history and the queue
+            models.Index(fields=["branch"], condition=Q(status__in=OPEN_STATUSES), name="job_open_on_branch"),
             # what reads jobs by status alone looks for open ones (the reconciler's expired leases and
             # stale queued jobs): an ended job leaves this index
             models.Index(fields=["status", "lease_expires_at"], condition=Q(status__in=OPEN_STATUSES),

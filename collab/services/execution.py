@@ -88,7 +88,8 @@ def _claimable(job_id):
     earlier = Job.objects.filter(
         branch=OuterRef("branch"), status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at")
     )
-    return Job.objects.filter(pk=job_id, status=JobStatus.QUEUED).filter(~Exists(busy), ~Exists(earlier))
+    queued = Param.hidden("queued", JobStatus.QUEUED) if isinstance(job_id, Param) else JobStatus.QUEUED
+    return Job.objects.filter(pk=job_id, status=queued).filter(~Exists(busy), ~Exists(earlier))
 
 
 def _claim(capped: bool):
@@ -431,7 +432,10 @@ def _waiting_on(branch_id: str, project_id: int, *, background: bool) -> _Waitin
 def _waiting(background: bool):
     """``_waiting_on``'s statement (compiled once per process and ``background``)."""
     branch_id, project_id = Param("branch"), Param("project")
-    queued_here = Job.objects.filter(branch_id=branch_id, status=JobStatus.QUEUED).order_by("created_at", "pk")
+    # the status hidden from the planner: the branch's index (branch, status, created_at) is then
+    # the only one to read, not every queued job's (Param.hidden)
+    queued_here = Job.objects.filter(branch_id=branch_id, status=Param.hidden("queued", JobStatus.QUEUED)
+                                     ).order_by("created_at", "pk")
     return Branch.objects.filter(pk=branch_id).annotate(
         _inbox=Exists(InboxEntry.objects.filter(target_branch_id=branch_id)),
         _owed=Exists(Job.objects.filter(caller_branch_id=branch_id, followup_state=FollowupState.OWED)),

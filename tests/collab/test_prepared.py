@@ -255,3 +255,30 @@ def test_a_statements_constants_are_in_its_sql_on_postgresql(two_jobs):
     assert "IN ('queued', 'running')" in select.sql and "'it''s 50%%'" in select.sql
     assert "\"status\" = 'running'" in update.sql and "\"status\" = 'queued'" in update.sql
     assert '"version" + 1' in update.sql
+
+
+def test_a_hidden_constant_stays_a_parameter_with_its_value(two_jobs):
+    """``Param.hidden``: a constant bound at every run, never written into the SQL, so the
+    planner cannot prove a partial index from it — the claim's ``id = … AND status = 'queued'``
+    reads the job by its key, not every queued job (a generic plan made while the queue was short
+    scanned ``job_status_lease`` for the id). The caller passes no value for it; it matches as the
+    constant would, on both databases."""
+    from config.prepared import _STATEMENTS, _Slot
+
+    statement = Select("test.hidden", lambda: Job.objects.filter(
+        pk=Param("job"), status=Param.hidden("queued", JobStatus.QUEUED)).values_list("pk", flat=True))
+    assert statement.rows(job=two_jobs[0].pk) == [two_jobs[0].pk]
+    Job.objects.filter(pk=two_jobs[0].pk).update(status=JobStatus.CANCELLED, finished_at=Now())
+    assert statement.rows(job=two_jobs[0].pk) == []
+    compiled = _STATEMENTS[(connection.alias, connection.vendor, "test.hidden")]
+    hidden = [p for p in compiled.params if type(p) is _Slot and p.name == "queued"]
+    assert hidden and hidden[0].fixed == JobStatus.QUEUED
+    assert "'queued'" not in compiled.sql
+    # the service's claim: the job's own guard hidden, the subqueries' statuses in the SQL
+    from collab.services.execution import _claim as service_claim
+
+    (won,) = Update("test.service.claim", service_claim).run(False, job=two_jobs[1].pk, worker="w",
+                                                             lease=timedelta(seconds=30))
+    assert won.status == JobStatus.RUNNING
+    claim = _STATEMENTS[(connection.alias, connection.vendor, "test.service.claim", False)]
+    assert [p.fixed for p in claim.params if type(p) is _Slot and p.name == "queued"] == [JobStatus.QUEUED]

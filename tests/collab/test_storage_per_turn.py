@@ -166,13 +166,16 @@ def indexes(table: str, unique: bool = True) -> dict:
 def test_indexes_no_query_needs_do_not_exist(db):
     assert "event_type_created" not in indexes("collab_event")  # no query filters events on type alone
     assert "message_session_created" not in indexes("collab_message")  # message_session_keyset, backwards
-    # a foreign key that leads a composite index keeps no index of its own
+    # a foreign key that leads a composite index keeps no index of its own (a partial one, on a
+    # few of its rows — a branch's open jobs: job_open_on_branch — is not that index)
     for table, column in [("collab_event", "session_id"), ("collab_event", "project_id"),
                           ("collab_message", "session_id"), ("collab_message", "branch_id"),
                           ("collab_job", "session_id"), ("collab_job", "branch_id"), ("collab_job", "caller_branch_id"),
                           ("collab_branch", "session_id"), ("collab_session", "project_id"),
                           ("collab_branch", "tip_id")]:  # the tip moves on every message: HOT updates
-        assert [column] not in indexes(table, unique=False).values(), (table, column)
+        whole = {name: columns for name, columns in indexes(table, unique=False).items()
+                 if name not in partial_indexes(table)}
+        assert [column] not in whole.values(), (table, column)
 
 
 def partial_indexes(table: str) -> set:
