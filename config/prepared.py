@@ -63,6 +63,8 @@ class Param(Expression):
         with the status in the SQL, a generic plan may scan the partial index of that status —
         every queued job — for the one id, a plan made while the queue was short and kept
         while it is long (``bench/turns.py``: ~65 index entries read per claim)."""
+        if value is None:
+            raise TypeError(f"a hidden constant has a value: {name!r}")  # None is a Param's "no fixed value"
         return cls(name, fixed=value)
 
     def __repr__(self):

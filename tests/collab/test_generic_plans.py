@@ -1,5 +1,5 @@
-"""The hot statements' generic plans read what they are about, however long the queue (issue 15:
-"it holds" at volume). PostgreSQL plans a prepared statement once for all values, on the
+"""The hot statements' generic plans read what they are about, however long the queue (SPEC §13
+turn overhead, issue 15: "it holds" at volume). PostgreSQL plans a prepared statement once for all values, on the
 statistics of the moment; a job queue's statistics are taken when the queue is short (a quiet
 moment, a fresh database) and the plan is kept while it is long. With the queue's status in the
 SQL, such a plan read every queued job to find one: the claim scanned ``job_status_lease`` for
@@ -11,6 +11,7 @@ Each statement is compiled as the service compiles it, then run here as PostgreS
 from its plan cache (``PREPARE`` … ``EXECUTE`` with ``plan_cache_mode = force_generic_plan``),
 with the statistics of a fresh database (none yet) and with those of a queue on one branch."""
 
+import itertools
 import json
 from datetime import timedelta
 
@@ -21,7 +22,7 @@ from psycopg import sql as psycopg_sql
 
 from collab.models import Job, JobStatus
 from collab.models.ids import new_id
-from config.prepared import _STATEMENTS, Select, Update, _bind
+from config.prepared import _PLACEHOLDER, _STATEMENTS, Select, Update, _bind
 
 pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's plan cache")
 
@@ -62,16 +63,9 @@ def _generic_plan(name: str, shape: tuple, values: dict) -> dict:
     plan), run once with ``values`` (EXPLAIN ANALYZE; rolled back)."""
     compiled = _STATEMENTS[(connection.alias, connection.vendor, name, *shape)]
     params = _bind(compiled.params, values, connection)
-    numbered, n = [], 0
-    for part in compiled.sql.split("%%"):
-        pieces = part.split("%s")
-        for piece in pieces[:-1]:
-            n += 1
-            numbered.append(f"{piece}${n}")
-        numbered.append(pieces[-1])
-        numbered.append("%")
-    sql = "".join(numbered[:-1])
-    types = ", ".join(next(name for kind, name in _PG_TYPES if isinstance(p, kind)) for p in params)
+    numbers = itertools.count(1)  # the driver's placeholders as SQL's PREPARE numbers them
+    sql = _PLACEHOLDER.sub(lambda m: "%" if m.group() == "%%" else f"${next(numbers)}", compiled.sql)
+    types = ", ".join(next(pg_type for kind, pg_type in _PG_TYPES if isinstance(p, kind)) for p in params)
     args = ", ".join(psycopg_sql.Literal(p).as_string(connection.connection) for p in params)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
