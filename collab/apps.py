@@ -15,6 +15,7 @@ class CollabConfig(AppConfig):
         # app registry: django_q.signals imports django_q's models, not loaded when this module is
         from django_q.signals import post_spawn
 
+        post_spawn.connect(_pool_in_worker, dispatch_uid="collab-pool-in-worker")
         post_spawn.connect(_keep_worker_connections, dispatch_uid="collab-keep-worker-connections")
         post_spawn.connect(_reconcile_on_worker_start, dispatch_uid="collab-reconcile-on-spawn")
         post_spawn.connect(_warm_event_push, dispatch_uid="collab-warm-event-push")
@@ -24,24 +25,41 @@ class CollabConfig(AppConfig):
             _no_pool_in_workers()
 
 
+_worker_pools: dict[str, dict] = {}
+
+
 def _no_pool_in_workers() -> None:
-    """A ``qcluster`` never uses the web processes' connection pool (``DB_POOL_MAX_SIZE``): django-q2
-    forks its pusher, workers and monitor from this process, and a pool's connections and threads
-    do not survive a fork; a worker runs one task at a time and keeps its own connection instead
-    (``_keep_worker_connections``). Before any connection or pool exists, so nothing is inherited."""
+    """A ``qcluster``'s own processes (its main process, sentinel, pusher and monitor) use no
+    connection pool: django-q2 forks its workers from them, and a pool's connections and threads
+    do not survive a fork. The pool's options are kept aside for the workers, each of which opens
+    a pool of its own once forked (``_pool_in_worker``). Before any connection or pool exists, so
+    nothing is inherited."""
     for alias in connections:
-        connections[alias].settings_dict.get("OPTIONS", {}).pop("pool", None)
+        pool = connections[alias].settings_dict.get("OPTIONS", {}).pop("pool", None)
+        if pool:
+            _worker_pools[alias] = pool
+
+
+def _pool_in_worker(sender, **kwargs):
+    """In a worker process, just forked (django-q2's ``post_spawn``): the connection pool again
+    (``DB_POOL_MAX_SIZE``, PostgreSQL's default), this process's own. Its many turns
+    (``TRELLIS_TURNS_PER_WORKER``) share it, each holding a connection only while it queries."""
+    for alias, pool in _worker_pools.items():  # django-q2 closed every connection before it forked
+        connections[alias].settings_dict.setdefault("OPTIONS", {})["pool"] = pool
 
 
 def _keep_worker_connections(sender, **kwargs):
-    """A worker process keeps its database connections between tasks (``TRELLIS_WORKER_CONN_MAX_AGE``),
-    health-checked before each task reuses one (django-q2 calls ``close_old_connections`` before each
-    task): a turn no longer opens a connection of its own. A web process keeps ``DB_CONN_MAX_AGE``."""
+    """Without a pool, a worker process keeps its database connections between tasks
+    (``TRELLIS_WORKER_CONN_MAX_AGE``), health-checked before each task reuses one (django-q2 calls
+    ``close_old_connections`` before each task): a turn no longer opens a connection of its own.
+    A web process keeps ``DB_CONN_MAX_AGE``; a pooled process leaves connections to the pool."""
     age = settings.TRELLIS_WORKER_CONN_MAX_AGE
     if not age:
         return
     for alias in connections:
         conn = connections[alias]
+        if conn.settings_dict.get("OPTIONS", {}).get("pool"):
+            continue
         if conn.settings_dict.get("CONN_MAX_AGE") is not None and conn.settings_dict["CONN_MAX_AGE"] < age:
             conn.settings_dict["CONN_MAX_AGE"] = age
             conn.settings_dict["CONN_HEALTH_CHECKS"] = True

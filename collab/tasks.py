@@ -2,16 +2,17 @@
 
 from django.db import close_old_connections
 
-from collab.runtime.loop import run_job
+from collab.runtime.loop import hand_to_slot
 from collab.runtime.naming import auto_name_branch
 from collab.runtime.webhooks import deliver
 from collab.services.reconcile import reconcile as run_reconcile
 
 
 def run_turn(job_id: str) -> str | None:
+    """Hand the turn to one of this process's slots (collab.runtime.slots); returns once it runs there."""
     close_old_connections()
     try:
-        return run_job(job_id)
+        return hand_to_slot(job_id)
     finally:
         close_old_connections()
 

@@ -11,6 +11,7 @@ Scaled (P-RUN-2): ``DATABASE_URL`` (postgres://… or sqlite:///path),
 
 import importlib.util
 import json
+import os
 import secrets
 from pathlib import Path
 
@@ -136,7 +137,7 @@ def _databases() -> dict:
             db["OPTIONS"]["pool"] = pool
     else:
         raise ImproperlyConfigured(f"unsupported database engine {db['ENGINE']!r}: use postgres:// or sqlite://")
-    if env_int("DB_POOL_MAX_SIZE", 0, minimum=0) and db["ENGINE"] != "django.db.backends.postgresql":
+    if _explicit_pool_size() and db["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured("DB_POOL_MAX_SIZE needs a PostgreSQL DATABASE_URL (psycopg's connection pool)")
     return {"default": db}
 
@@ -154,20 +155,35 @@ def _prepared_statements() -> dict:
     return {"server_side_binding": True, "prepare_threshold": threshold}
 
 
+DB_POOL_DEFAULT_SIZE = 8
+
+
+def _explicit_pool_size() -> int:
+    return env_int("DB_POOL_MAX_SIZE", 0, minimum=0)
+
+
 def _pool_options(db: dict) -> dict | None:
-    """psycopg's connection pool for a PostgreSQL database (``DB_POOL_MAX_SIZE`` > 0; off by default).
+    """psycopg's connection pool for a PostgreSQL database: on by default, ``DB_POOL_MAX_SIZE``
+    (default 8) connections per process, web and worker alike; ``DB_POOL_MAX_SIZE=0`` turns it
+    off, and so does ``DB_CONN_MAX_AGE`` > 0 unless a pool size is set too (then it is an error).
+
+    A worker runs many turns at once (``TRELLIS_TURNS_PER_WORKER``), and each gives its
+    connection back whenever it waits (a model call, a sleep, a blocking tool): the pool bounds
+    the connections of a process, whatever the turns in flight — 3 processes x 8 = 24 for the
+    default deployment.
 
     Under ASGI each request's database work runs in a thread that closes its connection when it is
     done (``collab.awaiting``: nothing is held across a wait), so with ``DB_CONN_MAX_AGE=0`` every
     request opened a new PostgreSQL connection, several per ``?wait=`` turn (5–14 ms each here,
     issue 15 item 1); Django's docs name the backend's pool as the way to keep connections under
     ASGI, where persistent connections are not for use. With the pool, closing a connection hands it
-    back: a waiting request still holds none. Worker processes never use it (``collab.apps``:
-    django-q2 forks them, and they keep their own connection, ``TRELLIS_WORKER_CONN_MAX_AGE``)."""
-    max_size = env_int("DB_POOL_MAX_SIZE", 0, minimum=0)
+    back: a waiting request still holds none. A worker process opens its pool after django-q2
+    forked it (``collab.apps``): a pool's connections and threads do not survive a fork."""
+    raw = os.environ.get("DB_POOL_MAX_SIZE", "").strip()
+    max_size = env_int("DB_POOL_MAX_SIZE", 0 if db.get("CONN_MAX_AGE") else DB_POOL_DEFAULT_SIZE, minimum=0)
     if not max_size:
         return None
-    if db.get("CONN_MAX_AGE"):
+    if raw and db.get("CONN_MAX_AGE"):
         raise ImproperlyConfigured("DB_POOL_MAX_SIZE and DB_CONN_MAX_AGE exclude each other: "
                                    "pooled connections are kept by the pool (set DB_CONN_MAX_AGE=0)")
     min_size = env_int("DB_POOL_MIN_SIZE", min(2, max_size), minimum=0)
@@ -274,10 +290,14 @@ TRELLIS_EVENT_NOTIFY_POLL_INTERVAL = env_int("TRELLIS_EVENT_NOTIFY_POLL_MS", 100
 
 # --- worker (django-q2) ----------------------------------------------------
 Q_TIMEOUT = env_int("TRELLIS_TASK_TIMEOUT", 3600, minimum=1)
-# A worker process runs its tasks one after another on one thread, so it keeps its database
-# connection between them for up to this many seconds (checked before reuse, CONN_HEALTH_CHECKS)
-# instead of DB_CONN_MAX_AGE's: a new PostgreSQL connection cost 5–14 ms per turn (issue 15
-# item 1). 0 = as DB_CONN_MAX_AGE.
+# Turns one worker process runs at once, each on a thread of its own (collab/runtime/slots.py,
+# docs/capacity.md): a turn waiting on its model holds a slot and nothing else. Worker processes
+# stay few (TRELLIS_WORKERS, about one per core); this is what sets how many agents think at once.
+TRELLIS_TURNS_PER_WORKER = env_int("TRELLIS_TURNS_PER_WORKER", 64, minimum=1)
+# Without a connection pool (SQLite; PostgreSQL with DB_POOL_MAX_SIZE=0) a worker keeps its
+# connections between tasks for up to this many seconds (checked before reuse,
+# CONN_HEALTH_CHECKS) instead of DB_CONN_MAX_AGE's: a new PostgreSQL connection costs 5–14 ms.
+# 0 = as DB_CONN_MAX_AGE. With the pool (PostgreSQL's default) the pool keeps them.
 TRELLIS_WORKER_CONN_MAX_AGE = env_int("TRELLIS_WORKER_CONN_MAX_AGE", 300, minimum=0)
 Q_RETRY = env_int("TRELLIS_TASK_RETRY", Q_TIMEOUT + 600, minimum=1)
 if Q_RETRY <= Q_TIMEOUT:
@@ -296,6 +316,10 @@ Q_CLUSTER = {
     "catch_up": False,
     "poll": env_int("TRELLIS_Q_POLL_MS", 100, minimum=10) / 1000,
     "label": "Worker queue",
+    # A task hands its turn to a slot thread and returns (collab/runtime/slots.py), so a worker
+    # counts a task per turn *started*; recycling waits for the turns it holds to end, with that
+    # process's slots taken off the cluster meanwhile. Recycle rarely: every 10,000 turns.
+    "recycle": env_int("TRELLIS_Q_RECYCLE", 10_000, minimum=1),
     # `Q_CLUSTER_NAME=other manage.py qcluster` (django-q2) serves the broker list `other` with the
     # same signing salt; django-q2 then requires this key (tests and bench/recovery.py use it)
     "ALT_CLUSTERS": {},
@@ -343,8 +367,8 @@ TRELLIS_SANDBOX_CGROUP = env_str("TRELLIS_SANDBOX_CGROUP", "")
 # --- fair share (P-SEC-6): the operator's ceilings on every project's limits ------------
 # Unset or 0 = no ceiling. A project cannot set a limit above its ceiling (nor 0/"unlimited"
 # under a finite one); the value in force is min(project, ceiling), so rows set before a
-# ceiling was lowered are capped too. A turn never outlives its worker task: the runtime
-# ceiling defaults to 90 % of TRELLIS_TASK_TIMEOUT and may not exceed it.
+# ceiling was lowered are capped too. The runtime ceiling defaults to 90 % of
+# TRELLIS_TASK_TIMEOUT and may not exceed it (the turn loop enforces it on its slot thread).
 def _ceiling(name: str, default: int = 0) -> int | None:
     return env_int(name, default, minimum=0) or None
 
@@ -362,11 +386,13 @@ TRELLIS_LIMIT_CEILINGS = {
     "max_idle_seconds": _ceiling("TRELLIS_MAX_IDLE_SECONDS"),
     "max_active_turns": _ceiling("TRELLIS_MAX_ACTIVE_TURNS"),
     # jobs of one project running in worker slots at once (inline children run in their
-    # caller's slot); a project may lower it. Default: the worker pool of one cluster.
-    "max_running_jobs": env_int("TRELLIS_MAX_RUNNING_PER_PROJECT", Q_CLUSTER["workers"], minimum=1),
+    # caller's slot); a project may lower it. Default: every turn slot of one cluster — a project
+    # alone may use the whole capacity; fair share divides it only when projects compete.
+    "max_running_jobs": env_int("TRELLIS_MAX_RUNNING_PER_PROJECT",
+                                Q_CLUSTER["workers"] * TRELLIS_TURNS_PER_WORKER, minimum=1),
 }
 if TRELLIS_LIMIT_CEILINGS["max_runtime_seconds"] > Q_TIMEOUT:
-    raise ImproperlyConfigured("TRELLIS_MAX_RUNTIME_SECONDS must not exceed TRELLIS_TASK_TIMEOUT (the worker kills the task then)")
+    raise ImproperlyConfigured("TRELLIS_MAX_RUNTIME_SECONDS must not exceed TRELLIS_TASK_TIMEOUT")
 
 # --- model providers (openai, anthropic) -------------------------------------------
 # Per request: seconds to wait (while streaming: between chunks); bounded retries on

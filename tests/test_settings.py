@@ -97,26 +97,34 @@ def _pool(tmp_path, **env):
     return r.stdout.strip()
 
 
-def test_issue_15_1_the_connection_pool_is_the_operators_choice_and_postgresql_only(tmp_path):
-    """Off unless DB_POOL_MAX_SIZE is set (the embedded default and a plain DATABASE_URL open a
-    connection per request as before); on PostgreSQL it becomes Django's psycopg pool options."""
+def test_postgresql_has_a_connection_pool_by_default_and_the_operator_may_size_or_drop_it(tmp_path):
+    """On PostgreSQL psycopg's pool is on by default (8 connections per process); DB_POOL_MAX_SIZE
+    sizes it and 0 turns it off, as does DB_CONN_MAX_AGE (persistent connections instead). The
+    embedded default (SQLite) has none."""
     assert _pool(tmp_path) == "None"
-    assert _pool(tmp_path, **PG) == "None"
+    assert _pool(tmp_path, **PG) == "{'min_size': 2, 'max_size': 8, 'timeout': 10}"
+    assert _pool(tmp_path, **PG, DB_POOL_MAX_SIZE="0") == "None"
+    assert _pool(tmp_path, **PG, DB_CONN_MAX_AGE="60") == "None"
     assert _pool(tmp_path, **PG, DB_POOL_MAX_SIZE="8") == "{'min_size': 2, 'max_size': 8, 'timeout': 10}"
     assert (_pool(tmp_path, **PG, DB_POOL_MAX_SIZE="3", DB_POOL_MIN_SIZE="0", DB_POOL_TIMEOUT="5")
             == "{'min_size': 0, 'max_size': 3, 'timeout': 5}")
 
 
-def test_issue_15_1_a_worker_process_never_uses_the_pool(tmp_path):
-    """django-q2 forks its workers from the ``qcluster`` process: the pool is dropped there before
-    any connection exists, and the workers keep their own connection."""
+def test_a_qcluster_opens_no_pool_before_it_forks_and_each_worker_opens_its_own(tmp_path):
+    """django-q2 forks its workers from the ``qcluster`` process: the pool is set aside there
+    before any connection exists (a pool's connections and threads do not survive a fork), and a
+    worker process, once forked (django-q2's ``post_spawn`` calls ``_pool_in_worker``), gets it
+    back as its own."""
     code = ("import sys; sys.argv = ['manage.py', sys.argv[1]]; import django; django.setup(); "
-            "from django.db import connections; print(connections['default'].settings_dict['OPTIONS'].get('pool'))")
+            "from django.db import connections; print(connections['default'].settings_dict['OPTIONS'].get('pool')); "
+            "from collab.apps import _pool_in_worker; _pool_in_worker(sender='django_q'); "
+            "print(connections['default'].settings_dict['OPTIONS'].get('pool'))")
     outputs = []
     for command in ("qcluster", "runserver"):
         r = subprocess.run([sys.executable, "-c", code, command], cwd=ROOT, capture_output=True, text=True,
                            env={**CLEAN, "TRELLIS_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "config.settings",
                                 **PG, "DB_POOL_MAX_SIZE": "4"})
         assert r.returncode == 0, r.stderr
-        outputs.append(r.stdout.strip())
-    assert outputs == ["None", "{'min_size': 2, 'max_size': 4, 'timeout': 10}"]
+        outputs.append(r.stdout.strip().splitlines())
+    pool = "{'min_size': 2, 'max_size': 4, 'timeout': 10}"
+    assert outputs == [["None", pool], [pool, pool]]

@@ -7,15 +7,23 @@ a stop request or an error, and ends the job in one completion transaction.
 The loop only sequences; each concern has its module (issue 14 item 5): what the turn may
 spend (``policy``), what the model is told (``prompts``), streamed text (``streaming``) and how a
 turn that does not answer ends (``failures``, one path for every kind of failure).
+
+A worker process runs many turns at once, each on a slot thread (``slots``; ``hand_to_slot`` is
+the worker task's part). While a turn waits — on a model call, a ``sleep_ms``, a blocking tool —
+it holds no database connection: it gives it back to the pool before it waits
+(``idle_connection``). It learns of a stop request from the process's stop watch
+(``collab.services.liveness``) instead of asking the database, and a model call in flight when
+the stop comes is aborted.
 """
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from django.db import transaction
+from django.db import close_old_connections, transaction
 
 from collab.models import Job, JobKind, JobStatus, Message, MessageRole
 from collab.runtime import prompts
@@ -29,15 +37,18 @@ from collab.runtime.failures import (
 )
 from collab.runtime.policy import DoomLoop, TurnPolicy, enforce_clock, enforce_spend, policy_for
 from collab.runtime.providers import get_provider
+from collab.runtime.slots import SLOT_WAIT_SECONDS, process_slots
 from collab.runtime.streaming import DeltaBatcher
 from collab.services.acting import Actor
 from collab.services.budgets import DELEGATION_TOOLS, messages_left
 from collab.services.execution import claim_job, current_status, finish_job
 from collab.services.followup import drain_mailbox
-from collab.services.liveness import running
+from collab.services.admission import enqueue_job
+from collab.services.liveness import StopSignal, running
 from collab.services.locking import kept_on_rollback, refresh_from_row
 from collab.services.messages import append_message
 from collab.services.retry import retry_on_deadlock
+from collab.services.waiting import idle_connection
 from collab.tools.registry import ToolResult, run_tool
 from collab.tools.surface import agent_role_of, branch_tools, spec_toolset
 
@@ -55,6 +66,7 @@ class TurnContext:
     branch: Any
     spec: Any
     inline_parents: tuple = ()  # the jobs waiting on this one in this worker (foreground ``agent`` calls)
+    stop_signal: StopSignal | None = None  # set by this process's stop watch (None: ask the database)
     provider_state: dict = field(default_factory=dict)
     mailbox_text: str = ""
     last_result: ToolResult | None = None
@@ -132,15 +144,32 @@ class TurnContext:
 
     def check_stop(self, force: bool = False) -> None:
         """Raise ``TurnStopped`` once the job is asked to stop, ``LimitExceeded`` past the
-        project's clock limits; looked up at most every ``STOP_CHECK_SECONDS`` unless ``force``."""
+        project's clock limits. Unless ``force`` (the fence before a tool call: the database's
+        answer now), the stop watch's signal answers, which is at most ``STOP_CHECK_SECONDS``
+        old; a turn without one asks the database at most that often."""
+        signal = self.stop_signal
+        if not force and signal is not None and signal.is_set():
+            raise TurnStopped(signal.status)
         now = time.monotonic()
         if not force and now - self._last_check < STOP_CHECK_SECONDS:
             return
         self._last_check = now
-        status = current_status(self.job)
-        if status != JobStatus.RUNNING:
-            raise TurnStopped(status)
+        if force or signal is None:
+            status = current_status(self.job)
+            if status != JobStatus.RUNNING:
+                raise TurnStopped(status)
         self.check_clock()
+
+    def aborting(self, abort):
+        """A block during which a stop request calls ``abort()`` (a model call's sockets' shutdown)
+        from the stop watch's thread, so a call in flight ends within a beat."""
+        return self.stop_signal.aborting(abort) if self.stop_signal is not None else nullcontext()
+
+    def raise_if_stopped(self) -> None:
+        """After a call failed: ``TurnStopped`` if a stop request aborted it (not a failure to
+        retry or report)."""
+        if self.stop_signal is not None and self.stop_signal.is_set():
+            raise TurnStopped(self.stop_signal.status)
 
     def check_clock(self) -> None:
         """Raise ``LimitExceeded`` past the project's clock limits (no query)."""
@@ -164,14 +193,19 @@ class TurnContext:
         return self._stream
 
     def sleep(self, seconds: float) -> None:
-        """Wait like a slow model would, noticing a stop request within ~0.2 s."""
+        """Wait like a slow model would, holding no database connection, woken by a stop
+        request at once (the stop watch's signal; without one, noticed within ~0.2 s)."""
         deadline = time.monotonic() + seconds
+        idle_connection()
         while True:
             self.check_stop()
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            time.sleep(min(left, STOP_CHECK_SECONDS))
+            if self.stop_signal is not None:
+                self.stop_signal.wait(min(left, 1.0))  # and the clock limits every second
+            else:
+                time.sleep(min(left, STOP_CHECK_SECONDS))
 
     def usage(self) -> dict:
         return {
@@ -193,8 +227,37 @@ def run_job(job_id: str, inline_parents: tuple[str, ...] = (), inline: bool = Fa
     job = claim_job(job_id, inline=inline)
     if job is None:
         return None
-    with running(job.pk):
-        return _run_claimed(job, tuple(inline_parents))
+    return run_claimed(job, tuple(inline_parents))
+
+
+def run_claimed(job, inline_parents: tuple[str, ...] = ()) -> str:
+    """Run a job this process claimed to its end, its lease renewed and its stop requests
+    watched by the process meanwhile (collab/services/liveness.py)."""
+    with running(job.pk) as signal:
+        return _run_claimed(job, inline_parents, signal)
+
+
+def hand_to_slot(job_id: str) -> str | None:
+    """The worker task's part of a turn (``collab.tasks.run_turn``): take a slot of this process
+    (waiting while all are in use), claim the job, and start its turn on the slot's thread.
+    Returns at once after that: ``"started"``; None if the claim won nothing (another worker has
+    the job, it is no longer queued, or it waits for its branch or its project's cap); or
+    ``"requeued"`` when no slot came free in ``SLOT_WAIT_SECONDS`` — the job, untouched and still
+    queued, is handed to the broker again, and another process (or this one, later) takes it."""
+    slots = process_slots()
+    if not slots.take(timeout=SLOT_WAIT_SECONDS):
+        enqueue_job(job_id)
+        return "requeued"
+    try:
+        job = claim_job(job_id)
+    except BaseException:
+        slots.give_back()
+        raise
+    if job is None:
+        slots.give_back()
+        return None
+    slots.start(job.pk, lambda: run_claimed(job), after=close_old_connections)
+    return "started"
 
 
 def run_foreground(job, caller: TurnContext | None) -> None:
@@ -209,8 +272,9 @@ def run_foreground(job, caller: TurnContext | None) -> None:
     job.final_answer = ended.final_answer
 
 
-def _run_claimed(job, inline_parents: tuple[str, ...]) -> str:
-    turn = TurnContext(job=job, branch=job.branch, spec=job.agent_spec, inline_parents=inline_parents)
+def _run_claimed(job, inline_parents: tuple[str, ...], signal: StopSignal | None = None) -> str:
+    turn = TurnContext(job=job, branch=job.branch, spec=job.agent_spec, inline_parents=inline_parents,
+                       stop_signal=signal)
     if job.branch.archived:
         end_failed(job, archived_before_start(job))
         return JobStatus.FAILED
@@ -234,6 +298,7 @@ def drive(turn: TurnContext) -> str:
         turn.check_stop(force=turn.model_calls > 0)
         drain(turn)
         turn.policy.enforce_model_calls(turn.model_calls)
+        idle_connection()  # the model's time is not the database's: the connection goes back to the pool
         response = provider.complete(turn)
         turn.flush_delta()
         turn.model_calls += 1

@@ -44,6 +44,20 @@ def release_connection() -> None:
         connection.close()
 
 
+def is_pooled() -> bool:
+    """Whether this process's connections come from a pool (psycopg's: PostgreSQL's default)."""
+    return bool(connection.settings_dict.get("OPTIONS", {}).get("pool"))
+
+
+def idle_connection() -> None:
+    """This thread is about to wait on something other than the database (a model call, a sleep,
+    a tool's process): its connection goes back to the pool, unless a transaction is open on it.
+    Without a pool (SQLite; PostgreSQL with ``DB_POOL_MAX_SIZE=0``) the connection is kept, as
+    ``CONN_MAX_AGE`` says: closing it would only cost a new one at the next query."""
+    if is_pooled():
+        release_connection()
+
+
 def _answer(check: Callable[[], T], stop: Callable[[], object] | None) -> tuple[T, bool]:
     """``check``'s value, and whether the wait is over (it holds, or the caller stops)."""
     value = check()

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 from collab.errors import DomainError
 from collab.selectors.children import list_children
 from collab.services import subagents
+from collab.services.waiting import idle_connection
 from collab.workspace import Workspace, WorkspaceError, run_bash
 from collab.tools.registry import ToolParams, ToolResult, register
 
@@ -181,6 +182,7 @@ writable and private, there is no network. Good for git log, ls, wc, running rea
 A refused write cannot be approved by anyone: investigate, do not modify.""")
 def bash(ctx, p: BashParams) -> ToolResult:
     workspace = _workspace(ctx)
+    idle_connection()  # the command's time is not the database's: the connection goes back to the pool
     try:
         result = run_bash(workspace, p.command, timeout_ms=p.timeout_ms)
     except WorkspaceError as exc:

@@ -24,7 +24,10 @@ call retried after a broken stream starts its text over.
 import logging
 import os
 import random
+import socket
+import threading
 import time
+from contextlib import nullcontext
 from decimal import Decimal
 
 import httpx2
@@ -156,11 +159,13 @@ class RemoteProvider:
         self._key = key
         return key
 
-    def http_client(self):
+    def http_client(self, sockets: "CallSockets | None" = None):
         """The HTTP client the SDK uses: the SDK's defaults, except that redirects are never
         followed (a 3xx answer ends the call with ``provider_error``) and every request passes
-        ``guard_request``."""
-        return self.sdk.DefaultHttpxClient(follow_redirects=False, event_hooks={"request": [self.guard_request]})
+        ``guard_request``; with ``sockets``, the sockets its requests open are kept there, so a
+        stop request can shut them down (``CallSockets``)."""
+        hooks = [self.guard_request] if sockets is None else [self.guard_request, sockets.watch]
+        return self.sdk.DefaultHttpxClient(follow_redirects=False, event_hooks={"request": hooks})
 
     def guard_request(self, request) -> None:
         """The one place that decides what leaves the worker: a request goes only to the
@@ -211,10 +216,19 @@ class RemoteProvider:
         key = self.api_key()
         tries = 0
         while True:
-            client = self._client(key, self.http_client())
+            sockets = CallSockets()
+            client = self._client(key, self.http_client(sockets))
+            aborting = getattr(turn, "aborting", None)
             try:
-                return attempt(client)
-            except (self.sdk.APIError, httpx2.TransportError, OffConnection) as exc:
+                # a stop request shuts the call's sockets down from the stop watch's thread: the
+                # request in flight (streaming or not) ends at once, and nothing more is read
+                with aborting(sockets.shut_down) if aborting is not None else nullcontext():
+                    return attempt(client)
+            except Exception as exc:
+                if turn is not None and hasattr(turn, "raise_if_stopped"):
+                    turn.raise_if_stopped()  # aborted by a stop: the turn ends cancelled, no retry
+                if not isinstance(exc, (self.sdk.APIError, httpx2.TransportError, OffConnection)):
+                    raise
                 failure = self.classify(exc)
             finally:
                 client.close()
@@ -278,6 +292,52 @@ class RemoteProvider:
     def cost(self, tokens_in: int, tokens_out: int) -> Decimal:
         overrides = self.connection.prices if self.connection is not None else None
         return model_cost(self.model, tokens_in, tokens_out, overrides=overrides)
+
+
+class CallSockets:
+    """The sockets one model call's requests open, so that a stop request can end the call from
+    another thread: closing an HTTP client there does not wake a thread blocked reading its
+    socket (the read goes on until the model answers or the timeout), a socket's ``shutdown``
+    does. The sockets are seen through httpcore's ``trace`` request extension (public: set on
+    each request by ``watch``, an httpx request hook): each new connection reports the network
+    stream it opened, and the stream gives its socket (``get_extra_info("socket")``)."""
+
+    TRACED = ("connection.connect_tcp.complete", "connection.start_tls.complete")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._sockets: list = []
+        self._shut = False
+
+    def watch(self, request) -> None:
+        request.extensions["trace"] = self._trace
+
+    def _trace(self, name: str, info: dict) -> None:
+        if name not in self.TRACED:
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is None:
+            return
+        with self._lock:
+            self._sockets.append(sock)
+            shut = self._shut
+        if shut:  # the stop came while this connection was being opened
+            _shut_down(sock)
+
+    def shut_down(self) -> None:
+        with self._lock:
+            self._shut = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut_down(sock)
+
+
+def _shut_down(sock) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # closed already, or never connected: nothing more to end
+        pass
 
 
 def error_detail(exc) -> str:
