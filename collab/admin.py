@@ -19,6 +19,7 @@ from django.contrib.admin.helpers import ActionForm
 from collab import admin_accounts  # noqa: F401 - registers the accounts models (edits through collab services)
 from collab.admin_base import ReadOnlyAdmin, ServiceAdmin
 from collab.events import with_full_payloads
+from collab.selectors.capacity import capacity
 from collab.services.archive import do_archive_branch
 from collab.services.branches import do_set_branch_internal
 from collab.services.cancel import CANCEL, do_execution_command
@@ -260,10 +261,16 @@ class MessageAdmin(ReadOnlyAdmin):
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
-    list_display = ["id", "kind", "status", "version", "session", "branch", "is_error", "created_at", "finished_at"]
+    list_display = ["id", "kind", "status", "version", "session", "branch", "worker", "is_error", "created_at",
+                    "finished_at"]
     list_filter = ["status", "kind", "is_error"]
-    search_fields = ["id", "session__id"]
+    search_fields = ["id", "session__id", "worker"]
     actions = ["cancel_executions"]
+
+    def changelist_view(self, request, extra_context=None):
+        """Above the list: the turn slots in use per worker process and the queue
+        (``collab.selectors.capacity``)."""
+        return super().changelist_view(request, {**(extra_context or {}), "capacity": capacity()})
 
     def get_object(self, request, object_id, from_field=None):
         """The job with its prompt and result shown whichever row holds them (issue 15 item 1 stores
