@@ -64,7 +64,7 @@ from collab.selectors.redact import hidden_among, redact_executions
 from collab.selectors.agents import branch_rows
 from collab.models import is_busy
 from collab.selectors.shapes import branch_shape, branch_usage, execution_shape, project_usage, session_shape
-from collab.selectors.jobs import session_executions
+from collab.selectors.jobs import queue_place, session_executions
 from collab.selectors.pages import holds_of
 from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MAX_CHARS, render_transcript
 from collab.services.branches import do_set_internal
@@ -196,6 +196,12 @@ def _read_execution(user, execution_id: str) -> dict:
     return redact_executions(user, [execution_shape(access.access_job(user, execution_id))])[0]
 
 
+def _read_execution_in_queue(user, execution_id: str) -> dict:
+    """The execution, and where it stands while it is queued (``queue_place``)."""
+    job = access.access_job(user, execution_id)
+    return {**redact_executions(user, [execution_shape(job)])[0], "queue": queue_place(job)}
+
+
 @router.post("sessions/{sid}/turns", response={202: TurnOut, **ERRORS}, tags=["sessions"])
 async def post_turn(request: HttpRequest, sid: str, payload: TurnIn, wait: float | None = WAIT_QUERY):
     """Start a turn. With ``?wait=SECONDS`` (0–60) the answer comes when the execution is
@@ -233,11 +239,11 @@ async def get_execution(request: HttpRequest, execution_id: str, wait: float | N
     """One execution. With ``?wait=SECONDS`` (0–60) the answer comes when it is terminal or
     the wait ends (issue 15 item 2), with ``waited`` true; nothing is held while waiting."""
     seconds = parse_wait(wait)
-    execution = await in_thread(request, _read_execution, request.auth, execution_id)
+    execution = await in_thread(request, _read_execution_in_queue, request.auth, execution_id)
     if seconds is None:
         return execution
     execution = await until_terminal(request, execution["session"], execution_id, seconds,
-                                     lambda: in_thread(request, _read_execution, request.auth, execution_id),
+                                     lambda: in_thread(request, _read_execution_in_queue, request.auth, execution_id),
                                      current=execution)
     return {**execution, "waited": True}
 

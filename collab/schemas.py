@@ -212,10 +212,21 @@ class ExecutionOut(Schema):
     finished_at: Any | None
 
 
+class QueuePlaceOut(Schema):
+    """Where a queued execution stands: ``position`` 1 is the oldest of its project's queued
+    executions; ``waiting_for`` is ``slot`` (a worker slot), ``project_cap`` (the project's
+    running cap) or ``branch`` (an earlier execution of the same agent)."""
+
+    position: int
+    waiting_for: Literal["slot", "project_cap", "branch"]
+
+
 class ExecutionWaitOut(ExecutionOut):
-    """``GET /api/executions/{id}``: ``waited`` is true when ``?wait=`` was given."""
+    """``GET /api/executions/{id}``: ``waited`` is true when ``?wait=`` was given; ``queue`` says
+    where a still-queued execution stands (null once it has started)."""
 
     waited: bool = False
+    queue: QueuePlaceOut | None = None
 
 
 TurnOut.model_rebuild()  # its ``execution`` names ExecutionOut, defined after it

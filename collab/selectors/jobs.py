@@ -1,7 +1,9 @@
 """Execution listings (OP §5.10); who may read a job's output is ``collab.access.access_owned_job``."""
 
+from django.db.models import Q, Subquery
+
 from collab.access import MAX_ANCESTRY, visible_session_ids
-from collab.models import TERMINAL_STATUSES, Job
+from collab.models import TERMINAL_STATUSES, Job, JobStatus
 
 
 def session_executions(session, *, status: str | None = None, limit: int = 100) -> list[Job]:
@@ -39,3 +41,26 @@ def jobs_dispatched_by(session, *, user, status: str | None = None, limit: int =
     if status:
         jobs = [j for j in jobs if j.status == status]
     return jobs[:limit]
+
+
+def queue_place(job: Job) -> dict | None:
+    """Where a queued job stands (``GET /api/executions/{id}``'s ``queue``), None once it is no
+    longer queued: ``position``, 1 for the oldest of its project's queued jobs (the queue is
+    first come, first served; only the project's own jobs are counted, never another project's);
+    ``waiting_for`` says what it waits for — ``"branch"`` (an earlier job of its agent runs or is
+    queued first), ``"project_cap"`` (its project has ``max_running_jobs`` jobs running) or
+    ``"slot"`` (a worker slot: it is next in line as soon as a worker takes it)."""
+    if job.status != JobStatus.QUEUED:
+        return None
+    # the job's time compared in the database, as the claim compares it (a value read back into
+    # Python may not compare equal to the stored one on SQLite)
+    created = Subquery(Job.objects.filter(pk=job.pk).values("created_at"))
+    queued = Job.objects.filter(project_id=job.project_id, status=JobStatus.QUEUED).exclude(pk=job.pk)
+    ahead = queued.filter(Q(created_at__lt=created) | Q(created_at=created, pk__lt=job.pk)).count()
+    if Job.objects.open().filter(branch_id=job.branch_id, created_at__lt=created).exists():
+        waiting_for = "branch"
+    elif job.waiting_since is not None:
+        waiting_for = "project_cap"
+    else:
+        waiting_for = "slot"
+    return {"position": ahead + 1, "waiting_for": waiting_for}
