@@ -4,7 +4,7 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.db import close_old_connections, connections
 
-from collab import worker_name
+from collab import task_queue, worker_name
 
 
 class CollabConfig(AppConfig):
@@ -15,6 +15,7 @@ class CollabConfig(AppConfig):
         # app registry: django_q.signals imports django_q's models, not loaded when this module is
         from django_q.signals import post_spawn
 
+        post_spawn.connect(_unlocked_task_queue, dispatch_uid="collab-unlocked-task-queue")
         post_spawn.connect(_pool_in_worker, dispatch_uid="collab-pool-in-worker")
         post_spawn.connect(_keep_worker_connections, dispatch_uid="collab-keep-worker-connections")
         post_spawn.connect(_reconcile_on_worker_start, dispatch_uid="collab-reconcile-on-spawn")
@@ -38,6 +39,12 @@ def _no_pool_in_workers() -> None:
         pool = connections[alias].settings_dict.get("OPTIONS", {}).pop("pool", None)
         if pool:
             _worker_pools[alias] = pool
+
+
+def _unlocked_task_queue(sender, **kwargs):
+    """A worker waits for its next task without holding the task queue's lock, so its death
+    cannot wedge the cluster (``collab.task_queue``)."""
+    task_queue.install()
 
 
 def _pool_in_worker(sender, **kwargs):

@@ -290,6 +290,13 @@ TRELLIS_EVENT_NOTIFY_POLL_INTERVAL = env_int("TRELLIS_EVENT_NOTIFY_POLL_MS", 100
 
 # --- worker (django-q2) ----------------------------------------------------
 Q_TIMEOUT = env_int("TRELLIS_TASK_TIMEOUT", 3600, minimum=1)
+# Framework behaviour Trellis replaces (docs/infrastructure.md), named here to restore the
+# stock path: comma-separated, e.g. TRELLIS_STOCK=task_queue.
+STOCK_PATHS = ("task_queue",)
+TRELLIS_STOCK = frozenset(env_list("TRELLIS_STOCK", []))
+if TRELLIS_STOCK - set(STOCK_PATHS):
+    raise ImproperlyConfigured(f"TRELLIS_STOCK names unknown paths {sorted(TRELLIS_STOCK - set(STOCK_PATHS))}: "
+                               f"known are {', '.join(STOCK_PATHS)}")
 # Turns one worker process runs at once, each on a thread of its own (collab/runtime/slots.py,
 # docs/capacity.md): a turn waiting on its model holds a slot and nothing else. Worker processes
 # stay few (TRELLIS_WORKERS, about one per core); this is what sets how many agents think at once.
