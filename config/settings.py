@@ -300,7 +300,7 @@ if TRELLIS_STOCK - set(STOCK_PATHS):
 # Turns one worker process runs at once, each on a thread of its own (collab/runtime/slots.py,
 # docs/capacity.md): a turn waiting on its model holds a slot and nothing else. Worker processes
 # stay few (TRELLIS_WORKERS, about one per core); this is what sets how many agents think at once.
-TRELLIS_TURNS_PER_WORKER = env_int("TRELLIS_TURNS_PER_WORKER", 64, minimum=1)
+TRELLIS_TURNS_PER_WORKER = env_int("TRELLIS_TURNS_PER_WORKER", 128, minimum=1)
 # Without a connection pool (SQLite; PostgreSQL with DB_POOL_MAX_SIZE=0) a worker keeps its
 # connections between tasks for up to this many seconds (checked before reuse,
 # CONN_HEALTH_CHECKS) instead of DB_CONN_MAX_AGE's: a new PostgreSQL connection costs 5–14 ms.

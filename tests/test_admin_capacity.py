@@ -7,7 +7,8 @@ from django.urls import reverse
 from tests.test_admin import operator  # noqa: F401 - the fixture
 
 
-def test_the_executions_page_shows_slots_in_use_per_worker_and_the_queue(db, operator, team):  # noqa: F811
+def test_the_executions_page_shows_slots_in_use_per_worker_and_the_queue(db, operator, team, settings):  # noqa: F811
+    settings.TRELLIS_TURNS_PER_WORKER = 64
     from collab.models import AgentSpec, Job
     from collab.services.sessions import do_create_session
     from collab.services.turns import do_start_user_turn

@@ -6,6 +6,7 @@ import time
 from django.db import transaction
 
 from collab.events import send_event_on_commit
+from collab.services.waiting import idle_connection
 
 DELTA_FLUSH_SECONDS = 0.25
 DELTA_FLUSH_CHARS = 400
@@ -39,3 +40,4 @@ class DeltaBatcher:
                 self.session_id, "message.delta",
                 {"job": self.job_id, "branch": self.branch_id, "call": call, "text": chunk},
             )
+        idle_connection()  # the model call goes on: its connection goes back to the pool between flushes

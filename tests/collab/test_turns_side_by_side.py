@@ -54,7 +54,7 @@ def one_worker(transactional_db, process_env, queue_name, monkeypatch, tmp_path)
     monkeypatch.setattr(Conf, "CLUSTER_NAME", queue_name)
     env = dict(process_env, Q_CLUSTER_NAME=queue_name)
     for name in ("TRELLIS_TURNS_PER_WORKER", "TRELLIS_MAX_RUNNING_PER_PROJECT"):
-        env.pop(name, None)  # the deployment's defaults: 64 slots per process, cap = workers x slots
+        env.pop(name, None)  # the deployment's defaults: 128 slots per process, cap = workers x slots
     started = []
 
     def start():
