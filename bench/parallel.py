@@ -37,7 +37,7 @@ it); the CPU of the bench database's backends.
 
 Cases (``--cases``; default all but stream-128; ``--quick``: fanout-8, fanout-32, sessions-48):
 
-- ``fanout-N`` (N = 8, 32, 128): a coordinator (scripted, SPEC §11.2) whose user turn calls
+- ``fanout-N`` (N = 8, 32, 128): a coordinator (scripted, the scripted provider's format) whose user turn calls
   ``agent(…, agent_id="child", run_in_background=true)`` N times in one step; each child's one
   model call takes the model time (a ``{"sleep_ms": MS}`` step before its text; default 2000 ms).
   The bench project's ``max_spawn_fanout`` is raised to N. Wall: the user turn's admission → the
