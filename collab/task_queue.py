@@ -33,7 +33,10 @@ def install() -> bool:
     """Use ``get_unlocked`` for blocking reads of django-q2's task queue in this process.
     Returns whether it was installed (not with ``TRELLIS_STOCK=task_queue``)."""
     global _stock_get
+    # app registry: collab.apps imports this module while the apps load; settings and django_q's
+    # modules are read once a worker has started
     from django.conf import settings
+    # app registry: as above
     from django_q.queues import Queue
 
     if "task_queue" in settings.TRELLIS_STOCK:

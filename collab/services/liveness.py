@@ -142,8 +142,10 @@ def watch_stops(job_ids) -> int:
     """One query: which of these jobs are no longer ``running``; signal each. Returns how many."""
     if not job_ids:
         return 0
-    stopped = list(Job.objects.filter(pk__in=list(job_ids)).exclude(status=JobStatus.RUNNING)
-                   .values_list("pk", "status"))
+    ids = list(job_ids)
+    statuses = dict(Job.objects.filter(pk__in=ids).values_list("pk", "status"))
+    # a job no longer running stops; so does one whose row is gone (its session was deleted)
+    stopped = [(job_id, statuses.get(job_id)) for job_id in ids if statuses.get(job_id) != JobStatus.RUNNING]
     for job_id, status in stopped:
         signal = stop_signal(job_id)
         if signal is not None:

@@ -26,6 +26,7 @@ import io
 import json
 import os
 import re
+import time
 from datetime import timedelta
 
 import pytest
@@ -324,9 +325,11 @@ def test_ow_05_07_08_12_three_parallel_explorers_are_aggregated_in_the_same_turn
             step(spawn_call("auth_flow", "question A"), spawn_call("db_layer", "question B"),
                  spawn_call("ui_shell", "question C")),
             step(call("list_agents")),
+            # the explorers run side by side: the first wait usually gets all three results, and
+            # the later ones then time out (a wait that delivers nothing is not an error)
             step(call("wait_agent", timeout_ms=30_000)),
-            step(call("wait_agent", timeout_ms=30_000)),
-            step(call("wait_agent", timeout_ms=30_000)),
+            step(call("wait_agent", timeout_ms=10_000)),
+            step(call("wait_agent", timeout_ms=10_000)),
             {"text": "summary:\n{{mailbox}}"},
         ],
         "spawn": [{"sleep_ms": 1_500}, {"text": "answer to {{prompt}}"}],
@@ -821,16 +824,13 @@ def test_ow_22_deleting_the_parent_session_deletes_its_children(team, api_as, wo
     assert gone()
     for s in everything:
         assert api.get(f"/api/sessions/{s}").status_code == 404
-    # the child's worker notices within its stop check, ends the turn's task (django-q2 logs
-    # every task it ends: "Processed '<function>' (<task name>)") and wrote nothing back
+    # the running child's task handed it to a slot of a worker (django-q2 logs every task it
+    # ends: "Processed '<function>' (<task name>)"); the process's stop watch sees its row gone
+    # within a beat and the turn stops, writing nothing back
     task = f"(turn-{running['id']})"
-
-    def ended():
-        written = worker.log.read_bytes()[log_start:].decode(errors="replace")
-        return written if task in written else None
-
-    written = poll(ended, what=f"the worker ending the interrupted turn's task {task}")
-    assert f"Processed 'collab.tasks.run_turn' {task}" in written, written[-3000:]
+    assert f"Processed 'collab.tasks.run_turn' {task}" in worker.log.read_bytes().decode(errors="replace")
+    time.sleep(3)  # several stop-watch beats: a turn that did not stop would still be running here
+    written = worker.log.read_bytes()[log_start:].decode(errors="replace")
     assert gone()
     assert worker.poll() is None
     # the interrupted turn ended quietly: no traceback from finishing a job whose rows are gone
