@@ -77,7 +77,17 @@ def stop(proc, wait: float = 20) -> None:
 def worker(env: dict, timeout: float = 60.0):
     """A real ``manage.py qcluster`` for the block: started, awaited until it is running (its
     start-up is not measured), then terminated and reaped."""
-    log = tempfile.NamedTemporaryFile("w+", prefix="bench-qcluster-", suffix=".log", delete=False)
+    with worker_logged(env, timeout) as (proc, log):
+        try:
+            yield proc
+        finally:
+            os.unlink(log)
+
+
+@contextlib.contextmanager
+def worker_logged(env: dict, timeout: float = 60.0, prefix: str = "bench-qcluster-"):
+    """``worker``, yielding (process, the path of its log); the caller removes the log."""
+    log = tempfile.NamedTemporaryFile("w+", prefix=prefix, suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "manage.py", "qcluster"], env=env, cwd=ROOT, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -86,11 +96,10 @@ def worker(env: dict, timeout: float = 60.0):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit("worker did not start:\n" + Path(log.name).read_text()[-3000:])
             time.sleep(0.2)
-        yield proc
+        yield proc, log.name
     finally:
         stop(proc)
         log.close()
-        os.unlink(log.name)
 
 
 def _stat(pid: str) -> list[str] | None:

@@ -66,7 +66,6 @@ PostgreSQL 15 flushes an idle backend's counters only every 10 s, so they are no
 
 import argparse
 import collections
-import contextlib
 import json
 import os
 import re
@@ -709,23 +708,9 @@ def phase_case(args):
 # --- the orchestrating process -------------------------------------------------------------------
 
 
-@contextlib.contextmanager
 def qcluster(env: dict, timeout: float = 60.0):
-    """``_common.worker`` that keeps its log: a real ``manage.py qcluster`` for the block, awaited
-    until it is running, then terminated and reaped; yields (process, log path)."""
-    log = tempfile.NamedTemporaryFile("w+", prefix="bench-parallel-qcluster-", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "manage.py", "qcluster"], env=env, cwd=_common.ROOT, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout
-        while "running." not in Path(log.name).read_text():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("worker did not start:\n" + Path(log.name).read_text()[-3000:])
-            time.sleep(0.2)
-        yield proc, log.name
-    finally:
-        _common.stop(proc)
-        log.close()
+    """``_common.worker`` that keeps its log: yields (process, log path)."""
+    return _common.worker_logged(env, timeout, prefix="bench-parallel-qcluster-")
 
 
 ROUTINE = re.compile(r"processing|Processed|running\.|guarding|starting|stopping|has stopped|stopped\.|"
