@@ -154,7 +154,7 @@ class TurnContext:
         if not force and now - self._last_check < STOP_CHECK_SECONDS:
             return
         self._last_check = now
-        if force or signal is None:
+        if force or signal is None or signal.unseen:
             status = current_status(self.job)
             if status != JobStatus.RUNNING:
                 raise TurnStopped(status)

@@ -63,6 +63,7 @@ class StopSignal:
         self._lock = threading.Lock()
         self._aborts: list = []
         self.status: str | None = None
+        self.unseen = False  # the stop watch did not find the job's row: the turn asks itself
 
     def is_set(self) -> bool:
         return self._event.is_set()
@@ -144,13 +145,19 @@ def watch_stops(job_ids) -> int:
         return 0
     ids = list(job_ids)
     statuses = dict(Job.objects.filter(pk__in=ids).values_list("pk", "status"))
-    # a job no longer running stops; so does one whose row is gone (its session was deleted)
-    stopped = [(job_id, statuses.get(job_id)) for job_id in ids if statuses.get(job_id) != JobStatus.RUNNING]
-    for job_id, status in stopped:
+    stopped = 0
+    for job_id in ids:
         signal = stop_signal(job_id)
-        if signal is not None:
-            signal.set(status)
-    return len(stopped)
+        if signal is None:
+            continue
+        if job_id not in statuses:
+            # gone (its session deleted), or not visible to this thread's connection (a turn run
+            # inside a transaction): the turn asks its own connection at its next check
+            signal.unseen = True
+        elif statuses[job_id] != JobStatus.RUNNING:
+            signal.set(statuses[job_id])
+            stopped += 1
+    return stopped
 
 
 def start_heartbeat() -> None:
