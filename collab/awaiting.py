@@ -15,6 +15,8 @@ import asyncio
 import logging
 import math
 import re
+import threading
+from collections import Counter
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
@@ -24,13 +26,83 @@ from django.db import connections
 from django.conf import settings
 
 from collab.errors import DomainError, Invalid
-from collab.gateway import InFlight, Slot, give_back_request_connection
 from collab.events import pushed_wires, session_group
 from collab.live import relay
 from collab.models import TERMINAL_STATUSES
 from config.request_threads import release_thread, retake_thread
 
 logger = logging.getLogger(__name__)
+
+
+class InFlight:
+    """Long-lived calls per user in this process (the gateway's blocking tool calls; open waits
+    and event streams here). Per process, not per deployment: N web processes
+    admit up to N times the bound. ``refusal(limit)`` is the error past the bound."""
+
+    def __init__(self, refusal):
+        self._counts: Counter = Counter()
+        self._lock = threading.Lock()
+        self._refusal = refusal
+
+    def take(self, user_id: int, limit: int) -> "Slot":
+        with self._lock:
+            if self._counts[user_id] >= limit:
+                raise self._refusal(limit)
+            self._counts[user_id] += 1
+        return Slot(self, user_id)
+
+    def _give_back(self, user_id: int) -> None:
+        with self._lock:
+            self._counts[user_id] -= 1
+            if self._counts[user_id] <= 0:
+                del self._counts[user_id]
+
+
+class Slot:
+    """One admitted blocking call. It is given back when its work ends — not when the client
+    goes away, since a thread cannot be stopped: a client that hangs up and calls again does
+    not get past the bound. Work abandoned before its thread started never runs."""
+
+    def __init__(self, owner: InFlight | None = None, user_id: int = 0):
+        self._owner, self._user_id = owner, user_id
+        self._lock = threading.Lock()
+        self._started = self._freed = False
+
+    def start(self) -> bool:
+        with self._lock:
+            self._started = not self._freed
+            return self._started
+
+    def free(self) -> None:
+        with self._lock:
+            if self._freed:
+                return
+            self._freed = True
+        if self._owner is not None:
+            self._owner._give_back(self._user_id)
+
+    def abandon(self) -> None:
+        """The caller stopped waiting: free the slot now unless its work already runs."""
+        with self._lock:
+            if self._started:
+                return
+        self.free()
+
+
+
+
+async def give_back_request_connection(request) -> None:
+    """Under ASGI: close the database connection of the request's own thread (authentication and
+    middleware opened it) before the request's work runs in another thread, so that a request holds
+    one connection at a time. With the web processes' pool (``DB_POOL_MAX_SIZE``) a request holding
+    one pooled connection while its other thread waits for a second deadlocks the pool once as many
+    such requests arrive together as it has connections (seen with 10 ``?wait=`` clients on a pool
+    of 2); without the pool it kept a PostgreSQL connection open for the whole of a blocking call.
+    Once per request: nothing runs on that thread afterwards, and a later hop would only bring back
+    the thread a ``?wait=`` gave up before it parked (``collab.awaiting.release_request_thread``)."""
+    if isinstance(request, ASGIRequest) and not getattr(request, "_trellis_connection_given_back", False):
+        request._trellis_connection_given_back = True
+        await sync_to_async(connections.close_all)()
 
 MAX_WAIT_SECONDS = 60
 

@@ -2,29 +2,45 @@
 the MCP server at ``/mcp``, ``collab.mcp_server``, calls the same functions).
 
 Sync views under daphne share one thread per process (asgiref's thread-sensitive mode), so a
-tool that waits — ``job_output`` with ``block``, ``wait_agent``, ``bash``, a foreground
-``agent`` — would freeze every page and API call of that process. The gateway route is async
-instead: each call runs in a thread of its own pool and closes its database connections when
-done (the waits themselves hold none while they sleep, see ``collab.services.waiting``).
-Blocking calls are bounded per user and per web process (``TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER``);
-past the bound the call is refused with 429 ``too_many_blocking_calls`` before anything runs.
+tool that waits — ``job_output`` with ``block``, ``wait_agent``, ``bash`` — would freeze every
+page and API call of that process. The gateway route is async instead: each call runs in a
+thread of its own pool and closes its database connections when done (the waits themselves
+hold none while they sleep, see ``collab.services.waiting``). Blocking calls are bounded per
+user and per web process (``TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER``); past the bound the call
+is refused with 429 ``too_many_blocking_calls`` before anything runs.
+
+No agent turn runs here. A foreground ``agent`` call (no ``to``, not in the background) admits
+its child as a job like any other — a worker runs it, within the project's running cap and
+the session's live cap — and the call then waits for that job to end as ``?wait=`` does: a
+coroutine parked on the channel layer, holding no thread and no database connection (an open
+wait of the user's, ``TRELLIS_MAX_OPEN_WAITS_PER_USER``). Its answer is the child's final reply,
+as before; no follow-up carries it again (``Job.answers_call``).
 """
 
 import asyncio
 import threading
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
 
 from collab.access import access_branch, require_can_act_as
+from collab.awaiting import InFlight, Slot, give_back_request_connection, open_wait, until_terminal
 from collab.errors import DomainError
+from collab.models import TERMINAL_STATUSES
+from collab.selectors.jobs import has_ended, job_status
 from collab.services.acting import gateway_actor
-from collab.tools.registry import Tool, run_tool
+from collab.services.waiting import wait_for_change
+from collab.tools.registry import Tool, ToolResult, run_tool
 from collab.tools.surface import branch_tools
+
+# how long a foreground call waits at most (queued behind the project's cap included); past it the
+# call answers with the execution's id, which job_output reads. A re-read at least this often
+# covers an event the channel layer lost.
+BACKSTOP_SECONDS = 30.0
 
 
 class TooManyBlockingCalls(DomainError):
@@ -33,15 +49,19 @@ class TooManyBlockingCalls(DomainError):
 
 
 def is_blocking(tool: str, arguments) -> bool:
-    """Whether a call may wait for a long time (judged before its arguments are validated)."""
+    """Whether a call may hold a thread for a long time (judged before its arguments are validated)."""
     args = arguments if isinstance(arguments, dict) else {}
     if tool in ("wait_agent", "bash"):
         return True
     if tool == "job_output":
         return args.get("block", True) is not False
-    if tool == "agent":
-        return not args.get("run_in_background") and not str(args.get("to") or "").strip()
     return False
+
+
+def awaits_a_child(tool: str, arguments) -> bool:
+    """Whether a call is a foreground ``agent``: it waits too, in no thread (an open wait)."""
+    args = arguments if isinstance(arguments, dict) else {}
+    return tool == "agent" and not args.get("run_in_background") and not str(args.get("to") or "").strip()
 
 
 def _too_many_blocking_calls(limit: int) -> DomainError:
@@ -52,62 +72,7 @@ def _too_many_blocking_calls(limit: int) -> DomainError:
     )
 
 
-class InFlight:
-    """Long-lived calls per user in this process (blocking tool calls here; open waits and
-    event streams in ``collab.awaiting``). Per process, not per deployment: N web processes
-    admit up to N times the bound. ``refusal(limit)`` is the error past the bound."""
-
-    def __init__(self, refusal=_too_many_blocking_calls):
-        self._counts: Counter = Counter()
-        self._lock = threading.Lock()
-        self._refusal = refusal
-
-    def take(self, user_id: int, limit: int) -> "Slot":
-        with self._lock:
-            if self._counts[user_id] >= limit:
-                raise self._refusal(limit)
-            self._counts[user_id] += 1
-        return Slot(self, user_id)
-
-    def _give_back(self, user_id: int) -> None:
-        with self._lock:
-            self._counts[user_id] -= 1
-            if self._counts[user_id] <= 0:
-                del self._counts[user_id]
-
-
-class Slot:
-    """One admitted blocking call. It is given back when its work ends — not when the client
-    goes away, since a thread cannot be stopped: a client that hangs up and calls again does
-    not get past the bound. Work abandoned before its thread started never runs."""
-
-    def __init__(self, owner: InFlight | None = None, user_id: int = 0):
-        self._owner, self._user_id = owner, user_id
-        self._lock = threading.Lock()
-        self._started = self._freed = False
-
-    def start(self) -> bool:
-        with self._lock:
-            self._started = not self._freed
-            return self._started
-
-    def free(self) -> None:
-        with self._lock:
-            if self._freed:
-                return
-            self._freed = True
-        if self._owner is not None:
-            self._owner._give_back(self._user_id)
-
-    def abandon(self) -> None:
-        """The caller stopped waiting: free the slot now unless its work already runs."""
-        with self._lock:
-            if self._started:
-                return
-        self.free()
-
-
-IN_FLIGHT = InFlight()
+IN_FLIGHT = InFlight(_too_many_blocking_calls)
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
 
@@ -134,51 +99,94 @@ def surface_of(user, address: str) -> list[Tool]:
     return branch_tools(acting_branch(user, address))
 
 
-def run_as_branch(user, address: str, tool: str, arguments) -> dict:
+def start_as_branch(user, address: str, tool: str, arguments) -> ToolResult:
     """Authorize and run one tool call as the branch at ``address`` (the call continues the
-    branch's chain)."""
+    branch's chain). A result that ``awaits`` an execution is the call's answer only once that
+    execution has ended (``awaited_answer``)."""
     branch = acting_branch(user, address)
-    return run_tool(gateway_actor(user, branch), tool, arguments, tools=branch_tools(branch)).as_dict()
+    return run_tool(gateway_actor(user, branch), tool, arguments, tools=branch_tools(branch))
 
 
-def _run_in_pool_thread(slot: Slot, user, address: str, tool: str, arguments) -> dict | None:
+def run_as_branch(user, address: str, tool: str, arguments) -> dict:
+    """The whole call on this thread: ``start_as_branch``, then (a foreground ``agent``) a wait
+    for the worker to end the child — this thread waits, holding no connection between reads."""
+    result = start_as_branch(user, address, tool, arguments)
+    return (result if result.awaits is None else wait_for_answer(result)).as_dict()
+
+
+def wait_for_answer(result: ToolResult) -> ToolResult:
+    """``awaited_answer`` once the execution has ended or the bound passed; this thread waits."""
+    awaits = result.awaits
+    wait_for_change(lambda: has_ended(awaits.execution_id), settings.TRELLIS_GATEWAY_FOREGROUND_WAIT_SECONDS,
+                    sessions=[awaits.session_id])
+    return awaited_answer(result)
+
+
+def awaited_answer(result: ToolResult) -> ToolResult:
+    """The answer of a call whose result ``awaits`` an execution: once it has ended, its answer;
+    if it still runs (the wait's bound passed), the result so far (its id, for job_output)."""
+    status = job_status(result.awaits.execution_id)
+    if status is None:  # its session was deleted meanwhile
+        return ToolResult.error("not_found", f"execution {result.awaits.execution_id} no longer exists")
+    return result.awaits.answer() if status in TERMINAL_STATUSES else result
+
+
+def _in_pool_thread(fn, *args):
+    try:
+        return fn(*args)
+    finally:
+        connections.close_all()  # a pool thread outlives the request: give its connections back
+
+
+def _start_in_pool_thread(slot: Slot, user, address: str, tool: str, arguments) -> ToolResult | None:
     if not slot.start():
         return None  # the caller hung up before this thread got to it
     try:
-        return run_as_branch(user, address, tool, arguments)
+        return _in_pool_thread(start_as_branch, user, address, tool, arguments)
     finally:
-        connections.close_all()  # a pool thread outlives the request: give its connections back
         slot.free()
 
 
-async def give_back_request_connection(request) -> None:
-    """Under ASGI: close the database connection of the request's own thread (authentication and
-    middleware opened it) before the request's work runs in another thread, so that a request holds
-    one connection at a time. With the web processes' pool (``DB_POOL_MAX_SIZE``) a request holding
-    one pooled connection while its other thread waits for a second deadlocks the pool once as many
-    such requests arrive together as it has connections (seen with 10 ``?wait=`` clients on a pool
-    of 2); without the pool it kept a PostgreSQL connection open for the whole of a blocking call.
-    Once per request: nothing runs on that thread afterwards, and a later hop would only bring back
-    the thread a ``?wait=`` gave up before it parked (``collab.awaiting.release_request_thread``)."""
-    if isinstance(request, ASGIRequest) and not getattr(request, "_trellis_connection_given_back", False):
-        request._trellis_connection_given_back = True
-        await sync_to_async(connections.close_all)()
+async def _in_pool(fn, *args):
+    return await sync_to_async(_in_pool_thread, thread_sensitive=False, executor=_pool())(fn, *args)
+
+
+async def _answer_when_ended(request, result: ToolResult) -> ToolResult:
+    """Wait, holding no thread, until the execution ``result`` awaits has ended (or the bound
+    passes); then its answer. Without a channel layer a pool thread waits instead."""
+    awaits = result.awaits
+    if get_channel_layer() is None:
+        return await _in_pool(wait_for_answer, result)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.TRELLIS_GATEWAY_FOREGROUND_WAIT_SECONDS
+
+    async def read() -> dict:
+        return {"status": await _in_pool(job_status, awaits.execution_id)}
+
+    while loop.time() < deadline:
+        now = await until_terminal(request, awaits.session_id, awaits.execution_id,
+                                   min(BACKSTOP_SECONDS, deadline - loop.time()), read, slot=Slot())
+        if now["status"] in TERMINAL_STATUSES or now["status"] is None:
+            break
+    return await _in_pool(awaited_answer, result)
 
 
 async def call_tool(request, address: str, tool: str, arguments) -> dict:
     """The REST gateway call (``request.auth`` acts); see ``call_tool_as``."""
     await give_back_request_connection(request)
-    return await call_tool_as(request.auth, address, tool, arguments, own_thread=not isinstance(request, ASGIRequest))
+    return await call_tool_as(request.auth, address, tool, arguments, own_thread=not isinstance(request, ASGIRequest),
+                              request=request)
 
 
-async def call_tool_as(user, address: str, tool: str, arguments, *, own_thread: bool = False) -> dict:
+async def call_tool_as(user, address: str, tool: str, arguments, *, own_thread: bool = False, request=None) -> dict:
     """One gateway call as the branch at ``address``, for every face that offers the tools to
     outside agents (the REST route, the MCP server); blocking tools count against the user's
     bound in this process (``TooManyBlockingCalls`` before anything runs).
 
     Under ASGI the call runs in the gateway's own thread pool, never on the thread all sync
     views share. ``own_thread``: the caller already has a thread of its own (WSGI, Django's
-    test client), so the call stays on it (and on its database connection and transaction)."""
+    test client), so the call stays on it (and on its database connection and transaction).
+    ``request``: the Django request making the call, whose thread a long wait lets go."""
     blocking = is_blocking(tool, arguments)
     slot = IN_FLIGHT.take(user.pk, settings.TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER) if blocking else Slot()
     if own_thread:
@@ -186,9 +194,18 @@ async def call_tool_as(user, address: str, tool: str, arguments, *, own_thread: 
             return await sync_to_async(run_as_branch)(user, address, tool, arguments)
         finally:
             slot.free()
-    run = sync_to_async(_run_in_pool_thread, thread_sensitive=False, executor=_pool())
+    # a foreground agent's wait is one of the user's open waits: taken before its child is admitted,
+    # so past the bound the call is refused (429) with nothing started
+    waiting = open_wait(user) if awaits_a_child(tool, arguments) else Slot()
     try:
-        return await run(slot, user, address, tool, arguments)
-    except asyncio.CancelledError:
-        slot.abandon()
-        raise
+        run = sync_to_async(_start_in_pool_thread, thread_sensitive=False, executor=_pool())
+        try:
+            result = await run(slot, user, address, tool, arguments)
+        except asyncio.CancelledError:
+            slot.abandon()
+            raise
+        if result is not None and result.awaits is not None:
+            result = await _answer_when_ended(request, result)
+        return None if result is None else result.as_dict()
+    finally:
+        waiting.free()

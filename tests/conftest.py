@@ -494,7 +494,7 @@ _inline_worker: list = []  # the running test's ``run_queued``, if it asked for 
 
 
 @pytest.fixture
-def run_queued(db, django_capture_on_commit_callbacks):
+def run_queued(db, django_capture_on_commit_callbacks, monkeypatch):
     """The worker's part, in this process and in the test's transaction (no worker process, no
     flush): ``run_queued()`` runs every queued job to its end with ``run_job``, exactly as a
     worker would, one at a time, oldest first, and then the jobs those created (a background
@@ -504,8 +504,11 @@ def run_queued(db, django_capture_on_commit_callbacks):
     one legal schedule of a worker: a test that needs two turns running side by side (a cancel
     landing mid-turn, a ``wait_agent`` on a running child) needs the ``worker`` process.
 
-    While it is in use, ``ApiClient.wait`` and ``settle_session`` call it before they look, so a
-    test written against the ``worker`` process reads the same with this fixture instead."""
+    While it is in use, ``ApiClient.wait`` and ``settle_session`` call it before they look, and so
+    does a foreground ``agent`` call through the gateway before it waits for its child (which a
+    worker runs), so a test written against the ``worker`` process reads the same with this
+    fixture instead."""
+    from collab import gateway
     from collab.models import Job, JobStatus
     from collab.runtime.loop import run_job
 
@@ -535,6 +538,12 @@ def run_queued(db, django_capture_on_commit_callbacks):
 
         get_broker().purge_queue()
 
+    def gateway_waits(check, timeout_seconds, **kwargs):
+        run()
+        return waits(check, timeout_seconds, **kwargs)
+
+    waits = gateway.wait_for_change
+    monkeypatch.setattr(gateway, "wait_for_change", gateway_waits)
     _inline_worker.append(run)
     yield run
     _inline_worker.remove(run)

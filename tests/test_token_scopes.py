@@ -121,10 +121,10 @@ def test_p_sec_7_the_tokens_page_sets_scopes_and_expiry(team):
 
 
 @pytest.fixture
-def held(team, api_as, scripted_session):
+def held(team, api_as, scripted_session, run_queued):
     """A delivery of the member's agent held by the watch policy, all through the API: a turn
-    (its prompt node gives the branch an address), a foreground child as the target (run inline
-    by the gateway), then ``send_message`` to it under ``confirm_deliveries``."""
+    (its prompt node gives the branch an address), a foreground child as the target (a queued
+    job the gateway waits for; ``run_queued`` is its worker), then ``send_message`` to it under ``confirm_deliveries``."""
     api, sid = scripted_session(team.member, [{"text": "x"}])
     assert api.post(f"/api/sessions/{sid}/turns", {"prompt": "hello"}).status_code == 202
     main = api.get(f"/api/sessions/{sid}/branches").json()[0]["address"]

@@ -153,7 +153,14 @@ class Job(FastLoad, models.Model):
         help_text="the person whose permissions the turn acts with (root turn's starter)",
     )
 
-    run_in_background = models.BooleanField(default=True)
+    run_in_background = models.BooleanField(
+        default=True, help_text="handed to the worker queue (an inline foreground child runs in its caller's turn instead)",
+    )
+    answers_call = models.BooleanField(
+        default=False,
+        help_text="a foreground agent call from outside a turn (tool gateway, MCP) waits for this job and answers "
+                  "with its result: it runs on a worker like a background job, and no follow-up carries its result",
+    )
     archive_when_done = models.BooleanField(default=False)
     chain_messages = models.PositiveIntegerField(default=0)
     chain_generations = models.PositiveIntegerField(default=0)

@@ -14,6 +14,21 @@ def session_executions(session, *, status: str | None = None, limit: int = 100) 
     return list(jobs[: max(1, min(limit, 500))])
 
 
+def ended_job(job_id: str) -> Job:
+    """A job with its result and branch, as it is now (a foreground call's answer reads it)."""
+    return Job.objects.with_result().select_related("branch").get(pk=job_id)
+
+
+def job_status(job_id: str) -> str | None:
+    """A job's status now (None: no such job)."""
+    return Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
+
+
+def has_ended(job_id: str) -> bool:
+    """Whether the job has ended (a job that is gone has too: nothing will change it)."""
+    return job_status(job_id) in (*TERMINAL_STATUSES, None)
+
+
 def sessions_owing_results(branch) -> list[str]:
     """The sessions running jobs whose results will be owed to ``branch`` (its mailbox): where
     the events that fill it are written (``collab.services.waiting``)."""

@@ -55,8 +55,9 @@ log = logging.getLogger(__name__)
 
 def owes_followup(job: Job, *, refused: bool = False) -> bool:
     """Whether the caller is owed ``job``'s result: a background task or spawn always; any
-    delivery (a message too) whose start was refused, so its sender hears of it (OP §5.4)."""
-    if not job.caller_branch_id:
+    delivery (a message too) whose start was refused, so its sender hears of it (OP §5.4). Never
+    a job that ``answers_call``: the waiting call returns its result, whatever it was."""
+    if not job.caller_branch_id or job.answers_call:
         return False
     if refused:
         return job.kind != JobKind.FOLLOWUP

@@ -2,10 +2,14 @@
 
 One call forks (clean / inherit / exact ``SID:MSG``), names the branch, admits
 a Job and stores an attach pointer next to the calling node. A background job
-is enqueued; a foreground one is admitted without being enqueued, and the caller
-(the ``agent`` tool) runs it inline in the calling worker through
-``collab.runtime.loop.run_foreground``, so a full worker pool cannot deadlock and
-no service imports the runtime (issue 14 item 5).
+is enqueued. A foreground one made by a turn is admitted without being enqueued,
+and the caller (the ``agent`` tool) runs it inline in the calling turn's slot
+through ``collab.runtime.loop.run_foreground``, so a full worker pool cannot
+deadlock and no service imports the runtime. A foreground one made from outside a
+turn (the tool gateway, MCP) is enqueued like a background job — it runs on a
+worker, within the project's running cap — and marked ``answers_call``: the call
+waits for it (``collab.gateway``) and no follow-up carries its result
+(docs/capacity.md, "No agent turn runs in a web process").
 """
 
 from django.db import transaction
@@ -59,7 +63,9 @@ def pick_spec(actor: Actor, session, agent_id: str):
 def do_spawn(actor: Actor, *, prompt: str, description: str = "", agent_id: str = "", start_from: str = "clean",
              run_in_background: bool = False, archive_when_done: bool = False) -> Job:
     """Create the branch and admit its job. A background job is enqueued; a foreground one is
-    returned unstarted for the caller to run inline (``collab.runtime.loop.run_foreground``)."""
+    returned unstarted for the calling turn to run inline (``collab.runtime.loop.run_foreground``)
+    — or, with no calling turn (``actor.job`` is None: the gateway), enqueued with
+    ``answers_call`` for the call to wait on."""
     check_prompt(prompt)
     actor.require("turn.start")
     return _admit_spawn(actor, prompt=prompt, description=description, agent_id=agent_id, start_from=start_from,
@@ -68,6 +74,8 @@ def do_spawn(actor: Actor, *, prompt: str, description: str = "", agent_id: str 
 
 @retry_on_deadlock
 def _admit_spawn(actor: Actor, *, prompt, description, agent_id, start_from, run_in_background, archive_when_done) -> Job:
+    answers_call = not run_in_background and actor.job is None  # no turn to run it inline: a worker does
+    on_worker = run_in_background or answers_call
     messages, generations = actor.chain
     with transaction.atomic():
         session, fork_node = resolve_start_from(actor, start_from)
@@ -83,9 +91,9 @@ def _admit_spawn(actor: Actor, *, prompt, description, agent_id, start_from, run
         calling = actor.calling_node
         job = admit_job(
             session=session, branch=branch, kind=JobKind.SPAWN, prompt=prompt, started_by=actor.user,
-            agent_spec=spec, header=task_header(actor.address), enqueue=run_in_background,
+            agent_spec=spec, header=task_header(actor.address), enqueue=on_worker,
             caller_session=actor.session, caller_msg=calling, caller_branch=actor.branch, caller_job=actor.job,
-            parent_job=actor.job, run_in_background=run_in_background, archive_when_done=archive_when_done,
+            parent_job=actor.job, run_in_background=on_worker, answers_call=answers_call, archive_when_done=archive_when_done,
             chain_messages=messages + 1, chain_generations=generations + 1, followup_mode=actor.followup_mode,
         )
         if calling is not None:

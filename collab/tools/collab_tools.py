@@ -14,7 +14,7 @@ from collab.errors import Invalid, NotFound
 from collab.models import TERMINAL_STATUSES, HeldDelivery, Job, Todo, format_address
 from collab.selectors.agents import list_agents as select_agents
 from collab.selectors.agents import render_agents
-from collab.selectors.jobs import jobs_dispatched_by
+from collab.selectors.jobs import ended_job, jobs_dispatched_by
 from collab.selectors.pages import shown_branch
 from collab.selectors.shapes import job_summary
 from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MAX_CHARS, render_transcript
@@ -27,7 +27,7 @@ from collab.services.todos import do_create_todo, do_update_todo
 from collab.services.waiting import wait_for_change
 from collab.services.listing import do_record_agents_listed
 from collab.runtime.loop import run_foreground
-from collab.tools.registry import ToolParams, ToolResult, reading_spec, register
+from collab.tools.registry import Awaits, ToolParams, ToolResult, reading_spec, register
 
 COLLAB = ("collab",)
 BOTH = ("collab", "openwork")  # the plan tools: OpenWork roots have them too, explorers never
@@ -85,8 +85,6 @@ def agent(ctx, p: AgentParams) -> ToolResult:
         ctx, prompt=p.prompt, description=p.description, agent_id=p.agent_id, start_from=p.start_from,
         run_in_background=p.run_in_background, archive_when_done=p.archive_when_done,
     )
-    if not p.run_in_background:
-        run_foreground(job, ctx.turn)
     branch = job.branch
     if p.run_in_background:
         return ToolResult(
@@ -94,6 +92,21 @@ def agent(ctx, p: AgentParams) -> ToolResult:
             details={"execution_id": job.pk, "status": job.status, "name": branch.display_name,
                      "address": format_address(branch.session_id, job.prompt_msg_id), "session_id": branch.session_id},
         )
+    if job.answers_call:  # from outside a turn: a worker runs it, the call waits (collab.gateway)
+        return ToolResult(
+            text=f"agent {branch.display_name!r} is still running: execution {job.pk}; read its result with job_output.",
+            details={"execution_id": job.pk, "status": job.status, "name": branch.display_name,
+                     "address": format_address(branch.session_id, job.prompt_msg_id), "session_id": branch.session_id,
+                     "still_running": True},
+            awaits=Awaits(job.pk, branch.session_id, lambda: foreground_answer(ctx, ended_job(job.pk))),
+        )
+    run_foreground(job, ctx.turn)
+    return foreground_answer(ctx, job)
+
+
+def foreground_answer(ctx, job) -> ToolResult:
+    """A foreground ``agent`` call's answer: the ended child's final reply (or how it failed)."""
+    branch = job.branch
     branch.refresh_from_db()
     summary, truncated = bound_text(job.result, result_limit_for(reading_spec(ctx)))
     return ToolResult(

@@ -31,11 +31,23 @@ class ToolParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+@dataclass(frozen=True)
+class Awaits:
+    """A call from outside a turn whose answer is an execution's end (the gateway's foreground
+    ``agent``): ``execution_id`` in ``session_id`` runs on a worker; once it has ended,
+    ``answer()`` is the call's result (bounded like any). The caller waits for it holding
+    nothing (``collab.gateway``)."""
+    execution_id: str
+    session_id: str
+    answer: Callable[[], "ToolResult"]
+
+
 @dataclass
 class ToolResult:
     text: str
     details: dict = field(default_factory=dict)
     is_error: bool = False
+    awaits: Awaits | None = None  # the result so far; the call's answer comes when the execution ends
 
     @classmethod
     def error(cls, code: str, detail: str, **details) -> "ToolResult":
@@ -103,7 +115,10 @@ def bounded_result(ctx: ToolContext, result: ToolResult) -> ToolResult:
     details = _bounded_details(clean_data(result.details), limit)
     if truncated:
         details = {**details, "truncated": True, "full_length": len(result.text)}
-    return ToolResult(text=text, details=details, is_error=result.is_error)
+    awaits = result.awaits
+    if awaits is not None:  # the answer is bounded for the same reader
+        awaits = Awaits(awaits.execution_id, awaits.session_id, lambda: bounded_result(ctx, result.awaits.answer()))
+    return ToolResult(text=text, details=details, is_error=result.is_error, awaits=awaits)
 
 
 def _bounded_details(details: dict, limit: int) -> dict:

@@ -60,7 +60,7 @@ def branch(branch_id: str) -> Branch:
 
 
 def spawn(agent, prompt, description="", **extra) -> Branch:
-    """A foreground ``agent`` call through the gateway (runs the child inline); the new branch."""
+    """A foreground ``agent`` call through the gateway (a worker runs the child: ``run_queued`` here); the new branch."""
     result = call(agent.api, agent.address, "agent", prompt=prompt, description=description, **extra)
     assert not result["is_error"], result
     job = Job.objects.get(pk=result["details"]["execution_id"])
@@ -68,7 +68,7 @@ def spawn(agent, prompt, description="", **extra) -> Branch:
 
 
 @pytest.fixture
-def open_session(team, api_as):
+def open_session(team, api_as, run_queued):
     """``make(user, script=[], project="alpha", title=…, prompt=…)``: through the API, a session
     with a scripted agent and one finished user turn on its main branch (run in-process).
     Returns a namespace: ``api`` (as ``user``), ``sid``, ``branch`` (main), ``address`` (its tip)."""
@@ -1016,13 +1016,16 @@ def test_op_2_4_stage_2_renames_label_named_branches_after_the_first_turn(team, 
 
 def test_op_2_1_foreground_agent_returns_the_final_text_and_is_an_admitted_job(team, open_session):
     """OP §2.1: a foreground ``agent`` call waits and returns the child's final text (no
-    background receipt), and the child ran as an admitted Job (kind spawn, not background)."""
+    background receipt), and the child ran as an admitted Job (kind spawn). Made through the
+    gateway, outside any turn, the child is a worker's job that answers the call: no follow-up
+    carries its result again (docs/capacity.md)."""
     a = open_session(script=[{"text": "child reply: {{prompt}}"}])
     got = call(a.api, a.address, "agent", prompt="do the thing", description="fg-child")
     assert not got["is_error"], got
     assert got["text"] == "child reply: do the thing"
     job = Job.objects.get(pk=got["details"]["execution_id"])
-    assert (job.kind, job.run_in_background, job.status) == ("spawn", False, "succeeded")
+    assert (job.kind, job.run_in_background, job.answers_call, job.status) == ("spawn", True, True, "succeeded")
+    assert job.followup_state == "none"
     assert job.caller_session_id == a.sid and job.caller_branch_id == a.branch.pk
     assert got["details"]["address"] == branch(job.branch_id).address
 

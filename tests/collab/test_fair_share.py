@@ -81,10 +81,10 @@ def test_p_sec_6_a_row_set_before_the_ceiling_was_lowered_is_capped_at_admission
 
 
 @pytest.mark.slow
-def test_p_sec_6_a_sleep_ms_step_ends_at_the_runtime_ceiling(team, api_as, settings, worker):
+def test_p_sec_6_a_sleep_ms_step_ends_at_the_runtime_ceiling(team, api_as, settings, run_queued):
     """P-SEC-6: a scripted ``sleep_ms`` of ten minutes, in a project with no runtime limit of its
-    own, ends at the operator's runtime ceiling (here run inline by a gateway ``agent`` call in
-    this process, whose settings carry the ceiling)."""
+    own, ends at the operator's runtime ceiling. The child of a gateway ``agent`` call runs as a
+    worker runs it, here in this process (``run_queued``), whose settings carry the ceiling."""
     owner = api_as(team.owner)
     assert owner.patch("/api/projects/alpha/limits", {"max_runtime_seconds": None}).status_code == 200
     spec(owner, "alpha", "bot", [{"text": "ready"}])

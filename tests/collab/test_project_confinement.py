@@ -67,7 +67,8 @@ def open_session(api, slug: str, agent_id: str, title: str, prompt: str = "hello
 
 
 def spawn(at, name: str, prompt: str = "some work") -> SimpleNamespace:
-    """A foreground ``agent`` call (runs inline): the new branch's address and its job."""
+    """A foreground ``agent`` call (its child a job the gateway waits for; ``run_queued`` or a
+    worker runs it): the new branch's address and its job."""
     got = call(at.api, at.address, "agent", prompt=prompt, description=name)
     assert not got["is_error"], got
     job = Job.objects.get(pk=got["details"]["execution_id"])
@@ -110,13 +111,14 @@ def masked(result: dict, probe: str) -> dict:
 
 
 @pytest.fixture
-def tenants(db, make_user, api_as):
+def tenants(db, make_user, api_as, run_queued):
     """Projects ``proj-a`` (owned by ann) and ``proj-b`` (owned by bob), each made through the API,
     with a scripted spec. ``make(ann_in_b, bob_in_a)`` joins them as asked, then builds:
     in A, ann's session ``a`` and a second session ``a2`` with a live ``helper``; in B, bob's
     session ``b`` with a live ``reviewer`` (its spawn is a job of B's), and — when ann accepted
     B — ann's own session ``b_ann`` in B with ``annsb-scout`` (a person in both projects starting
-    turns in each). Mirrored for bob in A."""
+    turns in each). Mirrored for bob in A. A foreground child is run in this process
+    (``run_queued``) unless a worker process takes it first."""
     ann, bob = make_user("ann"), make_user("bob")
     ann_api, bob_api = api_as(ann), api_as(bob)
     for api, slug in ((ann_api, "proj-a"), (bob_api, "proj-b")):
