@@ -53,7 +53,9 @@ Cases (``--cases``; default all but stream-128; ``--quick``: fanout-8, fanout-32
 
 Figures per case, beside the targets: turns in flight (peak), wall time and wall ÷ model time
 (with where the time went: the children's admission, admitted → claimed, claimed → ended), peak
-database connections (target ≤ 24; n/a on SQLite), RSS of the web process and of each worker
+database connections (target ≤ 24; n/a on SQLite; there instead, how long a writer waits for
+SQLite's write lock: the sampler takes it with ``BEGIN IMMEDIATE`` every ~50 ms and gives it back,
+target ≤ 1 s), RSS of the web process and of each worker
 process (idle → peak, and their threads), memory per turn in flight ((the workers' peak RSS −
 their idle RSS) ÷ peak turns in flight; target ≤ 2 MB), platform CPU per turn (web + the
 qcluster's processes + the bench database's PostgreSQL backends + redis-server over the case, ÷
@@ -104,6 +106,8 @@ QUICK = ["fanout-8", "fanout-32", "sessions-48"]
 LAYOUTS = {"sqlite": "embedded (SQLite + ORM broker)", "postgres": "PostgreSQL + Redis"}
 TARGET_CONNECTIONS = 24
 TARGET_MB_PER_TURN = 2.0
+TARGET_WRITE_WAIT_S = 1.0  # SQLite: no writer stalls longer than this
+WRITE_WAIT = "SQLite write lock: a writer's wait (probe every ~50 ms), p50 / p99 / max"
 DEFAULT_MAX_TOOL_CALLS = 50  # settings.TRELLIS_MAX_TOOL_CALLS's default
 
 
@@ -379,6 +383,15 @@ class Sampler(threading.Thread):
         self.gone: set[int] = set()
         self.backend_cpu: dict[int, list[float]] = {}  # backend pid → [CPU at first sight in the window, last]
         self.error = ""
+        self.write_waits: list[float] = []  # SQLite: how long the probe waited for the write lock, each sample
+
+    def probe_write_lock(self, probe) -> None:
+        """SQLite: take the write lock as any writer does (``BEGIN IMMEDIATE``, the settings' busy
+        timeout) and give it back at once; how long that took is a writer's wait at that moment."""
+        tick = time.monotonic()
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        self.write_waits.append(time.monotonic() - tick)
 
     def pg_rows(self, conn) -> list[tuple[int, int]]:
         return conn.execute(
@@ -401,8 +414,12 @@ class Sampler(threading.Thread):
 
         from collab.models import Job, JobStatus
 
-        pg = None
+        pg = probe = None
         try:
+            if self.sqlite_path:
+                import sqlite3
+
+                probe = sqlite3.connect(self.sqlite_path, timeout=30, isolation_level=None)
             if self.db_name:
                 import psycopg
                 from django.conf import settings
@@ -420,6 +437,8 @@ class Sampler(threading.Thread):
                 self.samples += 1
                 running = Job.objects.filter(status=JobStatus.RUNNING).count()
                 self.peak_running = max(self.peak_running, running)
+                if probe is not None:
+                    self.probe_write_lock(probe)
                 if pg is not None:
                     rows = self.pg_rows(pg)
                     if len(rows) > self.peak_conns:  # a new peak: which process holds them (sockets' ports)
@@ -457,6 +476,8 @@ class Sampler(threading.Thread):
             self.ready.set()
             if pg is not None:
                 pg.close()
+            if probe is not None:
+                probe.close()
             connection.close()
 
     def stop(self):
@@ -686,6 +707,8 @@ def phase_case(args):
         out["peak_conns"] = sampler.peak_conns if pg_name else None
         out["conns_at_peak"] = sampler.conns_at_peak
         out["sqlite_handles"] = {role: n for role, n in sampler.sqlite_peak.items() if n}
+        waits = sorted(sampler.write_waits)
+        out["write_wait"] = [_common.percentile(waits, 0.5), _common.percentile(waits, 0.99), waits[-1]] if waits else None
         out["samples"] = sampler.samples
         out["procs"] = [{"role": role, "pid": pid, "idle_kb": (idle.get(pid) or (0, 0))[0], "idle_pss_kb": idle_pss[pid],
                          "idle_threads": (idle.get(pid) or (0, 0))[1], "peak_kb": sampler.rss_peak.get(pid, 0),
@@ -861,6 +884,8 @@ def case_rows(case: str, r: dict, args) -> list[tuple[str, str]]:
         if r.get("sqlite_handles"):
             rows.append(("SQLite connections (handles on the file), most at once by process",
                          ", ".join(f"{k} {v}" for k, v in r["sqlite_handles"].items())))
+        if r.get("write_wait"):
+            rows.append((WRITE_WAIT, " / ".join(f"{s * 1000:.0f}" for s in r["write_wait"]) + " ms"))
     else:
         held = ", ".join(f"{k} {v}" for k, v in sorted(r["conns_at_peak"].items()))
         rows.append(("database connections, idle → peak", f"{r.get('idle_conns', '?')} → {r['peak_conns']}"
@@ -913,6 +938,7 @@ def targets(case: str, r_any: dict | None, args) -> dict[str, str]:
     kind, n = CASES[case]
     model_s = (r_any or {}).get("model_s") or model_ms(args, kind) / 1000
     out = {"database connections, idle → peak": f"<= {TARGET_CONNECTIONS}",
+           WRITE_WAIT: f"max <= {TARGET_WRITE_WAIT_S * 1000:.0f} ms",
            "memory per turn in flight ((workers' peak − idle RSS) ÷ peak)": f"<= {TARGET_MB_PER_TURN:.0f} MB",
            "turns not succeeded": "0"}
     target = wall_target(kind, n, model_s)
