@@ -219,6 +219,11 @@ class Job(FastLoad, models.Model):
             # only the queued ones a claim declined for the cap, a handful, whatever the queue holds
             models.Index(fields=["project", "created_at"], condition=Q(waiting_since__isnull=False, status=JobStatus.QUEUED),
                          name="job_waiting_for_slot"),
+            # the queued jobs a contended worker slot picks from (fair_share.fairest_queued_job): the
+            # worker queue's jobs not waiting for their project's cap, by project, oldest first
+            models.Index(fields=["project", "created_at"],
+                         condition=Q(status=JobStatus.QUEUED, run_in_background=True, waiting_since__isnull=True),
+                         name="job_queued_for_slot"),
             models.Index(fields=["caller_session"], condition=Q(caller_session__isnull=False), name="job_caller_session"),
             models.Index(fields=["caller_msg"], condition=Q(caller_msg__isnull=False), name="job_caller_msg"),
             models.Index(fields=["caller_job"], condition=Q(caller_job__isnull=False), name="job_caller_job"),

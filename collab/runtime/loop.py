@@ -41,7 +41,7 @@ from collab.runtime.slots import SLOT_WAIT_SECONDS, process_slots
 from collab.runtime.streaming import DeltaBatcher
 from collab.services.acting import Actor
 from collab.services.budgets import DELEGATION_TOOLS, messages_left
-from collab.services.execution import claim_job, current_status, finish_job
+from collab.services.execution import claim_for_slot, claim_job, current_status, finish_job
 from collab.services.followup import drain_mailbox
 from collab.services.admission import enqueue_job
 from collab.services.liveness import StopSignal, running
@@ -239,17 +239,18 @@ def run_claimed(job, inline_parents: tuple[str, ...] = ()) -> str:
 
 def hand_to_slot(job_id: str) -> str | None:
     """The worker task's part of a turn (``collab.tasks.run_turn``): take a slot of this process
-    (waiting while all are in use), claim the job, and start its turn on the slot's thread.
+    (waiting while all are in use), claim the job — or, while this process's slots are contended,
+    the fairest queued job (``execution.claim_for_slot``) — and start its turn on the slot's thread.
     Returns at once after that: ``"started"``; None if the claim won nothing (another worker has
     the job, it is no longer queued, or it waits for its branch or its project's cap); or
     ``"requeued"`` when no slot came free in ``SLOT_WAIT_SECONDS`` — the job, untouched and still
     queued, is handed to the broker again, and another process (or this one, later) takes it."""
     slots = process_slots()
-    if not slots.take(timeout=SLOT_WAIT_SECONDS):
+    if not slots.take(timeout=0) and not slots.take(timeout=SLOT_WAIT_SECONDS):
         enqueue_job(job_id)
         return "requeued"
     try:
-        job = claim_job(job_id)
+        job = claim_for_slot(job_id, contended=slots.contended())
     except BaseException:
         slots.give_back()
         raise

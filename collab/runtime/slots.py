@@ -31,6 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from django.conf import settings
 
 SLOT_WAIT_SECONDS = 60.0
+# How long after its slots were last all in use a process still counts them as contended: turns
+# that end together free their slots together, and the tasks that take those slots within this
+# time are still choosing between queued turns (``collab.services.execution.claim_for_slot``).
+CONTENDED_SECONDS = 2.0
 
 
 class TurnSlots:
@@ -47,6 +51,7 @@ class TurnSlots:
         self._taken = 0  # slots taken: turns running plus takes not yet started or given back
         self._running: dict[str, float] = {}  # job id -> when its turn started (monotonic)
         self._started_total = 0
+        self._last_full: float | None = None  # when every slot was last seen in use (monotonic)
         self._executor: ThreadPoolExecutor | None = None
 
     def take(self, timeout: float | None = None) -> bool:
@@ -55,12 +60,21 @@ class TurnSlots:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while self._taken >= self.size:
-                left = None if deadline is None else deadline - time.monotonic()
+                self._last_full = time.monotonic()
+                left = None if deadline is None else deadline - self._last_full
                 if left is not None and left <= 0:
                     return False
                 self._lock.wait(left)
             self._taken += 1
+            if self._taken >= self.size:
+                self._last_full = time.monotonic()
             return True
+
+    def contended(self) -> bool:
+        """Whether every slot is in use, or was within the last ``CONTENDED_SECONDS``: turns may
+        be waiting for a slot, so the one just taken should go to the fairest of them."""
+        with self._lock:
+            return self._last_full is not None and time.monotonic() - self._last_full < CONTENDED_SECONDS
 
     def give_back(self) -> None:
         """Free a slot taken and not started."""

@@ -37,6 +37,7 @@ from collab.services.archive import AUTOMATIC_REASON, do_archive_branch
 from collab.services.artifacts import store_result
 from collab.services.deliver import drain_inbox_locked
 from collab.services.fair_share import (
+    fairest_queued_job,
     lock_project_for_claim,
     running_cap,
     running_slot_free,
@@ -188,6 +189,41 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     except IntegrityError:
         # the one-active-job-per-branch index: another claim on this branch won the race
         return None
+
+
+PICK_ATTEMPTS = 3  # fair picks a contended claim tries before it claims its task's own job
+
+
+def claim_for_slot(job_id: str, *, contended: bool) -> Job | None:
+    """The claim of a worker task that holds a free turn slot (``collab.runtime.loop.hand_to_slot``).
+
+    A task names a job, but once it holds a slot it is a token for one turn: a slot taken while its
+    process's slots are ``contended`` (all in use, now or a moment ago) goes to the fairest queued job
+    (``fair_share.fairest_queued_job``: the project with the fewest jobs in worker slots, its oldest
+    job), which may be another project's turn queued behind this one in the broker. The task of the
+    job claimed in its place then finds its own job gone from the queue, and is in turn the token of
+    a job still waiting — the same pick. Every task still claims at most one job, by the same
+    conditional claim, so no job runs twice and none loses its task; a task whose job is no longer
+    queued claims only if a job is queued that a claim can start now.
+
+    Uncontended, the task claims its own job (no extra statement) and picks only if that job has
+    left the queue. Returns the claimed job, or None."""
+    if not contended:
+        job = claim_job(job_id)
+        if job is not None or Job.objects.filter(pk=job_id, status=JobStatus.QUEUED).exists():
+            return job  # claimed, or declined for its branch, its session or its project's cap
+    tried: set[str] = set()
+    for _ in range(PICK_ATTEMPTS):
+        pick = fairest_queued_job(tried=tried)
+        if pick is None:
+            break
+        job = claim_job(pick)
+        if job is not None:
+            return job
+        tried.add(pick)  # another worker claimed it first, or it must wait: the next fairest
+    if contended and job_id not in tried:
+        return claim_job(job_id)
+    return None
 
 
 def _share_reads(job: Job, branch: Branch) -> None:

@@ -25,7 +25,7 @@ count nor wait.
 """
 
 from django.db import transaction
-from django.db.models import Case, Exists, F, Func, IntegerField, OuterRef, Q, Subquery, When
+from django.db.models import Case, Count, Exists, F, Func, IntegerField, Min, OuterRef, Q, Subquery, When
 from django.db.models.functions import Coalesce, Now
 from django.db.models.lookups import LessThan
 
@@ -131,6 +131,51 @@ def _hand_off_if_a_slot_is_free(job_id: str, project_id: int) -> None:
         enqueue_job(job_id)  # heartbeat_at: when a queued job was last handed out (the reconciler's clock)
 
 
+def _branch_blocker() -> Subquery:
+    """For a queued job (the outer row): a job that keeps it from its branch — one running there,
+    or one queued there before it — or NULL when none does. A scalar subquery, run per candidate
+    on the index ``job_branch_status``."""
+    return Subquery(Job.objects.filter(branch=OuterRef("branch")).filter(
+        Q(status__in=ACTIVE_STATUSES) | Q(status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at"))
+    ).order_by().values("pk")[:1])
+
+
+PICK_PROJECTS = 8  # projects a fair pick tries, fairest first, before it gives up on a pick
+
+
+def fairest_queued_job(*, tried=()) -> str | None:
+    """The queued job a free worker slot should run next when slots are contended: the oldest job
+    of the project with the fewest jobs in worker slots (ties: the project whose oldest queued job
+    is oldest), among the jobs a claim could start now — handed to the worker queue, not waiting
+    for its project's cap, its branch free. None when no such job is queued.
+
+    A project alone therefore takes every slot, oldest turn first; when projects compete, each
+    freed slot goes to the one furthest behind, so another project's 500 queued turns delay a
+    project's next turn by one slot's worth (the next slot to come free), not by their backlog.
+    The answer is read without locks: the claim (``execution.claim_job``) decides, and a pick that
+    another worker claimed first, or that its project's cap declines, is simply not won.
+
+    Costs three statements, over the queued jobs' partial index ``job_queued_for_slot`` and the
+    jobs in worker slots; taken only when a worker's slots are contended or its task's own job
+    has left the queue (``execution.claim_for_slot``). ``tried``: jobs not to pick again."""
+    queued = Job.objects.filter(status=JobStatus.QUEUED, run_in_background=True, waiting_since__isnull=True)
+    if tried:
+        queued = queued.exclude(pk__in=list(tried))  # picks this task's claim has not won
+    oldest = dict(queued.order_by().values("project_id").annotate(first=Min("created_at"))
+                  .values_list("project_id", "first"))
+    if not oldest:
+        return None
+    in_slots = dict(Job.objects.running().filter(run_in_background=True, project_id__in=list(oldest))
+                    .order_by().values("project_id").annotate(n=Count("pk")).values_list("project_id", "n"))
+    fairest = sorted(oldest, key=lambda project: (in_slots.get(project, 0), oldest[project], project))
+    for project_id in fairest[:PICK_PROJECTS]:
+        pick = (queued.filter(project_id=project_id).annotate(blocker=_branch_blocker())
+                .filter(blocker__isnull=True).order_by("created_at", "pk").values_list("pk", flat=True).first())
+        if pick is not None:
+            return pick
+    return None
+
+
 def slot_waiters(project_id: int, *, except_branch_id: str):
     """For the completion's one probe of what waits (``execution._waiting_on``): the project's
     count of jobs in worker slots (this job's own end included) if a job of another branch waits
@@ -163,12 +208,9 @@ def wake_waiting_in_project(project_id: int, *, cap: int | None, ended_branch_id
     free = None if cap is None else cap - running
     if free is not None and free <= 0:
         return []
-    blocker = Job.objects.filter(branch=OuterRef("branch")).filter(
-        Q(status__in=ACTIVE_STATUSES) | Q(status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at"))
-    ).order_by().values("pk")[:1]
     candidates = (
         waiting_for_slot(project_id).exclude(branch_id=ended_branch_id)
-        .annotate(blocker=Subquery(blocker)).filter(blocker__isnull=True)
+        .annotate(blocker=_branch_blocker()).filter(blocker__isnull=True)
         .order_by("created_at").select_for_update(no_key=True, skip_locked=True, of=("self",))
         .values("pk")
     )

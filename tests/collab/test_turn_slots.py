@@ -72,6 +72,23 @@ def test_a_waiting_take_gets_the_slot_given_back_meanwhile():
     assert slots.in_use() == 1
 
 
+def test_slots_count_as_contended_while_all_are_in_use_and_a_moment_after(monkeypatch):
+    from collab.runtime import slots as module
+
+    clock = [100.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    slots = TurnSlots(2)
+    assert slots.take(0) and not slots.contended()  # one of two in use: nothing waits
+    assert slots.take(0) and slots.contended()  # all in use
+    slots.give_back()
+    clock[0] += module.CONTENDED_SECONDS / 2
+    assert slots.contended(), "turns that ended together free their slots together"
+    clock[0] += module.CONTENDED_SECONDS
+    assert not slots.contended()
+    assert slots.take(0) and slots.contended()  # all in use again
+    assert not slots.take(0) and slots.contended()  # a take that finds none free
+
+
 def test_a_process_needs_at_least_one_slot():
     with pytest.raises(ValueError):
         TurnSlots(0)

@@ -46,8 +46,9 @@ def queue_name(process_env):
 @pytest.fixture
 def one_worker(transactional_db, process_env, queue_name, monkeypatch, tmp_path):
     """``one_worker()`` starts a qcluster with a single worker process serving this module's
-    queue (the turns this test admits go there) and returns it. Afterwards whatever is still open
-    is cancelled and let go quiet while the worker lives, then the worker is stopped."""
+    queue (the turns this test admits go there) and returns it; keyword arguments set more of
+    its environment (``TRELLIS_TURNS_PER_WORKER="2"``). Afterwards whatever is still open is
+    cancelled and let go quiet while the worker lives, then the worker is stopped."""
     from django_q.brokers import get_broker
     from django_q.conf import Conf
 
@@ -57,8 +58,8 @@ def one_worker(transactional_db, process_env, queue_name, monkeypatch, tmp_path)
         env.pop(name, None)  # the deployment's defaults: 128 slots per process, cap = workers x slots
     started = []
 
-    def start():
-        proc = start_cluster(env, tmp_path / "qcluster.log", workers=1)
+    def start(**more_env):
+        proc = start_cluster(dict(env, **more_env), tmp_path / "qcluster.log", workers=1)
         started.append(proc)
         return proc
 
