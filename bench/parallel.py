@@ -72,6 +72,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -387,10 +388,15 @@ class Sampler(threading.Thread):
 
     def probe_write_lock(self, probe) -> None:
         """SQLite: take the write lock as any writer does (``BEGIN IMMEDIATE``, the settings' busy
-        timeout) and give it back at once; how long that took is a writer's wait at that moment."""
+        timeout) and give it back at once; how long that took is a writer's wait at that moment. A
+        probe that times out (30 s) is a wait of at least that long, recorded as such; sampling goes
+        on. The probe is one more writer among the turns', taking the lock for microseconds."""
         tick = time.monotonic()
-        probe.execute("BEGIN IMMEDIATE")
-        probe.execute("ROLLBACK")
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+        except sqlite3.OperationalError:  # "database is locked" past the timeout
+            pass
         self.write_waits.append(time.monotonic() - tick)
 
     def pg_rows(self, conn) -> list[tuple[int, int]]:
@@ -417,8 +423,6 @@ class Sampler(threading.Thread):
         pg = probe = None
         try:
             if self.sqlite_path:
-                import sqlite3
-
                 probe = sqlite3.connect(self.sqlite_path, timeout=30, isolation_level=None)
             if self.db_name:
                 import psycopg

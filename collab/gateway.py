@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
 
@@ -125,10 +126,16 @@ def wait_for_answer(result: ToolResult) -> ToolResult:
 def awaited_answer(result: ToolResult) -> ToolResult:
     """The answer of a call whose result ``awaits`` an execution: once it has ended, its answer;
     if it still runs (the wait's bound passed), the result so far (its id, for job_output)."""
+    gone = ToolResult.error("not_found", f"execution {result.awaits.execution_id} no longer exists")
     status = job_status(result.awaits.execution_id)
     if status is None:  # its session was deleted meanwhile
-        return ToolResult.error("not_found", f"execution {result.awaits.execution_id} no longer exists")
-    return result.awaits.answer() if status in TERMINAL_STATUSES else result
+        return gone
+    if status not in TERMINAL_STATUSES:
+        return result
+    try:
+        return result.awaits.answer()
+    except ObjectDoesNotExist:  # deleted between the two reads
+        return gone
 
 
 def _in_pool_thread(fn, *args):
@@ -151,6 +158,12 @@ async def _in_pool(fn, *args):
     return await sync_to_async(_in_pool_thread, thread_sensitive=False, executor=_pool())(fn, *args)
 
 
+async def _read(fn, *args):
+    """A short read for a waiting call, on asgiref's shared executor: never queued behind the
+    gateway pool's blocking tool calls (``wait_agent``, ``bash``, a blocking ``job_output``)."""
+    return await sync_to_async(_in_pool_thread, thread_sensitive=False)(fn, *args)
+
+
 async def _answer_when_ended(request, result: ToolResult) -> ToolResult:
     """Wait, holding no thread, until the execution ``result`` awaits has ended (or the bound
     passes); then its answer. Without a channel layer a pool thread waits instead."""
@@ -161,14 +174,14 @@ async def _answer_when_ended(request, result: ToolResult) -> ToolResult:
     deadline = loop.time() + settings.TRELLIS_GATEWAY_FOREGROUND_WAIT_SECONDS
 
     async def read() -> dict:
-        return {"status": await _in_pool(job_status, awaits.execution_id)}
+        return {"status": await _read(job_status, awaits.execution_id)}
 
     while loop.time() < deadline:
         now = await until_terminal(request, awaits.session_id, awaits.execution_id,
                                    min(BACKSTOP_SECONDS, deadline - loop.time()), read, slot=Slot())
         if now["status"] in TERMINAL_STATUSES or now["status"] is None:
             break
-    return await _in_pool(awaited_answer, result)
+    return await _read(awaited_answer, result)
 
 
 async def call_tool(request, address: str, tool: str, arguments) -> dict:

@@ -81,8 +81,13 @@ class TurnSlots:
         with self._lock:
             if self._taken <= 0:
                 raise RuntimeError("no slot is taken")
-            self._taken -= 1
-            self._lock.notify()
+            self._free_one()
+
+    def _free_one(self) -> None:
+        if self._taken >= self.size:  # full until now: the takes that follow are still contended
+            self._last_full = time.monotonic()
+        self._taken -= 1
+        self._lock.notify()
 
     def start(self, job_id: str, turn: Callable[[], object], *, after: Callable[[], object] | None = None) -> None:
         """Run ``turn()`` on a slot thread in the slot taken for it; ``after()`` runs on that
@@ -116,8 +121,7 @@ class TurnSlots:
     def _end(self, job_id: str) -> None:
         with self._lock:
             self._running.pop(job_id, None)
-            self._taken -= 1
-            self._lock.notify()
+            self._free_one()
 
     def in_use(self) -> int:
         with self._lock:

@@ -197,33 +197,41 @@ PICK_ATTEMPTS = 3  # fair picks a contended claim tries before it claims its tas
 def claim_for_slot(job_id: str, *, contended: bool) -> Job | None:
     """The claim of a worker task that holds a free turn slot (``collab.runtime.loop.hand_to_slot``).
 
-    A task names a job, but once it holds a slot it is a token for one turn: a slot taken while its
-    process's slots are ``contended`` (all in use, now or a moment ago) goes to the fairest queued job
-    (``fair_share.fairest_queued_job``: the project with the fewest jobs in worker slots, its oldest
-    job), which may be another project's turn queued behind this one in the broker. The task of the
-    job claimed in its place then finds its own job gone from the queue, and is in turn the token of
-    a job still waiting — the same pick. Every task still claims at most one job, by the same
-    conditional claim, so no job runs twice and none loses its task; a task whose job is no longer
-    queued claims only if a job is queued that a claim can start now.
-
-    Uncontended, the task claims its own job (no extra statement) and picks only if that job has
-    left the queue. Returns the claimed job, or None."""
+    Uncontended, the task claims its own job, as a task always did (no extra statement). While
+    its process's slots are ``contended`` (all in use, now or a moment ago) the slot goes to the
+    fairest queued job instead (``fair_share.fairest_queued_job``: the oldest of the project with
+    the fewest jobs in worker slots), which may be another project's turn queued far behind this
+    task in the broker. Then the task's own job, if it still waits for a task (queued, not waiting
+    for its project's cap), is handed to the broker again, so every queued job keeps a task on the
+    way; the task of the job claimed in its place later finds that job gone and does nothing. A pick
+    that its claim turns down (another worker claimed it first; its session or project is at its
+    cap) rules out that project for the next of ``PICK_ATTEMPTS`` picks; after them, or when
+    nothing is picked, the task claims its own job. Every task claims at most one job, by the
+    same conditional claim: none runs twice. Returns the claimed job, or None."""
     if not contended:
-        job = claim_job(job_id)
-        if job is not None or Job.objects.filter(pk=job_id, status=JobStatus.QUEUED).exists():
-            return job  # claimed, or declined for its branch, its session or its project's cap
-    tried: set[str] = set()
+        return claim_job(job_id)
+    ruled_out: set[int] = set()
     for _ in range(PICK_ATTEMPTS):
-        pick = fairest_queued_job(tried=tried)
+        pick = fairest_queued_job(ruled_out=ruled_out)
         if pick is None:
             break
-        job = claim_job(pick)
+        pick_id, project_id = pick
+        if pick_id == job_id:
+            break
+        job = claim_job(pick_id)
         if job is not None:
+            _hand_out_again(job_id)
             return job
-        tried.add(pick)  # another worker claimed it first, or it must wait: the next fairest
-    if contended and job_id not in tried:
-        return claim_job(job_id)
-    return None
+        ruled_out.add(project_id)
+    return claim_job(job_id)
+
+
+def _hand_out_again(job_id: str) -> None:
+    """A task's slot went to another job: its own job, if it still waits for a task (queued and
+    not marked waiting for its project's cap, whose wake hands it out), gets a new one. The
+    reconciler's clock of when a queued job was last handed out (``heartbeat_at``) moves with it."""
+    if Job.objects.filter(pk=job_id, status=JobStatus.QUEUED, waiting_since__isnull=True).update(heartbeat_at=Now()):
+        enqueue_job(job_id)
 
 
 def _share_reads(job: Job, branch: Branch) -> None:

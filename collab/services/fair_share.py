@@ -16,7 +16,8 @@ A declined job is never lost, and is handed back to the queue once per decline (
 - a completion that frees a worker slot wakes the project's oldest marked jobs, as many as it
   has free slots (``wake_waiting_in_project``), clearing each mark in the statement that picks it;
 - a job that is merely queued (its task is still in the broker, no claim declined it) is not
-  handed out again: its own task is on the way;
+  handed out again: its own task is on the way (a task whose slot went to a fairer job hands its
+  own job out again: ``execution.claim_for_slot``);
 - the reconciler still re-enqueues any queued job left waiting a lease since its last hand-off
   (``collab.services.reconcile``): the backstop if a hand-off is lost with a dead worker.
 
@@ -143,24 +144,26 @@ def _branch_blocker() -> Subquery:
 PICK_PROJECTS = 8  # projects a fair pick tries, fairest first, before it gives up on a pick
 
 
-def fairest_queued_job(*, tried=()) -> str | None:
-    """The queued job a free worker slot should run next when slots are contended: the oldest job
-    of the project with the fewest jobs in worker slots (ties: the project whose oldest queued job
-    is oldest), among the jobs a claim could start now — handed to the worker queue, not waiting
-    for its project's cap, its branch free. None when no such job is queued.
+def fairest_queued_job(*, ruled_out=()) -> tuple[str, int] | None:
+    """The queued job a free worker slot should run next when slots are contended, and its
+    project: the oldest job of the project with the fewest jobs in worker slots (ties: the project
+    whose oldest queued job is oldest), among the jobs a claim could start now — handed to the
+    worker queue, not waiting for its project's cap, its branch free — outside the projects
+    ``ruled_out``. None when no such job is queued.
 
     A project alone therefore takes every slot, oldest turn first; when projects compete, each
     freed slot goes to the one furthest behind, so another project's 500 queued turns delay a
     project's next turn by one slot's worth (the next slot to come free), not by their backlog.
     The answer is read without locks: the claim (``execution.claim_job``) decides, and a pick that
-    another worker claimed first, or that its project's cap declines, is simply not won.
+    another worker claimed first, or that a cap turns down, is simply not won.
 
-    Costs three statements, over the queued jobs' partial index ``job_queued_for_slot`` and the
-    jobs in worker slots; taken only when a worker's slots are contended or its task's own job
-    has left the queue (``execution.claim_for_slot``). ``tried``: jobs not to pick again."""
+    Costs two statements to rank the projects — one reads every entry of the queued jobs' partial
+    index ``job_queued_for_slot``, so it grows with the backlog (a few hundred µs per thousand
+    queued) — and one per project tried (the first, unless all its queued jobs wait for their
+    branch); paid only while a worker's slots are contended (``execution.claim_for_slot``)."""
     queued = Job.objects.filter(status=JobStatus.QUEUED, run_in_background=True, waiting_since__isnull=True)
-    if tried:
-        queued = queued.exclude(pk__in=list(tried))  # picks this task's claim has not won
+    if ruled_out:
+        queued = queued.exclude(project_id__in=list(ruled_out))  # a pick there was turned down
     oldest = dict(queued.order_by().values("project_id").annotate(first=Min("created_at"))
                   .values_list("project_id", "first"))
     if not oldest:
@@ -172,7 +175,7 @@ def fairest_queued_job(*, tried=()) -> str | None:
         pick = (queued.filter(project_id=project_id).annotate(blocker=_branch_blocker())
                 .filter(blocker__isnull=True).order_by("created_at", "pk").values_list("pk", flat=True).first())
         if pick is not None:
-            return pick
+            return pick, project_id
     return None
 
 

@@ -4,8 +4,9 @@ A worker task names a job, but the broker hands tasks out first in, first out: b
 project's backlog, another project's turn would wait for the whole backlog. When a slot comes free
 after its task had to wait for it, the task claims the fairest queued job instead
 (``collab.services.fair_share.fairest_queued_job``): the oldest of the project with the fewest
-jobs in worker slots. The task of the job it claimed then finds its own job gone, and claims the
-next fairest in turn, so every task still claims at most one job and no job loses its task.
+jobs in worker slots. Its own job is then handed to the broker again, and the task of the job it
+claimed finds that job gone and does nothing: every task claims at most one job, and every
+queued job keeps a task on the way.
 
 - the pick itself, on rows admitted through the API and claimed as a worker claims them;
 - end to end on one worker process of two slots: project beta's one turn, admitted while two of
@@ -36,30 +37,35 @@ def two_projects(team, api_as):
     return alpha, beta
 
 
+def pick():
+    found = fairest_queued_job()
+    return found and found[0]
+
+
 def test_a_project_alone_gets_its_oldest_queued_turn(two_projects):
     alpha, _ = two_projects
     ids = admit(alpha, "alpha", "long", 3)
-    assert fairest_queued_job() == ids[0]
+    assert pick() == ids[0]
     assert claim_job(ids[0]) is not None
-    assert fairest_queued_job() == ids[1]  # the running one left the queue
-    assert fairest_queued_job(tried={ids[1]}) == ids[2]
-    assert fairest_queued_job(tried=set(ids)) is None
+    assert pick() == ids[1]  # the running one left the queue
+    alpha_project = Job.objects.get(pk=ids[0]).project_id
+    assert fairest_queued_job(ruled_out={alpha_project}) is None
 
 
 def test_the_pick_goes_to_the_project_with_fewer_jobs_in_worker_slots(two_projects):
     alpha, beta = two_projects
     alpha_ids = admit(alpha, "alpha", "long", 4)
     beta_ids = admit(beta, "beta", "quick", 2)
-    assert fairest_queued_job() == alpha_ids[0]  # none running anywhere: the oldest queued turn
+    assert pick() == alpha_ids[0]  # none running anywhere: the oldest queued turn
     claim_job(alpha_ids[0])
-    assert fairest_queued_job() == beta_ids[0]  # alpha 1 in slots, beta 0
+    assert pick() == beta_ids[0]  # alpha 1 in slots, beta 0
     claim_job(beta_ids[0])
-    assert fairest_queued_job() == alpha_ids[1]  # 1 and 1: the project whose oldest waits longest
+    assert pick() == alpha_ids[1]  # 1 and 1: the project whose oldest waits longest
     claim_job(alpha_ids[1])
-    assert fairest_queued_job() == beta_ids[1]
+    assert pick() == beta_ids[1]
 
 
-def test_the_pick_skips_turns_that_must_wait_for_their_branch_or_their_projects_cap(two_projects, team, api_as):
+def test_the_pick_skips_turns_that_must_wait_for_their_branch_or_their_projects_cap(two_projects):
     alpha, beta = two_projects
     sid = open_session(alpha, "long", project="alpha")
     first = turn(alpha, sid, "first")
@@ -67,22 +73,26 @@ def test_the_pick_skips_turns_that_must_wait_for_their_branch_or_their_projects_
     claim_job(first)
     beta_ids = admit(beta, "beta", "quick", 1)
     Job.objects.filter(pk=beta_ids[0]).update(waiting_since=Job.objects.get(pk=first).created_at)  # declined for beta's cap
-    assert fairest_queued_job() is None, "the one behind a running turn and the one waiting for its cap"
+    assert pick() is None, "the one behind a running turn and the one waiting for its cap"
     Job.objects.filter(pk=beta_ids[0]).update(waiting_since=None)
-    assert fairest_queued_job() == beta_ids[0]
+    assert pick() == beta_ids[0]
     assert Job.objects.get(pk=behind).status == JobStatus.QUEUED
 
 
-def test_a_task_whose_job_was_claimed_in_its_place_claims_the_job_still_waiting(two_projects):
-    """The tokens balance: the task of alpha's second turn, claimed contended, takes beta's turn;
-    beta's task then finds its job running and takes alpha's second turn, which has no task left."""
+def test_a_task_whose_slot_went_to_a_fairer_turn_hands_its_own_out_again(two_projects, django_capture_on_commit_callbacks):
+    """alpha's second task, contended, claims beta's turn (beta has none in slots) and hands
+    alpha's second turn to the broker again; beta's own task then finds its turn running and
+    claims nothing; the new task of alpha's second turn claims it."""
     alpha, beta = two_projects
     alpha_ids = admit(alpha, "alpha", "long", 2)
     beta_id = admit(beta, "beta", "quick", 1)[0]
     assert claim_for_slot(alpha_ids[0], contended=False).pk == alpha_ids[0]
-    assert claim_for_slot(alpha_ids[1], contended=True).pk == beta_id  # beta has none in slots
-    assert claim_for_slot(beta_id, contended=False).pk == alpha_ids[1]  # its own job was taken
-    assert claim_for_slot(beta_id, contended=False) is None  # nothing left that a claim can start
+    with django_capture_on_commit_callbacks() as handed_out:
+        assert claim_for_slot(alpha_ids[1], contended=True).pk == beta_id
+    assert len([f for f in handed_out if f.__qualname__.startswith("enqueue_job")]) == 1, "alpha's second turn has a task again"
+    assert Job.objects.get(pk=alpha_ids[1]).heartbeat_at is not None  # the reconciler's clock: handed out now
+    assert claim_for_slot(beta_id, contended=False) is None  # its turn is running already
+    assert claim_for_slot(alpha_ids[1], contended=True).pk == alpha_ids[1]  # the fairest now: its own
     assert sorted(Job.objects.filter(status=JobStatus.RUNNING).values_list("pk", flat=True)) == sorted([*alpha_ids, beta_id])
 
 

@@ -87,6 +87,10 @@ def test_slots_count_as_contended_while_all_are_in_use_and_a_moment_after(monkey
     assert not slots.contended()
     assert slots.take(0) and slots.contended()  # all in use again
     assert not slots.take(0) and slots.contended()  # a take that finds none free
+    clock[0] += 10 * module.CONTENDED_SECONDS  # full all this time; then turns end together
+    slots.give_back()
+    slots.give_back()
+    assert slots.take(0) and slots.contended(), "the slots were full until a moment ago"
 
 
 def test_a_process_needs_at_least_one_slot():
