@@ -89,8 +89,6 @@ class Slot:
         self.free()
 
 
-
-
 async def give_back_request_connection(request) -> None:
     """Under ASGI: close the database connection of the request's own thread (authentication and
     middleware opened it) before the request's work runs in another thread, so that a request holds
@@ -103,6 +101,7 @@ async def give_back_request_connection(request) -> None:
     if isinstance(request, ASGIRequest) and not getattr(request, "_trellis_connection_given_back", False):
         request._trellis_connection_given_back = True
         await sync_to_async(connections.close_all)()
+
 
 MAX_WAIT_SECONDS = 60
 
@@ -147,7 +146,9 @@ def parse_wait(raw: float | str | None) -> float | None:
     return seconds
 
 
-def _closing(fn):
+def closing(fn):
+    """``fn`` that closes its thread's database connections when it returns: for work on a thread
+    that outlives it (a pool's), which must not keep a connection while idle."""
     def run(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
@@ -166,11 +167,18 @@ async def in_thread(request, fn, *args, **kwargs):
     if not isinstance(request, ASGIRequest):
         return await sync_to_async(fn)(*args, **kwargs)
     if getattr(request, "_trellis_thread_released", False):
-        return await sync_to_async(_closing(fn), thread_sensitive=False)(*args, **kwargs)
+        return await briefly(fn, *args, **kwargs)
     try:
-        return await sync_to_async(_closing(fn))(*args, **kwargs)
+        return await sync_to_async(closing(fn))(*args, **kwargs)
     finally:
-        request._trellis_connection_given_back = True  # closed by _closing, on that thread
+        request._trellis_connection_given_back = True  # closed by closing, on that thread
+
+
+async def briefly(fn, *args, **kwargs):
+    """Short sync database work from a coroutine that holds no thread (a parked wait): on a thread
+    of asgiref's shared executor, which closes its connections when done — never queued behind
+    long blocking work (the gateway's pool of tool calls)."""
+    return await sync_to_async(closing(fn), thread_sensitive=False)(*args, **kwargs)
 
 
 async def release_request_thread(request) -> None:

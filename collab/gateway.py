@@ -26,10 +26,9 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.core.handlers.asgi import ASGIRequest
-from django.db import connections
 
 from collab.access import access_branch, require_can_act_as
-from collab.awaiting import InFlight, Slot, give_back_request_connection, open_wait, until_terminal
+from collab.awaiting import InFlight, Slot, briefly, closing, give_back_request_connection, open_wait, until_terminal
 from collab.errors import DomainError
 from collab.models import TERMINAL_STATUSES
 from collab.selectors.jobs import has_ended, job_status
@@ -138,30 +137,17 @@ def awaited_answer(result: ToolResult) -> ToolResult:
         return gone
 
 
-def _in_pool_thread(fn, *args):
-    try:
-        return fn(*args)
-    finally:
-        connections.close_all()  # a pool thread outlives the request: give its connections back
-
-
 def _start_in_pool_thread(slot: Slot, user, address: str, tool: str, arguments) -> ToolResult | None:
     if not slot.start():
         return None  # the caller hung up before this thread got to it
     try:
-        return _in_pool_thread(start_as_branch, user, address, tool, arguments)
+        return closing(start_as_branch)(user, address, tool, arguments)  # a pool thread outlives the request
     finally:
         slot.free()
 
 
 async def _in_pool(fn, *args):
-    return await sync_to_async(_in_pool_thread, thread_sensitive=False, executor=_pool())(fn, *args)
-
-
-async def _read(fn, *args):
-    """A short read for a waiting call, on asgiref's shared executor: never queued behind the
-    gateway pool's blocking tool calls (``wait_agent``, ``bash``, a blocking ``job_output``)."""
-    return await sync_to_async(_in_pool_thread, thread_sensitive=False)(fn, *args)
+    return await sync_to_async(closing(fn), thread_sensitive=False, executor=_pool())(*args)
 
 
 async def _answer_when_ended(request, result: ToolResult) -> ToolResult:
@@ -174,14 +160,14 @@ async def _answer_when_ended(request, result: ToolResult) -> ToolResult:
     deadline = loop.time() + settings.TRELLIS_GATEWAY_FOREGROUND_WAIT_SECONDS
 
     async def read() -> dict:
-        return {"status": await _read(job_status, awaits.execution_id)}
+        return {"status": await briefly(job_status, awaits.execution_id)}
 
     while loop.time() < deadline:
         now = await until_terminal(request, awaits.session_id, awaits.execution_id,
                                    min(BACKSTOP_SECONDS, deadline - loop.time()), read, slot=Slot())
         if now["status"] in TERMINAL_STATUSES or now["status"] is None:
             break
-    return await _read(awaited_answer, result)
+    return await briefly(awaited_answer, result)
 
 
 async def call_tool(request, address: str, tool: str, arguments) -> dict:

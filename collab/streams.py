@@ -42,11 +42,12 @@ from collab.awaiting import open_wait, receive_within
 from collab.errors import DomainError, Invalid
 from collab.events import pushed_wires, session_group
 from collab.live import relay
-from collab.models import TERMINAL_STATUSES, Job, Session
+from collab.models import TERMINAL_STATUSES, Session
 from collab.schemas import stated
 from collab.text import WHITESPACE
 from collab.scopes import request_token
 from collab.selectors.events import PAGE, events_after
+from collab.selectors.jobs import job_status
 from collab.selectors.redact import Memo
 
 router = Router()
@@ -119,7 +120,7 @@ def _end(job_id: str, status: str) -> str:
 def _read(viewer, session_id: str, job_id: str, after: int, memo: Memo) -> tuple[list[dict], int, str | None]:
     """(this job's events after ``after`` as the viewer sees them, the session seq read through,
     the job's status if it had ended before the read — then every event of its is in the log)."""
-    status = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
+    status = job_status(job_id)
     through = Session.objects.filter(pk=session_id).values_list("last_event_seq", flat=True).first() or 0
     wires = events_after(session_id, after, PAGE, viewer=viewer, memo=memo, job=job_id)
     if len(wires) == PAGE:  # more to read: only through the last one

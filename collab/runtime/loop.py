@@ -246,7 +246,7 @@ def hand_to_slot(job_id: str) -> str | None:
     ``"requeued"`` when no slot came free in ``SLOT_WAIT_SECONDS`` — the job, untouched and still
     queued, is handed to the broker again, and another process (or this one, later) takes it."""
     slots = process_slots()
-    if not slots.take(timeout=0) and not slots.take(timeout=SLOT_WAIT_SECONDS):
+    if not slots.take(timeout=SLOT_WAIT_SECONDS):
         enqueue_job(job_id)
         return "requeued"
     try:
