@@ -127,6 +127,11 @@ def _checked(role: str | None, capability: str) -> str:
     return role
 
 
+def require_role(role: str | None, capability: str) -> str:
+    """``require_in_session`` for a role read already (``require_standing``'s, this call's)."""
+    return _checked(role, capability)
+
+
 def require_in_session(user, session: Session, capability: str) -> str:
     """The user's effective role in the session; NotFound if they may not see it, Forbidden if too low."""
     return _checked(session_role(user, session), capability)
@@ -182,11 +187,18 @@ def access_session(user, session_id: str, capability: str = "project.read", *, p
     ``session_role``'s rule decides — so an outsider's request costs exactly what a request for
     a missing id costs, and both answer ``NotFound``.
     """
-    if not user or not user.is_authenticated or not user.is_active:
-        raise NotFound()
-    session = _SESSION.first(project_id is not None, id=session_id, user=user.pk, project=project_id)
-    _checked(None if session is None else _role_read_with(user, session, session), capability)
+    session, role = _session_and_role(user, session_id, project_id)
+    _checked(role, capability)
     return session
+
+
+def _session_and_role(user, session_id: str, project_id: int | None = None) -> tuple[Session | None, str | None]:
+    """The session and the user's effective role in it, read in one statement; (None, None) when
+    it does not exist (or is not in ``project_id``) or the user is not an active signed-in one."""
+    if not user or not user.is_authenticated or not user.is_active:
+        return None, None
+    session = _SESSION.first(project_id is not None, id=session_id, user=user.pk, project=project_id)
+    return session, (None if session is None else _role_read_with(user, session, session))
 
 
 def access_job(user, job_id: str, capability: str = "project.read", *, project_id: int | None = None) -> Job:
@@ -263,11 +275,9 @@ def require_can_act_as(user, branch: Branch) -> str:
 def require_standing(user, session_id: str) -> str:
     """An agent's principal must still see the session it acts in (its visibility may change
     under a running turn, issue 17): "not found" otherwise, as for any other. The session row
-    is read afresh: the turn's copy may predate the change."""
-    fresh = Session.objects.select_related("parent_session").filter(pk=session_id).first()
-    if fresh is None:
-        raise NotFound()
-    return require_in_session(user, fresh, "project.read")
+    is read afresh, with the principal's standing in it, in one statement (``access_session``'s):
+    the turn's copy may predate the change. Returns their effective role there."""
+    return _checked(_session_and_role(user, session_id)[1], "project.read")
 
 
 def can_change_visibility(user, session: Session) -> bool:

@@ -1,4 +1,14 @@
-"""django-q2's Redis broker with one Redis client per process (``Q_CLUSTER["broker_class"]``).
+"""Handing tasks to django-q2's broker, and its Redis broker with one Redis client per process
+(``Q_CLUSTER["broker_class"]``).
+
+``hand_to_broker`` is how every task is enqueued for the transaction in progress. With the
+database as the broker (the embedded default: django-q2's ORM broker) the task's row is written
+*in* that transaction: it commits, or rolls back, with the rows its task will read, and it costs
+no write transaction of its own — SQLite runs one writer at a time, so an admission that wrote
+its task after its commit took the write lock twice, and 200 people starting turns at once
+queued twice as many writers (docs/capacity.md, "The embedded default"). With Redis, outside the
+database, the task goes once the transaction has committed (STYLE §6: a worker never sees a task
+before its rows).
 
 django-q2 builds a broker for every ``async_task`` (``django_q.brokers.get_broker``), and its Redis
 broker builds a client, with a connection pool of its own, for every broker: each enqueue opened a
@@ -13,7 +23,24 @@ so nothing in the child closes the parent's sockets).
 import os
 import threading
 
+from django.conf import settings
+from django.db import transaction
 from django_q.brokers.redis_broker import Redis
+from django_q.tasks import async_task
+
+
+def broker_in_database() -> bool:
+    """Whether django-q2's broker is the database (its ORM broker) rather than Redis."""
+    return "orm" in settings.Q_CLUSTER
+
+
+def hand_to_broker(task_path, *args, **kwargs) -> None:
+    """``async_task(task_path, *args, **kwargs)`` for the transaction in progress (none: now): in
+    it when the broker is the database, after its commit otherwise (the module's docstring)."""
+    if broker_in_database():
+        async_task(task_path, *args, **kwargs)
+    else:
+        transaction.on_commit(lambda: async_task(task_path, *args, **kwargs))
 
 _lock = threading.Lock()
 _clients: dict[int, object] = {}

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from typing import Any
 
-from collab.access import Caller, require_in_session, require_standing
+from collab.access import Caller, require_in_session, require_role, require_standing
 from collab.models import Job, JobStatus, effective_spec
 from collab.models.branches import NO_ADDRESS
 
@@ -20,6 +20,9 @@ class Actor:
     job: Any = None
     turn: Any = None  # the running TurnContext, when a turn (not the gateway) calls the tool
     chain_counters: tuple[int, int] = (0, 0)  # used when there is no running job
+    # the principal's role in the acting session, read afresh by the tool call in progress
+    # (``require_standing``) and forgotten when it ends (``collab.tools.registry``)
+    standing: str | None = None
 
     @property
     def calling_node(self):
@@ -51,13 +54,18 @@ class Actor:
 
     def require(self, capability: str, *, session=None) -> None:
         """The principal must hold ``capability`` by their effective role in ``session`` (default:
-        the acting one); a session they may not see is "not found" (issue 17)."""
-        require_in_session(self.user, session or self.session, capability)
+        the acting one); a session they may not see is "not found". In the acting session, the
+        role this call's ``require_standing`` read is used (no second read)."""
+        if self.standing is not None and (session is None or session.pk == self.session.pk):
+            require_role(self.standing, capability)
+        else:
+            require_in_session(self.user, session or self.session, capability)
 
     def require_standing(self) -> None:
         """Refuse the call when the principal can no longer see the acting session
-        (``collab.access.require_standing``)."""
-        require_standing(self.user, self.session.pk)
+        (``collab.access.require_standing``); keeps their role there for this call (``standing``)."""
+        self.standing = None
+        self.standing = require_standing(self.user, self.session.pk)
 
 
 def gateway_actor(user, branch) -> Actor:

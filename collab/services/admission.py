@@ -7,12 +7,12 @@ started under a calling job (``parent_job``) is admitted only while that job,
 locked in the same transaction, is not ``stopping`` or ``cancelled``. If the branch is idle the
 prompt node is written right away; otherwise it is written when the job is
 claimed, at the branch's tip of that moment, so queued turns never fork it.
-The job is handed to the worker queue only after commit.
+The job reaches the worker queue with the admission: its task row is written in the same
+transaction where the database is the broker, and sent after the commit with Redis
+(``collab.brokers.hand_to_broker``); either way no worker sees it before its rows.
 """
 
-from django.db import transaction
-from django_q.tasks import async_task
-
+from collab.brokers import hand_to_broker
 from collab.errors import Conflict, Invalid
 from collab.events import deferred_event, job_event_ref, send_event_on_commit, send_events_on_commit
 from collab.models import (
@@ -96,20 +96,28 @@ def admit_job(
     header: str = "",
     enqueue: bool = True,
     check_quota: bool = True,
+    sessions_locked: bool = False,
+    fresh_branch: bool = False,
+    events: list | None = None,
     **fields,
 ) -> Job:
     """Create a queued Job on ``branch`` and (unless ``enqueue`` is False, for jobs the
-    caller runs inline) hand it to the worker queue after commit. ``check_quota=False``
+    caller runs inline) hand it to the worker queue (``enqueue_job``). ``check_quota=False``
     is for deliveries the system already owes (follow-ups, drained inbox entries): they
     count towards the session's totals but are never refused.
 
     Precondition: inside ``transaction.atomic``; authorization already checked
     by the caller (through ``collab.access``); no branch or job locked yet in this
     transaction other than ``branch`` and the rows of its session (lock order).
+    ``sessions_locked``: the caller holds the row locks of ``session`` and of the calling job's
+    session already. ``fresh_branch``: ``branch`` was created in this transaction, so no one else
+    sees it yet: it is not locked again, and it is neither archived nor busy. ``events``: events of
+    ``session`` the caller deferred, sent first, in the job's statement (``send_job_event``).
     """
     caller = fields.get("parent_job")
-    lock_sessions(session.pk, getattr(caller, "session_id", None))
-    locked = lock_branch(branch.pk)
+    if not sessions_locked:
+        lock_sessions(session.pk, getattr(caller, "session_id", None))
+    locked = branch if fresh_branch else lock_branch(branch.pk)
     if locked.archived:
         raise Invalid(f"agent {locked.display_name} is archived; fork it with start_from to continue", code="archived")
     if caller is not None:
@@ -120,7 +128,7 @@ def admit_job(
     # an idle branch gets the prompt node now (read with the branch locked: its open jobs change
     # only under this lock); its id is the job's prompt_msg from the INSERT on (the foreign key is
     # checked at commit), so the job row is not written twice
-    idle = not is_occupied(locked)
+    idle = fresh_branch or not is_occupied(locked)
     prompt_msg_id = new_id() if idle else None
     # the prompt is stored once (issue 15 item 1): in the node when it is written now, else in the
     # job row until the claim writes the node (it clears the row's copy in its UPDATE)
@@ -139,10 +147,10 @@ def admit_job(
         **fields,
     )
     if enqueue:
-        # first among the commit's callbacks: the worker's hand-off does not wait behind the
-        # push of this admission's events (listeners order events by seq, whenever they arrive)
+        # with Redis, first among the commit's callbacks: the worker's hand-off does not wait behind
+        # the push of this admission's events (listeners order events by seq, whenever they arrive)
         enqueue_job(job.pk)
-    events = []  # the prompt node's and the job's: one statement
+    events = [] if events is None else events  # with the prompt node's and the job's: one statement
     if idle:
         write_prompt_node(job, locked, prompt, message_id=prompt_msg_id, events=events)
     send_job_event(job, "job.queued", session, actor=started_by, events=events)
@@ -211,5 +219,6 @@ def prompt_metadata(job: Job) -> dict:
 
 
 def enqueue_job(job_id: str) -> None:
-    """Hand the job to a worker once the admission has committed (STYLE §6)."""
-    transaction.on_commit(lambda: async_task(RUN_TURN, job_id, task_name=f"turn-{job_id}"))
+    """Hand the job to a worker: its task is written with the admission (the database as the
+    broker) or sent once the admission has committed (Redis), ``collab.brokers.hand_to_broker``."""
+    hand_to_broker(RUN_TURN, job_id, task_name=f"turn-{job_id}")

@@ -8,7 +8,7 @@ from django.db.models import Exists, OuterRef, Q
 from collab.access import require_can_set_internal
 from collab.dag_layout import pick_lane
 from collab.errors import Invalid
-from collab.events import send_event_on_commit
+from collab.events import deferred_event, send_event_on_commit
 from collab.models import Branch, Job, NameStage, format_address
 from collab.services.locking import lock_session
 from collab.text import fit_text
@@ -38,11 +38,16 @@ def name_for(description: str, prompt: str) -> tuple[str, int]:
 
 
 def create_branch(session, *, name: str, name_stage: int, forked_from=None, agent_spec=None, created_by=None,
-                  created_by_job=None, parent_branch=None, task_name=None, near=None) -> Branch:
+                  created_by_job=None, parent_branch=None, task_name=None, near=None, session_locked: bool = False,
+                  events: list | None = None) -> Branch:
     """Precondition: inside ``transaction.atomic``; the caller has authorized the session.
-    ``near``: the branch that opens this one (a spawn's caller), whose lane the new one sits beside."""
+    ``near``: the branch that opens this one (a spawn's caller), whose lane the new one sits beside.
+    ``session_locked``: the caller holds the session's row lock already. ``events``: a list its
+    ``branch.created`` is added to, for the caller to send with the session's next events in one
+    statement (``collab.events.send_events_on_commit``)."""
     name = fit_text(name, 100)
-    lock_session(session.pk)  # lanes of one session are chosen one at a time (a no-op if held)
+    if not session_locked:
+        lock_session(session.pk)  # lanes of one session are chosen one at a time
     lane = open_lane(session.pk, forked_from=forked_from, created_by_job=created_by_job,
                      parent_branch=parent_branch or near)
     branch = Branch.objects.create(
@@ -50,18 +55,17 @@ def create_branch(session, *, name: str, name_stage: int, forked_from=None, agen
         created_by=created_by, created_by_job=created_by_job, parent_branch=parent_branch, task_name=task_name,
         lane=lane,
     )
-    send_event_on_commit(
-        session.pk,
-        "branch.created",
-        {
-            "branch": branch.pk,
-            "name": name,
-            "name_stage": name_stage,
-            "forked_from": format_address(forked_from.session_id, forked_from.pk) if forked_from else None,
-            "job": getattr(created_by_job, "pk", None),
-        },
-        actor=created_by,
-    )
+    payload = {
+        "branch": branch.pk,
+        "name": name,
+        "name_stage": name_stage,
+        "forked_from": format_address(forked_from.session_id, forked_from.pk) if forked_from else None,
+        "job": getattr(created_by_job, "pk", None),
+    }
+    if events is None:
+        send_event_on_commit(session.pk, "branch.created", payload, actor=created_by)
+    else:
+        events.append(deferred_event("branch.created", payload, created_by))
     return branch
 
 
@@ -76,11 +80,16 @@ def open_lane(session_id: str, *, forked_from=None, created_by_job=None, parent_
     a branch writes nothing more, so a later branch may reuse its column below its last row.
     Precondition: the session row is locked, so two branches opening at once never share a lane.
     """
+    def lane_of(branch_id):  # a lane never changes once chosen: the opener's in memory is read as is
+        if parent_branch is not None and parent_branch.pk == branch_id:
+            return parent_branch.lane
+        return Branch.objects.filter(pk=branch_id).values_list("lane", flat=True).first()
+
     parent = None
     if forked_from is not None and forked_from.session_id == session_id:
-        parent = Branch.objects.filter(pk=forked_from.branch_id).values_list("lane", flat=True).first()
+        parent = lane_of(forked_from.branch_id)
     if parent is None and created_by_job is not None and created_by_job.session_id == session_id:
-        parent = Branch.objects.filter(pk=created_by_job.branch_id).values_list("lane", flat=True).first()
+        parent = lane_of(created_by_job.branch_id)
     if parent is None and parent_branch is not None and parent_branch.session_id == session_id:
         parent = parent_branch.lane
     busy = Job.objects.open().filter(branch=OuterRef("pk"))

@@ -214,7 +214,7 @@ def wake_waiting_in_project(project_id: int, *, cap: int | None, ended_branch_id
     candidates = (
         waiting_for_slot(project_id).exclude(branch_id=ended_branch_id)
         .annotate(blocker=_branch_blocker()).filter(blocker__isnull=True)
-        .order_by("created_at").select_for_update(no_key=True, skip_locked=True, of=("self",))
+        .order_by("created_at", "pk").select_for_update(no_key=True, skip_locked=True, of=("self",))
         .values("pk")
     )
     woken = update_returning(
@@ -222,7 +222,7 @@ def wake_waiting_in_project(project_id: int, *, cap: int | None, ended_branch_id
         waiting_since=None,
         heartbeat_at=Now(),  # for a queued job: when it was last handed to the queue (the reconciler's clock)
     )
-    woken_ids = [job.pk for job in sorted(woken, key=lambda job: job.created_at)]
+    woken_ids = [job.pk for job in sorted(woken, key=lambda job: (job.created_at, job.pk))]  # ties: one transaction's
     for job_id in woken_ids:
         enqueue_job(job_id)
     return woken_ids

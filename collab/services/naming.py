@@ -7,8 +7,8 @@ overwritten, so addresses by name keep working. The model is asked by the runtim
 """
 
 from django.db import transaction
-from django_q.tasks import async_task
 
+from collab.brokers import hand_to_broker
 from collab.events import send_event_on_commit
 from collab.models import Branch, NameStage, effective_spec
 from collab.services.locking import lock_session
@@ -24,7 +24,7 @@ def schedule_naming(branch_id: str, turns: int, name_stage: int) -> None:
     """Precondition: inside the transaction that brought the branch to ``turns`` turns."""
     if turns not in NAMING_TURNS or name_stage not in RENAMABLE:
         return
-    transaction.on_commit(lambda: async_task(NAME_BRANCH, branch_id, task_name=f"name-{branch_id}-{turns}"))
+    hand_to_broker(NAME_BRANCH, branch_id, task_name=f"name-{branch_id}-{turns}")
 
 
 def naming_input(branch_id: str):

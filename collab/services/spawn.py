@@ -16,7 +16,7 @@ from django.db import transaction
 
 from collab.access import access_message, parse_address
 from collab.errors import Invalid
-from collab.events import send_event_on_commit
+from collab.events import deferred_event, send_events_on_commit
 from collab.models import Job, JobKind, MessageKind, MessageRole, effective_spec
 from collab.selectors.specs import spec_by_agent_id
 from collab.services.acting import Actor, task_header
@@ -84,31 +84,35 @@ def _admit_spawn(actor: Actor, *, prompt, description, agent_id, start_from, run
         name, stage = name_for(description, prompt)
         lock_caller(actor)
         check_topology(actor, spawn=True)  # counted under the caller's lock (OP §5.1)
+        events = []  # the target session's: the branch's, its prompt node's and its job's in one statement
         branch = create_branch(
             session, name=name, name_stage=stage, forked_from=fork_node, agent_spec=spec,
-            created_by=actor.user, created_by_job=actor.job, near=actor.branch,
+            created_by=actor.user, created_by_job=actor.job, near=actor.branch, session_locked=True, events=events,
         )
         calling = actor.calling_node
         job = admit_job(
             session=session, branch=branch, kind=JobKind.SPAWN, prompt=prompt, started_by=actor.user,
             agent_spec=spec, header=task_header(actor.address), enqueue=on_worker,
+            sessions_locked=True, fresh_branch=True, events=events,  # both sessions locked above
             caller_session=actor.session, caller_msg=calling, caller_branch=actor.branch, caller_job=actor.job,
             parent_job=actor.job, run_in_background=on_worker, answers_call=answers_call, archive_when_done=archive_when_done,
             chain_messages=messages + 1, chain_generations=generations + 1, followup_mode=actor.followup_mode,
         )
+        events = []  # the calling session's: the attach node's and agent.spawned, in one statement
         if calling is not None:
             attach = append_message(
                 actor.branch, role=MessageRole.SYSTEM, kind=MessageKind.ATTACH, predecessor=calling, move_tip=False,
-                text=f"spawned {name!r}", job=actor.job,
+                text=f"spawned {name!r}", job=actor.job, events=events,
                 metadata={"attach": {"session_id": session.pk, "head_id": job.prompt_msg_id, "branch": branch.pk,
                                      "execution_id": job.pk}},
             )
         else:
             attach = None
-        send_event_on_commit(
-            actor.session.pk, "agent.spawned",
+        events.append(deferred_event(
+            "agent.spawned",
             {"job": job.pk, "session": session.pk, "branch": branch.pk, "name": name, "background": run_in_background,
              "attach": getattr(attach, "pk", None), "start_from": start_from or "clean"},
-            actor=actor.user,
-        )
+            actor.user,
+        ))
+        send_events_on_commit(actor.session.pk, events)
     return job

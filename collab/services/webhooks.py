@@ -34,9 +34,9 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
-from django_q.tasks import async_task
 
 from accounts.models import Project
+from collab.brokers import hand_to_broker
 from collab.errors import Conflict, Invalid
 from collab.events import record_project_event
 from collab.models import DeliveryEvent, DeliveryStatus, Job, Session, Webhook, WebhookDelivery
@@ -235,9 +235,8 @@ def active_webhooks_key_shared(project_id: int) -> list[Webhook]:
 
 
 def enqueue_delivery(delivery_id: str) -> None:
-    """Hand a delivery to a worker once the transaction that owes it commits."""
-    transaction.on_commit(lambda: async_task(DELIVER_WEBHOOK, delivery_id,
-                                             task_name=f"webhook-{delivery_id}"))
+    """Hand a delivery to a worker with the transaction that owes it (``collab.brokers.hand_to_broker``)."""
+    hand_to_broker(DELIVER_WEBHOOK, delivery_id, task_name=f"webhook-{delivery_id}")
 
 
 # --- sending ---------------------------------------------------------------------------------

@@ -164,6 +164,8 @@ def _run_tool(ctx: ToolContext, name: str, arguments: Any, *, tools: list[Tool])
         return tool.handler(ctx, params)
     except DomainError as exc:
         return ToolResult.error(exc.code, exc.detail, tool=name, **exc.extra)
+    finally:
+        ctx.standing = None  # read afresh by the next call: a share may change between two calls
 
 
 def _load_builtin_tools() -> None:

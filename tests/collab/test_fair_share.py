@@ -514,10 +514,12 @@ def test_p_sec_6_the_wake_ups_plan_does_not_depend_on_the_tables_statistics(team
     declined = [job.pk for job in jobs[:40:13]]  # each the oldest on its branch
     Job.objects.filter(pk__in=declined).update(waiting_since=Now())
     project, ended_branch = Project.objects.get(pk=team.alpha.pk), jobs[1].branch_id
+    # the oldest declined one (rows written in one transaction share their time: then by id)
+    oldest = list(Job.objects.filter(pk__in=declined).order_by("created_at", "pk").values_list("pk", flat=True)[:1])
 
     def plans() -> tuple[str, str]:
         with CaptureQueriesContext(connection) as statements, transaction.atomic():
-            assert wake_waiting_in_project(project.pk, cap=running_cap(project), ended_branch_id=ended_branch, running=1) == declined[:1]
+            assert wake_waiting_in_project(project.pk, cap=running_cap(project), ended_branch_id=ended_branch, running=1) == oldest
             transaction.set_rollback(True)  # woken in a rolled-back transaction: planned again below
         wake = [q["sql"] for q in statements.captured_queries if q["sql"].startswith("UPDATE")]
         assert len(wake) == 1, statements.captured_queries  # picks and unmarks in one statement

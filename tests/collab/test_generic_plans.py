@@ -36,11 +36,11 @@ def backlog(request, team, monkeypatch):
     and ``BACKLOG`` queued ones on the second session's branch; statistics as a fresh database
     has them (none), or taken with the backlog there (a queue on one branch)."""
     from collab.models import AgentSpec
-    from collab.services import admission
+    from collab import brokers
     from collab.services.sessions import do_create_session
     from collab.services.turns import do_start_user_turn
 
-    monkeypatch.setattr(admission, "async_task", lambda *args, **kwargs: None)
+    monkeypatch.setattr(brokers, "async_task", lambda *args, **kwargs: None)
     AgentSpec.objects.create(project=team.alpha, agent_id="echo", provider="scripted", script=[{"text": "ok"}])
     sessions = [do_create_session(team.member, team.alpha, title=f"s{n}", agent_id="echo") for n in range(3)]
     mine, other = (do_start_user_turn(team.member, session, "prompt") for session in sessions[:2])

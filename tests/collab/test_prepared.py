@@ -20,11 +20,11 @@ from config.prepared import Param, Select, Update
 def two_jobs(team, monkeypatch):
     """Two queued turns, in two sessions of project alpha (nothing hands them to a worker)."""
     from collab.models import AgentSpec
-    from collab.services import admission
+    from collab import brokers
     from collab.services.sessions import do_create_session
     from collab.services.turns import do_start_user_turn
 
-    monkeypatch.setattr(admission, "async_task", lambda *args, **kwargs: None)
+    monkeypatch.setattr(brokers, "async_task", lambda *args, **kwargs: None)
     AgentSpec.objects.create(project=team.alpha, agent_id="echo", provider="scripted", script=[{"text": "ok"}])
     return [do_start_user_turn(team.member, do_create_session(team.member, team.alpha, title=f"s{n}", agent_id="echo"),
                                f"prompt {n}") for n in range(2)]

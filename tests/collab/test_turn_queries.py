@@ -43,6 +43,14 @@ else:
     ADMISSION_QUERIES, WORKER_QUERIES = 12, 17
 ADMISSION_COMMITS = 1
 WORKER_COMMITS = 2
+# one background ``agent`` call in a step (a coordinator fanning out): the call's standing (the
+# session with the caller's role, one statement), the spawn's transaction — the two sessions'
+# locks, the caller's branch, the fan-out count, the new branch (its lane beside the caller's
+# read from memory), the fence on the calling job, the job — with the new branch's events, its
+# prompt node and job.queued in one statement and the attach node with agent.spawned in another;
+# then the stop check and the tool's result node. Was 23 on PostgreSQL before the role was read
+# once a call, the locks taken once a spawn and the spawn's events batched.
+SPAWN_QUERIES = 13 if connection.vendor == "postgresql" else 27
 
 
 WRITES = ("INSERT", "UPDATE", "DELETE")
@@ -95,11 +103,10 @@ def no_worker(monkeypatch):
     """This process runs the turns (``run_job``): the tasks the admission and the naming hand to
     the broker after commit are kept here, so that a worker process an earlier test of the run
     started cannot take the job (or rename the branch) while it is being counted."""
-    from collab.services import admission, naming
+    from collab import brokers
 
     handed = []
-    monkeypatch.setattr(admission, "async_task", lambda *args, **kwargs: handed.append(args))
-    monkeypatch.setattr(naming, "async_task", lambda *args, **kwargs: handed.append(args))
+    monkeypatch.setattr(brokers, "async_task", lambda *args, **kwargs: handed.append(args))
     return handed
 
 
@@ -207,3 +214,63 @@ def test_a_node_after_a_missing_predecessor_is_refused_and_writes_nothing(second
         append_message(branch, role="user", text="orphan", predecessor=ghost)
     branch = Branch.objects.get(pk=branch.pk)
     assert (Message.objects.count(), Event.objects.count(), branch.tip_id, branch.chars) == before
+
+
+@pytest.fixture
+def coordinator(transactional_db, team, no_worker):
+    """A session whose agent spawns ``n`` background children in one step of its turn: ``make(n)``
+    returns (user, session, the queued turn)."""
+    from collab.models import AgentSpec
+    from collab.services.sessions import do_create_session
+    from collab.services.turns import do_start_user_turn
+    from tests.conftest import agent_call, step
+
+    def make(n):
+        script = {"user": [step(*(agent_call(f"child {i}") for i in range(n))), {"text": "spawned"}],
+                  "spawn": [{"text": "done"}]}
+        AgentSpec.objects.update_or_create(project=team.alpha, agent_id=f"fan{n}",
+                                           defaults={"provider": "scripted", "script": script})
+        session = do_create_session(team.member, team.alpha, title=f"fan {n}", agent_id=f"fan{n}")
+        return team.member, session, do_start_user_turn(team.member, session, "go")
+
+    return make
+
+
+def test_a_background_spawn_in_a_step_costs_a_bounded_number_of_queries(coordinator):
+    """What one more ``agent(run_in_background=true)`` call in a coordinator's step costs the
+    worker: the difference between a step of 1 and a step of 5 such calls, over 4."""
+    from collab.runtime.loop import run_job
+
+    costs = {}
+    for n in (1, 5):
+        _user, _session, job = coordinator(n)
+        with Counted() as worker:
+            assert run_job(job.pk) == "succeeded"
+        costs[n] = worker
+        assert Job.objects.filter(parent_job=job, kind="spawn", status="queued").count() == n
+    per_spawn = (len(costs[5]) - len(costs[1])) / 4
+    print(f"a background spawn: {per_spawn} queries")
+    assert per_spawn <= SPAWN_QUERIES, costs[5].listing()
+
+
+def test_a_spawns_events_come_in_order_on_the_coordinators_log(coordinator):
+    """The events a spawn writes in two statements (the new branch's, its prompt node's and job's;
+    the attach node's and agent.spawned) are numbered one after another, in the order they were
+    made, and name what they describe."""
+    from collab.events import with_full_payloads
+    from collab.models import Event
+    from collab.runtime.loop import run_job
+
+    _user, session, job = coordinator(1)
+    run_job(job.pk)
+    child = Job.objects.get(parent_job=job)
+    events = list(with_full_payloads(Event.objects.filter(session_id=session.pk).order_by("seq")))
+    types = [e.type for e in events]
+    start = types.index("branch.created")
+    spawn = events[start:start + 5]
+    assert [e.type for e in spawn] == ["branch.created", "message.created", "job.queued", "message.created",
+                                       "agent.spawned"]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert spawn[0].payload["branch"] == child.branch_id == spawn[4].payload["branch"]
+    assert spawn[1].payload["id"] == child.prompt_msg_id and spawn[2].payload["job"] == child.pk
+    assert spawn[3].payload["kind"] == "attach" and spawn[4].payload["attach"] == spawn[3].payload["id"]
