@@ -187,6 +187,29 @@ def test_a_text_answer_ends_the_turn_with_tokens_and_cost_on_the_job(fast, fake,
         assert request.body["max_tokens"] > 0
 
 
+def test_model_calls_share_the_processs_verifying_tls_context(fast, fake, llm_session, dialect, monkeypatch):
+    """A model call builds no TLS context of its own (loading the CA bundle costs ~20 ms of CPU a
+    call): three calls in this process build at most the one they share, and it verifies
+    certificates and host names as the SDK's own default does."""
+    import ssl
+
+    import httpx2
+
+    from collab.runtime.providers import remote
+
+    built = []
+    stock = httpx2.create_ssl_context
+    monkeypatch.setattr(httpx2, "create_ssl_context", lambda *a, **kw: built.append(1) or stock(*a, **kw))
+    for n in range(3):
+        fake.add(dialect.text(f"answer {n}", stream=True))
+        _api, _sid, job = turn(llm_session, dialect, prompt=f"call {n}", limits={"stream": True})
+        assert job.status == "succeeded" and job.result == f"answer {n}", job.error_reason
+    assert len(built) <= 1
+    context = remote.verified_tls()
+    assert context is remote.verified_tls()
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+
+
 def test_tools_are_offered_with_the_registry_s_own_json_schema(fast, fake, llm_session, dialect):
     fake.add(dialect.text("fine", stream=True))
     turn(llm_session, dialect)

@@ -47,6 +47,27 @@ MAX_REASON_CHARS = 300
 KEYLESS = "no-key"  # what a keyless connection (a local server) sends; the SDKs require some key
 TITLE_RETRIES = 1
 
+_tls_lock = threading.Lock()
+_tls_contexts: dict[int, object] = {}
+
+
+def verified_tls():
+    """The TLS context of this process's model calls: the one the SDKs' HTTP client builds when
+    given none (``httpx2.create_ssl_context()``: certificates and host names verified against
+    the default CA bundle, ``SSL_CERT_FILE``/``SSL_CERT_DIR`` honoured), built once per process
+    instead of once per call. Building it loads the CA bundle — ~20 ms of CPU and ~1 MB — which
+    every model call paid while a new client per call built its own (a turn slot's call would
+    cost more CPU than many turns' platform work). A context is shared by threads safely; a
+    forked process builds its own."""
+    pid = os.getpid()
+    context = _tls_contexts.get(pid)
+    if context is None:
+        with _tls_lock:
+            context = _tls_contexts.get(pid)
+            if context is None:
+                context = _tls_contexts[pid] = httpx2.create_ssl_context()
+    return context
+
 
 # Headers a model request may carry besides the connection's key (all set by the SDKs).
 SAFE_HEADERS = frozenset({
@@ -161,11 +182,12 @@ class RemoteProvider:
 
     def http_client(self, sockets: "CallSockets | None" = None):
         """The HTTP client the SDK uses: the SDK's defaults, except that redirects are never
-        followed (a 3xx answer ends the call with ``provider_error``) and every request passes
-        ``guard_request``; with ``sockets``, the sockets its requests open are kept there, so a
+        followed (a 3xx answer ends the call with ``provider_error``), every request passes
+        ``guard_request`` and its TLS context is the process's (``verified_tls``); with ``sockets``, the sockets its requests open are kept there, so a
         stop request can shut them down (``CallSockets``)."""
         hooks = [self.guard_request] if sockets is None else [self.guard_request, sockets.watch]
-        return self.sdk.DefaultHttpxClient(follow_redirects=False, event_hooks={"request": hooks})
+        return self.sdk.DefaultHttpxClient(follow_redirects=False, event_hooks={"request": hooks},
+                                           verify=verified_tls())
 
     def guard_request(self, request) -> None:
         """The one place that decides what leaves the worker: a request goes only to the
