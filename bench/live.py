@@ -21,7 +21,7 @@ Layouts:
 - ``redis``: PostgreSQL + the channels-redis layer (``<db>_bench_live`` next to DATABASE_URL's):
   the committer's push goes through Redis to the web process. Target: p99 ≤ 100 ms with 200 clients.
 - ``embedded``: the embedded default — a SQLite file, the in-memory layer in each process, and
-  the web process's database relay (``collab/live.py``) carrying the committer's events across.
+  the web process's database relay (``collab/realtime/relay.py``) carrying the committer's events across.
   Measured with the relay's cross-process wake-up (the committer's datagram after commit) and,
   for comparison, without it (``TRELLIS_EVENT_NOTIFY=0``: the relay's poll alone, every
   ``TRELLIS_EVENT_POLL_MS``).
@@ -76,7 +76,7 @@ def phase_commit(args):
     ``seq:commit time`` of each event (the stamp is an on-commit hook registered before the push)."""
     from django.db import transaction
 
-    from collab.events import warm_push
+    from collab.realtime.push import warm_push
     from collab.models import Branch, Event
     from collab.services.locking import lock_for_branch
     from collab.services.messages import append_message

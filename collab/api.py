@@ -12,7 +12,9 @@ from accounts.services import SlugTaken, create_project
 from collab import access
 from collab.scopes import request_token, token_scope
 from collab.errors import Conflict, Invalid
-from collab.awaiting import MAX_WAIT_SECONDS, Subscription, in_thread, open_wait, parse_wait, until_terminal
+from collab.realtime.bounds import MAX_WAIT_SECONDS, open_wait, parse_wait
+from collab.realtime.subscription import Subscription, until_terminal
+from collab.realtime.threads import in_thread
 from collab.gateway import call_tool
 from collab.models import DeliveryStatus
 from collab.schemas import (
@@ -207,7 +209,7 @@ async def post_turn(request: HttpRequest, sid: str, payload: TurnIn, wait: float
     """Start a turn. With ``?wait=SECONDS`` (0–60) the answer comes when the execution is
     terminal or the wait ends (issue 15 item 2) — still 202, with ``waited`` true and
     ``execution`` as ``GET /api/executions/{id}`` shows it then; the wait holds no thread
-    and no database connection (``collab.awaiting``)."""
+    and no database connection (``collab.realtime.subscription``)."""
     seconds = parse_wait(wait)
     slot = open_wait(request.auth) if seconds else None  # a user at the bound is refused before anything starts
     subscription = None

@@ -74,8 +74,8 @@ def _keep_worker_connections(sender, **kwargs):
 
 def _warm_event_push(sender, **kwargs):
     """A worker's first event reaches its listeners without waiting for the push loop and its
-    channel-layer connection to be set up (``collab.events.warm_push``, in the background)."""
-    from collab.events import warm_push  # app registry: collab.events imports collab's models
+    channel-layer connection to be set up (``collab.realtime.push.warm_push``, in the background)."""
+    from collab.realtime.push import warm_push
 
     try:
         warm_push()

@@ -2,7 +2,7 @@
 
 First the logged events after ``SEQ``, then the same events live, in ``seq`` order with no gaps
 and no repeats, each as its viewer may see it (issue 17). The consumer authorizes the socket and
-subscribes it to this process's fan-out (``collab.live.fanout``), which reads each event once
+subscribes it to this process's fan-out (``collab.realtime.fanout``), which reads each event once
 for all the process's sockets on the session, redacts it once per viewer and sends the frames;
 a socket that falls behind reads the missing events from the log.
 """
@@ -14,7 +14,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from collab.access import access_session
 from collab.errors import DomainError
-from collab.live import fanout
+from collab.realtime.fanout import fanout
 
 
 def _after(scope) -> int:

@@ -5,7 +5,7 @@ Sync views under daphne share one thread per process (asgiref's thread-sensitive
 tool that waits — ``job_output`` with ``block``, ``wait_agent``, ``bash`` — would freeze every
 page and API call of that process. The gateway route is async instead: each call runs in a
 thread of its own pool and closes its database connections when done (the waits themselves
-hold none while they sleep, see ``collab.services.waiting``). Blocking calls are bounded per
+hold none while they sleep, see ``collab.realtime.changes``). Blocking calls are bounded per
 user and per web process (``TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER``); past the bound the call
 is refused with 429 ``too_many_blocking_calls`` before anything runs.
 
@@ -28,19 +28,17 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.core.handlers.asgi import ASGIRequest
 
 from collab.access import access_branch, require_can_act_as
-from collab.awaiting import InFlight, Slot, briefly, closing, give_back_request_connection, open_wait, until_terminal
+from collab.realtime.bounds import GATEWAY_REREAD_SECONDS, InFlight, Slot, open_wait
+from collab.realtime.subscription import until_terminal
+from collab.realtime.threads import briefly, closing, give_back_request_connection
 from collab.errors import DomainError
 from collab.models import TERMINAL_STATUSES
 from collab.selectors.jobs import has_ended, job_status
 from collab.services.acting import gateway_actor
-from collab.services.waiting import wait_for_change
+from collab.realtime.changes import wait_for_change
 from collab.tools.registry import Tool, ToolResult, run_tool
 from collab.tools.surface import branch_tools
 
-# how long a foreground call waits at most (queued behind the project's cap included); past it the
-# call answers with the execution's id, which job_output reads. A re-read at least this often
-# covers an event the channel layer lost.
-BACKSTOP_SECONDS = 30.0
 
 
 class TooManyBlockingCalls(DomainError):
@@ -164,7 +162,7 @@ async def _answer_when_ended(request, result: ToolResult) -> ToolResult:
 
     while loop.time() < deadline:
         now = await until_terminal(request, awaits.session_id, awaits.execution_id,
-                                   min(BACKSTOP_SECONDS, deadline - loop.time()), read, slot=Slot())
+                                   min(GATEWAY_REREAD_SECONDS, deadline - loop.time()), read, slot=Slot())
         if now["status"] in TERMINAL_STATUSES or now["status"] is None:
             break
     return await briefly(awaited_answer, result)

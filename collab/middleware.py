@@ -1,4 +1,4 @@
-"""Project middleware. Each is sync- and async-capable, so an async view (``collab.awaiting``,
+"""Project middleware. Each is sync- and async-capable, so an async view (``collab.realtime.subscription``,
 the tool gateway) runs on daphne's event loop with no thread held for the request: one
 sync-only middleware would park a thread for the whole request."""
 

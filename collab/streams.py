@@ -12,15 +12,15 @@ shows them to this viewer (redacted, issue 17), one frame each::
 First the logged ones after ``Last-Event-ID`` (or ``?after=``), then live, in ``seq`` order;
 after the execution's terminal event (``job.succeeded`` / ``failed`` / ``cancelled`` /
 ``interrupted``) one ``event: end`` frame and the stream closes. A comment line
-(``: keep-alive``) every ``HEARTBEAT_SECONDS``. Same authentication, token scope (``read``)
+(``: keep-alive``) every ``SSE_HEARTBEAT_SECONDS`` (``collab.realtime.bounds``). Same authentication, token scope (``read``)
 and authorization as ``GET /api/executions/{id}``.
 
 No thread is busy per open stream: the view is async and the body an async iterator that
 daphne drains on its event loop (the request's own sync thread, ``config.request_threads``,
-stays reserved for the stream's reads, idle between them). It waits on the session's
-channel-layer group (Redis), or on this process's database relay (``collab.live``) on the
-embedded default, and reads the log only when something about this session arrived (or at
-each heartbeat, as a safety net).
+stays reserved for the stream's reads, idle between them). It listens on a subscription to the
+session (``collab.realtime.subscription``: its channel-layer group, poked by this process's
+database relay on the embedded default) and reads the log only when something about this
+session arrived (or at each heartbeat, as a safety net).
 """
 
 import asyncio
@@ -30,7 +30,6 @@ from typing import Annotated
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Header, Router
@@ -38,11 +37,11 @@ from ninja import Header, Router
 from accounts.models import ApiToken
 from collab import access
 from collab.api import ERRORS
-from collab.awaiting import open_wait, receive_within
 from collab.errors import DomainError, Invalid
-from collab.events import pushed_wires, session_group
-from collab.live import relay
 from collab.models import TERMINAL_STATUSES, Session
+from collab.realtime.bounds import SSE_HEARTBEAT_SECONDS, open_wait
+from collab.realtime.push import pushed_wires
+from collab.realtime.subscription import Subscription
 from collab.schemas import stated
 from collab.text import WHITESPACE
 from collab.scopes import request_token
@@ -52,7 +51,6 @@ from collab.selectors.redact import Memo
 
 router = Router()
 
-HEARTBEAT_SECONDS = 15.0
 TERMINAL_TYPES = frozenset(f"job.{status}" for status in TERMINAL_STATUSES)
 
 
@@ -158,14 +156,7 @@ def _unread(wires: list[dict], last: int, job_id: str) -> tuple[int, bool]:
 
 async def _frames(viewer, token_id: int | None, job_id: str, session_id: str, after: int, slot=None):
     """The stream's frames; ``slot`` (the viewer's open-wait slot) is freed when it ends."""
-    layer = get_channel_layer()
-    channel = await layer.new_channel() if layer is not None else None
-    group = session_group(session_id)
-    if channel is not None:
-        await layer.group_add(group, channel)
-    watcher = relay()  # the embedded default: this process's database relay pokes the group
-    if watcher is not None:
-        watcher.watch(session_id, 0)
+    subscription = await Subscription.open(session_id)
     memo = Memo()
     last = after
     try:
@@ -181,10 +172,10 @@ async def _frames(viewer, token_id: int | None, job_id: str, session_id: str, af
                 yield _end(job_id, ended)
                 return
             while True:  # until something about this session arrived (or a heartbeat is due)
-                if channel is None:
+                if not subscription.listening:  # no channel layer: read the log on a timer
                     await asyncio.sleep(settings.TRELLIS_EVENT_POLL_INTERVAL)
                     break
-                message = await receive_within(layer, channel, HEARTBEAT_SECONDS)
+                message = await subscription.next(SSE_HEARTBEAT_SECONDS)
                 if message is None:  # a heartbeat is due (or the layer read failed: read the log again)
                     if not await _still_allowed(viewer, token_id, job_id):
                         return  # revoked token, or the job no longer visible: close, say nothing more
@@ -198,9 +189,6 @@ async def _frames(viewer, token_id: int | None, job_id: str, session_id: str, af
                     continue
                 break
     finally:
-        if watcher is not None:
-            watcher.unwatch(session_id)
-        if channel is not None:
-            await layer.group_discard(group, channel)
+        await subscription.close()
         if slot is not None:
             slot.free()

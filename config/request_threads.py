@@ -11,7 +11,7 @@ threaded WSGI server reuses its threads: one request at a time on a thread, neve
 What the request leaves on its thread is what a WSGI thread keeps between requests: Django closes
 (or hands back to the pool) the thread's database connections at ``request_finished``, which runs
 on that thread as the response closes; everything else per request lives in context variables.
-A request that parks (``collab.awaiting.release_request_thread``) gives its thread back before it
+A request that parks (``collab.realtime.threads.release_request_thread``) gives its thread back before it
 waits (``release_thread``) and is lent one again when the wait ends (``retake_thread``).
 """
 

@@ -173,7 +173,7 @@ def _pool_options(db: dict) -> dict | None:
     default deployment.
 
     Under ASGI each request's database work runs in a thread that closes its connection when it is
-    done (``collab.awaiting``: nothing is held across a wait), so with ``DB_CONN_MAX_AGE=0`` every
+    done (``collab.realtime.threads``: nothing is held across a wait), so with ``DB_CONN_MAX_AGE=0`` every
     request opened a new PostgreSQL connection, several per ``?wait=`` turn (5–14 ms each here,
     issue 15 item 1); Django's docs name the backend's pool as the way to keep connections under
     ASGI, where persistent connections are not for use. With the pool, closing a connection hands it
@@ -279,7 +279,7 @@ else:
 
 # Without a shared channel layer, events written by the worker process reach the
 # web process through the database: each web process polls for new events of
-# the sessions its sockets watch (collab/live.py).
+# the sessions its sockets watch (collab/realtime/relay.py).
 TRELLIS_EVENT_POLL = env_bool("TRELLIS_EVENT_POLL", not REDIS_URL)
 TRELLIS_EVENT_POLL_INTERVAL = env_int("TRELLIS_EVENT_POLL_MS", 150, minimum=10) / 1000
 # ... unless woken: a process that commits events sends each web process's relay a datagram
@@ -363,7 +363,7 @@ TRELLIS_FAULT_DIR = env_str("TRELLIS_FAULT_DIR", "")
 # Blocking tool-gateway calls (job_output with block, wait_agent, bash, a foreground agent)
 # one user may have in flight in one web process; past it 429 too_many_blocking_calls.
 TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER = env_int("TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER", 4, minimum=1)
-# ``?wait=`` requests and SSE streams one user may hold open per web process (collab.awaiting)
+# ``?wait=`` requests and SSE streams one user may hold open per web process (collab.realtime.bounds)
 TRELLIS_MAX_OPEN_WAITS_PER_USER = env_int("TRELLIS_MAX_OPEN_WAITS_PER_USER", 32, minimum=1)
 # How long a foreground ``agent`` call through the gateway or MCP waits for its child (which runs on a
 # worker) before answering with the execution's id instead (docs/capacity.md).

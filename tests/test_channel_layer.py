@@ -106,21 +106,21 @@ def test_a_thread_pushing_events_sends_them_itself_and_an_event_loop_does_not_bl
     """``push_events`` from a plain thread goes through the blocking sender (no push loop is
     started); on a running event loop it does not (that would stall the loop). A layer of the
     test's own, as ``get_channel_layer`` would give: nothing else in this process uses it."""
-    from collab import events
+    from collab.realtime import push
 
     layer = _layer()
-    monkeypatch.setattr(events, "get_channel_layer", lambda: layer)
-    monkeypatch.setattr(events, "_loop", None)
+    monkeypatch.setattr(push, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(push, "_loop", None)
     channel = async_to_sync(layer.new_channel)()
-    _members(layer, channel, group=events.session_group("abcdefabcdef"))
+    _members(layer, channel, group=push.session_group("abcdefabcdef"))
     wires = [{"seq": 1, "type": "test", "payload": {}}, {"seq": 2, "type": "test", "payload": {"a": 1}}]
-    _in_a_thread(events.push_events, "abcdefabcdef", wires)
-    assert events._loop is None
+    _in_a_thread(push.push_events, "abcdefabcdef", wires)
+    assert push._loop is None
     received = _receive(layer, channel)
     assert received["events"] == wires and received["event"] == wires[-1]
 
     async def on_a_loop():
-        return events._blocking_sender(layer)
+        return push._blocking_sender(layer)
 
     assert asyncio.run(on_a_loop()) is None
-    assert _in_a_thread(events._blocking_sender, layer) is layer.blocking_sender
+    assert _in_a_thread(push._blocking_sender, layer) is layer.blocking_sender

@@ -12,7 +12,7 @@ from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.core.signals import request_started
 
-from collab.awaiting import release_request_thread, retake_request_thread
+from collab.realtime.threads import release_request_thread, retake_request_thread
 from config.request_threads import SCOPE_KEY, RequestThread, RequestThreads
 
 SCOPE = {"type": "http", "method": "GET", "path": "/", "query_string": b"", "headers": [], "root_path": ""}

@@ -28,7 +28,7 @@ def events_after(session_id: str, after: int = 0, limit: int = PAGE, *, viewer, 
 
 def events_after_raw(session_id: str, after: int = 0, limit: int = PAGE) -> list[dict]:
     """A session's events with ``seq > after``, ascending, as logged — NOT redacted: for a caller
-    that redacts them per viewer itself (the live fan-out, ``collab.live``). One query, and up to
+    that redacts them per viewer itself (the live fan-out, ``collab.realtime.fanout``). One query, and up to
     two more that give events stored as references their whole payload back (``with_full_payloads``)."""
     events = Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:limit]
     return [e.as_wire() for e in with_full_payloads(events)]
@@ -36,6 +36,6 @@ def events_after_raw(session_id: str, after: int = 0, limit: int = PAGE) -> list
 
 def event_seqs(session_ids) -> dict[str, int]:
     """Each session's event counter (``last_event_seq``): it grows with every event written
-    there. The embedded relay (``collab.live``) and the wait primitive
-    (``collab.services.waiting``) watch it when there is no shared channel layer."""
+    there. The embedded relay (``collab.realtime.relay``) and the wait in a thread
+    (``collab.realtime.changes``) watch it when there is no shared channel layer."""
     return dict(Session.objects.filter(pk__in=list(session_ids)).values_list("pk", "last_event_seq"))

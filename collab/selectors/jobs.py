@@ -31,7 +31,7 @@ def has_ended(job_id: str) -> bool:
 
 def sessions_owing_results(branch) -> list[str]:
     """The sessions running jobs whose results will be owed to ``branch`` (its mailbox): where
-    the events that fill it are written (``collab.services.waiting``)."""
+    the events that fill it are written (``collab.realtime.changes``)."""
     return list(Job.objects.filter(caller_branch=branch).exclude(status__in=TERMINAL_STATUSES)
                 .values_list("session_id", flat=True).distinct())
 

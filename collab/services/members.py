@@ -13,7 +13,8 @@ from django.db import transaction
 
 from accounts import services as accounts
 from collab.errors import Conflict, Invalid, NotFound
-from collab.events import record_project_event, session_group
+from collab.events import record_project_event
+from collab.realtime.push import session_group
 
 _CODES = {"invalid_role": Invalid, "last_owner": Conflict, "already_member": Conflict, "already_invited": Conflict,
           "not_member": NotFound, "not_found": NotFound}

@@ -7,15 +7,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from collab.events import (
-    MESSAGE_CREATED,
-    Rider,
-    deferred_event,
-    message_event,
-    message_event_ref,
-    rides_on_events,
-    send_event_on_commit,
-)
+from collab.events import MESSAGE_CREATED, Rider, deferred_event, message_event, message_event_ref, rides_on_events, send_event_on_commit
 from collab.models import Branch, Message, MessageKind
 from collab.services.locking import lock_session
 from collab.text import clean_data, clean_text

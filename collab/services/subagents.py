@@ -32,12 +32,10 @@ from collab.services.cancel import CANCEL, do_execution_command
 from collab.services.followup import results_owed
 from collab.services.locking import lock_sessions
 from collab.services.retry import retry_on_deadlock
-from collab.services.waiting import wait_for_change
+from collab.realtime.bounds import AGENT_WAIT_MAX_MS, AGENT_WAIT_MIN_MS
+from collab.realtime.changes import wait_for_change
 
 TASK_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")  # always fullmatch: "$" alone would accept a trailing newline
-WAIT_DEFAULT_MS = 60_000
-WAIT_MIN_MS = 10_000
-WAIT_MAX_MS = 600_000
 MAILBOX = "mailbox"
 
 
@@ -195,8 +193,8 @@ def do_interrupt_child(actor: Actor, *, task_name: str) -> Job:
 def wait_for_mail(actor: Actor, timeout_ms: int) -> bool:
     """Block until a result is owed to the acting branch (True) or the timeout passes (False).
     A running turn checks its stop flag while waiting, so a cancel ends the wait at once."""
-    if not WAIT_MIN_MS <= timeout_ms <= WAIT_MAX_MS:
-        raise ow_error("invalid_arguments", f"timeout_ms must be between {WAIT_MIN_MS} and {WAIT_MAX_MS}")
+    if not AGENT_WAIT_MIN_MS <= timeout_ms <= AGENT_WAIT_MAX_MS:
+        raise ow_error("invalid_arguments", f"timeout_ms must be between {AGENT_WAIT_MIN_MS} and {AGENT_WAIT_MAX_MS}")
     stop = (lambda: actor.turn.check_stop(force=True)) if actor.turn is not None else None
     sessions = [actor.session.pk, *sessions_owing_results(actor.branch)]
     return bool(wait_for_change(lambda: results_owed(actor.branch), timeout_ms / 1000, sessions=sessions, stop=stop))

@@ -24,7 +24,8 @@ from collab.services.results import result_limit_for
 from collab.text import bound_text
 from collab.services.spawn import do_spawn
 from collab.services.todos import do_create_todo, do_update_todo
-from collab.services.waiting import wait_for_change
+from collab.realtime.bounds import JOB_OUTPUT_DEFAULT_MS, JOB_OUTPUT_MAX_MS
+from collab.realtime.changes import wait_for_change
 from collab.services.listing import do_record_agents_listed
 from collab.runtime.loop import run_foreground
 from collab.tools.registry import Awaits, ToolParams, ToolResult, reading_spec, register
@@ -304,7 +305,7 @@ def list_jobs(ctx, p: ListJobsParams) -> ToolResult:
 class JobOutputParams(ToolParams):
     job_id: str = Field(min_length=1)
     block: bool = True
-    timeout: int = Field(default=30_000, ge=0, le=600_000, description="milliseconds")
+    timeout: int = Field(default=JOB_OUTPUT_DEFAULT_MS, ge=0, le=JOB_OUTPUT_MAX_MS, description="milliseconds")
 
 
 @register("job_output", toolsets=COLLAB, params=JobOutputParams, description="""

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 from collab.errors import DomainError
 from collab.selectors.children import list_children
 from collab.services import subagents
+from collab.realtime.bounds import AGENT_WAIT_DEFAULT_MS, AGENT_WAIT_MAX_MS, AGENT_WAIT_MIN_MS
 from collab.services.waiting import idle_connection
 from collab.workspace import Workspace, WorkspaceError, run_bash
 from collab.tools.registry import ToolParams, ToolResult, register
@@ -41,7 +42,7 @@ class TaskMessageParams(ToolParams):
 
 
 class WaitParams(ToolParams):
-    timeout_ms: int = Field(default=subagents.WAIT_DEFAULT_MS, ge=subagents.WAIT_MIN_MS, le=subagents.WAIT_MAX_MS)
+    timeout_ms: int = Field(default=AGENT_WAIT_DEFAULT_MS, ge=AGENT_WAIT_MIN_MS, le=AGENT_WAIT_MAX_MS)
 
 
 class NoParams(ToolParams):

@@ -825,7 +825,7 @@ def test_op_job_output_block_false_and_timeout_bounds(team, open_session, monkey
     """SPEC §4: ``block=False`` on a running job answers at once that it is still running (it
     never waits); ``block=True`` waits at most ``timeout`` ms (one wait of exactly that long,
     which ends by timing out while the job runs); ``timeout`` above 600000 is rejected."""
-    from collab.services.waiting import wait_for_change
+    from collab.realtime.changes import wait_for_change
     from collab.tools import collab_tools
 
     waits = []

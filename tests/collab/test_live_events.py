@@ -496,7 +496,8 @@ def test_a_commits_events_travel_as_one_message_and_arrive_in_order(transactiona
     contiguous and identical to the log."""
     from channels.layers import get_channel_layer
 
-    from collab.events import deferred_event, pushed_wires, send_events_on_commit, session_group
+    from collab.events import deferred_event, send_events_on_commit
+    from collab.realtime.push import pushed_wires, session_group
 
     api, sid = session_of
     auth = bearer(team.member)

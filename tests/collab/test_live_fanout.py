@@ -1,5 +1,5 @@
 """The live fan-out (issue 15 item 1 ``live``, SPEC §13): a process reads each event once for all
-its sockets on a session and redacts it once per viewer (``collab/live.py``).
+its sockets on a session and redacts it once per viewer (``collab/realtime/fanout.py``).
 
 What must not change with it: every socket gets every event once, in ``seq`` order (SPEC
 §11.1), each as *its* viewer may see it (issue 17, P-SEC-9) — two people on one session can be

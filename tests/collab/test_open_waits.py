@@ -14,14 +14,14 @@ from tests.conftest import turn
 def one_wait_each(settings, monkeypatch):
     """A bound of one, counted afresh: the process-wide counts start empty for this test (user
     ids repeat across tests on a flushed database)."""
-    from collab import awaiting
+    from collab.realtime import bounds
 
     settings.TRELLIS_MAX_OPEN_WAITS_PER_USER = 1
-    monkeypatch.setattr(awaiting, "OPEN_WAITS", awaiting.InFlight(awaiting._too_many_open_waits))
+    monkeypatch.setattr(bounds, "OPEN_WAITS", bounds.InFlight(bounds._too_many_open_waits))
 
 
 def test_p_sec_4_a_user_at_the_open_wait_bound_is_refused_before_anything_starts(team, scripted_session, one_wait_each):
-    from collab.awaiting import open_wait
+    from collab.realtime.bounds import open_wait
     from collab.models import Job
 
     api, sid = scripted_session(team.member, [{"text": "hi"}])

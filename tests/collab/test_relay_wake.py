@@ -1,11 +1,11 @@
 """The embedded relay is woken by another process's commit (issue 15 item 1 ``live``; SPEC §13
 "Live"): it does not wait out a poll interval per event.
 
-The relay (``collab/live.py``) of this process watches a session with both its poll intervals
+The relay (``collab/realtime/relay.py``) of this process watches a session with both its poll intervals
 set to an hour; another process — the way a worker does on the embedded default, with its own
 in-memory layer and no Redis — commits events on that session. Each one reaches this process's
 channel group as a ``collab.poke`` well within the wait: only the wake-up after commit
-(``collab.events.wake_relays``) can carry it there.
+(``collab.realtime.push.wake_relays``) can carry it there.
 """
 
 import asyncio
@@ -45,8 +45,8 @@ def commit_elsewhere(env: dict, sid: str) -> int:
 def test_spec_13_the_embedded_relay_is_woken_by_another_process_commit(transactional_db, team, process_env):
     from channels.layers import get_channel_layer
 
-    from collab.events import relay_dir, session_group
-    from collab.live import relay
+    from collab.realtime.push import relay_dir, session_group
+    from collab.realtime.relay import relay
     from collab.models import Session
     from collab.services.sessions import do_create_session
 

@@ -260,7 +260,7 @@ def test_issue16_3_keep_alive_and_a_revoked_token_ends_the_stream(team, scripted
     assert r.status_code == 202, r.content
     job = Job.objects.get(pk=r.json()["execution_id"])
     token, _ = ApiToken.issue(team.member, name="sse-test")
-    monkeypatch.setattr(streams, "HEARTBEAT_SECONDS", 0.3)
+    monkeypatch.setattr(streams, "SSE_HEARTBEAT_SECONDS", 0.3)
     revoke = sync_to_async(lambda: ApiToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now()))
 
     async def body():
@@ -286,7 +286,7 @@ def test_issue16_3_a_closed_stream_lets_go_of_its_subscription(transactional_db,
     from channels.layers import get_channel_layer
 
     from collab import streams
-    from collab.live import relay
+    from collab.realtime.relay import relay
     from collab.models import Job
 
     api, sid = scripted_session(team.member, [{"sleep_ms": 30000}, {"text": "late"}])

@@ -1,4 +1,4 @@
-"""The one wait primitive (issue 14 item 3, ``collab.services.waiting``): ``job_output`` with
+"""Waiting in a thread for a change (``collab.realtime.changes``): ``job_output`` with
 ``block`` and ``wait_agent`` (and so the tool gateway) wait on the sessions' events — the Redis
 channel layer with PostgreSQL here, the event log's counter on the embedded default — answer
 once what they wait for is there, stop when their caller stops, and never outlast the timeout.
@@ -12,7 +12,7 @@ import pytest
 
 from collab.events import send_event_on_commit
 from collab.models import Job
-from collab.services import waiting
+from collab.realtime import changes as waiting
 from collab.services.execution import finish_job
 from tests.collab.test_collab_tools import call, make_job, open_session, spawn  # noqa: F401 - open_session is a fixture
 

@@ -1,22 +1,27 @@
-"""Carrying events to a process's sockets: the database relay for the embedded default, and
-the fan-out that serves every socket of the process (both layers).
+"""The fan-out: one reader per session per process, however many sockets follow it.
 
-On the embedded default the worker is another process with its own in-memory
-channel layer, so its pushes never reach the web process. Each web process
-therefore runs one relay per event loop that watches ``Session.last_event_seq``
-for the sessions its sockets follow and pokes their group when it grows; the
-process's fan-out (below) then reads the new events from the log, once for all
-its sockets on the session. One cheap query per wake-up however many sockets
-are open.
+A process's sockets on one session share a ``Feed``: the feed's own channel is the one member
+of the session's group in this process, so a pushed event (or a relay poke) arrives here once,
+not once per socket. The feed takes the events from the push — or, after a gap, from the log in
+one query — redacts them once per viewer (``redact_wires_for``: no query at all when an event
+names no session but this one, which is nearly every event), encodes each distinct frame once
+and hands the same text to every socket, from the event loop: no trip to the sync thread per
+socket. The cost of an event is one read at most, one redaction per distinct viewer and one
+``send`` per socket.
 
-It does not wait out a poll interval per event: a process that commits events
-wakes the relays of the other processes on the machine right after the commit
-(``collab.events.wake_relays``, a datagram on the relay's socket), and the relay
-reads at once — one query for however many wake-ups queued meanwhile. The poll
-stays as the safety net, every ``TRELLIS_EVENT_NOTIFY_POLL_MS`` (1 s), or every
-``TRELLIS_EVENT_POLL_MS`` (150 ms) where the socket cannot be made or waking is
-off (``TRELLIS_EVENT_NOTIFY=0``). Events committed in the web process itself
-reach its sockets through its in-memory layer directly.
+Guarantees, per socket: frames in ``seq`` order, no gap, no repeat. Each subscriber records
+the last seq it was sent; a frame goes to it only when it is the next one. A subscriber that
+joins (or falls behind) reads the log itself, redacted for its viewer — exactly what the
+consumer did before — and joins the live frames once it has read through what the feed has
+started to deliver (``Feed.through``, set before any delivery yields). A push that is lost or
+arrives out of order is read from the log at the next push or poke; the feed also looks at the
+sessions' event counters every ``SAFETY_SECONDS`` (one query per process) and after the
+layer failed, so a lost last push is not waited out until the next event.
+
+Membership changes reach the sockets through the fan-out too (the consumers hold no channel of
+their own): ``collab.access_changed`` (to the user's group, or the session's) makes each
+affected viewer's access be checked once, and the sockets of a viewer who lost it closed;
+``collab.token_revoked`` closes the sockets opened with that token.
 """
 
 import asyncio
@@ -24,116 +29,15 @@ import json
 import logging
 import time
 import weakref
-from collections import Counter
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
-from django.conf import settings
 
-from collab.events import close_relay_socket, open_relay_socket, pushed_wires, session_group
-from collab.selectors.events import PAGE, event_seqs, events_after, events_after_raw
+from collab.realtime.push import pushed_wires, session_group
+from collab.realtime.relay import current_seqs, relay
+from collab.selectors.events import PAGE, events_after, events_after_raw
 from collab.selectors.redact import Memo, names_no_other_session, redact_wires_for
 from collab.services.members import user_group
-
-_current_seqs = database_sync_to_async(event_seqs)
-
-
-class EventRelay:
-    def __init__(self):
-        self.watchers: Counter[str] = Counter()
-        self.known: dict[str, int] = {}
-        self.task: asyncio.Task | None = None
-
-    def watch(self, session_id: str, seq: int) -> None:
-        self.watchers[session_id] += 1
-        self.known[session_id] = max(self.known.get(session_id, 0), seq)
-        if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self.run())
-
-    def unwatch(self, session_id: str) -> None:
-        self.watchers[session_id] -= 1
-        if self.watchers[session_id] <= 0:
-            del self.watchers[session_id]
-            self.known.pop(session_id, None)
-
-    async def run(self) -> None:
-        layer = get_channel_layer()
-        loop = asyncio.get_running_loop()
-        woken = asyncio.Event()
-        sock = open_relay_socket()
-        interval = settings.TRELLIS_EVENT_POLL_INTERVAL
-        if sock is not None:
-            interval = max(interval, settings.TRELLIS_EVENT_NOTIFY_POLL_INTERVAL)
-            loop.add_reader(sock.fileno(), _drain, sock, woken)
-            woken.set()  # read once now: what committed before the socket was bound sent it nothing
-        try:
-            while self.watchers:
-                try:
-                    await asyncio.wait_for(woken.wait(), interval)
-                except TimeoutError:
-                    pass
-                woken.clear()  # a wake-up that arrives during the read below wakes the next one
-                try:
-                    rows = await _current_seqs(list(self.watchers))
-                except Exception:  # a locked or restarting database: try again next tick
-                    continue
-                for session_id, seq in rows.items():
-                    if seq > self.known.get(session_id, 0):
-                        self.known[session_id] = seq
-                        await layer.group_send(session_group(session_id), {"type": "collab.poke", "seq": seq})
-        finally:
-            if sock is not None:
-                loop.remove_reader(sock.fileno())
-                close_relay_socket(sock)
-
-
-def _drain(sock, woken: asyncio.Event) -> None:
-    """The relay's socket is readable: take every queued wake-up, then wake the relay once."""
-    while True:
-        try:
-            sock.recv(64)
-        except OSError:  # BlockingIOError: drained
-            break
-    woken.set()
-
-
-_relays: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EventRelay]" = weakref.WeakKeyDictionary()
-
-
-def relay() -> EventRelay | None:
-    """This event loop's relay, or None when the channel layer is shared (Redis)."""
-    if not settings.TRELLIS_EVENT_POLL:
-        return None
-    loop = asyncio.get_running_loop()
-    if loop not in _relays:
-        _relays[loop] = EventRelay()
-    return _relays[loop]
-
-
-# --- fan-out: one reader per session per process, however many sockets follow it ----------------
-#
-# A process's sockets on one session share a ``Feed``: the feed's own channel is the one member
-# of the session's group in this process, so a pushed event (or a relay poke) arrives here once,
-# not once per socket. The feed takes the events from the push — or, after a gap, from the log in
-# one query — redacts them once per viewer (``redact_wires_for``: no query at all when an event
-# names no session but this one, which is nearly every event), encodes each distinct frame once
-# and hands the same text to every socket, from the event loop: no trip to the sync thread per
-# socket. The cost of an event is one read at most, one redaction per distinct viewer and one
-# ``send`` per socket.
-#
-# Guarantees, per socket: frames in ``seq`` order, no gap, no repeat. Each subscriber records
-# the last seq it was sent; a frame goes to it only when it is the next one. A subscriber that
-# joins (or falls behind) reads the log itself, redacted for its viewer — exactly what the
-# consumer did before — and joins the live frames once it has read through what the feed has
-# started to deliver (``Feed.through``, set before any delivery yields). A push that is lost or
-# arrives out of order is read from the log at the next push or poke; the feed also looks at the
-# sessions' event counters every ``SAFETY_SECONDS`` (one query per process) and after the
-# layer failed, so a lost last push is not waited out until the next event.
-#
-# Membership changes reach the sockets through the fan-out too (the consumers hold no channel of
-# their own): ``collab.access_changed`` (to the user's group, or the session's) makes each
-# affected viewer's access be checked once, and the sockets of a viewer who lost it closed;
-# ``collab.token_revoked`` closes the sockets opened with that token.
 
 log = logging.getLogger(__name__)
 
@@ -549,7 +453,7 @@ class Fanout:
         if not feeds:
             return
         try:
-            seqs = await _current_seqs([f.session_id for f in feeds])
+            seqs = await current_seqs([f.session_id for f in feeds])
         except Exception:
             log.warning("could not read the event counters", exc_info=True)
             return
