@@ -154,10 +154,6 @@ def access_project(user, slug: str, capability: str = "project.read") -> Project
     return project
 
 
-def _project_id_of_session(session_id: str) -> int | None:
-    return Session.objects.filter(pk=session_id).values_list("project_id", flat=True).first()
-
-
 def _by_id(rows, to_session: str, within_project: bool):
     """A lookup of one row of ``rows`` by id (``Param("id")``) with the standing of the user
     ``Param("user")`` in its session, and (``within_project``) only in ``Param("project")``:

@@ -132,13 +132,6 @@ def visible_session_count(project, viewer) -> int:
     return visible_sessions(viewer).filter(project=project, parent_session__isnull=True).count()
 
 
-def recent_events(session: Session, viewer, limit: int = 25) -> list[dict]:
-    """The session's latest events as ``viewer`` may see them: a field naming another session
-    they may not see (an agent spawned into it, a delivery to or from it) is blanked, with the
-    name and preview that describe it (issue 17; ``collab.selectors.redact``)."""
-    return redact_events(viewer, session.pk, session.events.order_by("-seq")[:limit])
-
-
 def holds_of(session: Session, *, status: str | None = "pending", limit: int = 200) -> list:
     """Deliveries from this session held by a watch policy (``GET /api/sessions/{sid}/holds``),
     by ``status`` (any when empty); ``limit`` kept in 1–1000."""

@@ -103,6 +103,3 @@ def live_slots_free(session_id: str, project: Project) -> bool:
     running = Job.objects.running().filter(session_id=session_id).count()
     return running < limit
 
-
-def open_jobs(session) -> int:
-    return Job.objects.open().filter(session=session).count()
