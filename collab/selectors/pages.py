@@ -5,9 +5,8 @@ from django.db.models import Q
 from collab.access import visible_sessions
 from collab.errors import NotFound
 from collab.models import Branch, Job, Message, MessageKind, Session, is_busy
-from collab.selectors.transcript import PAGE_WINDOW as TRANSCRIPT_WINDOW  # noqa: F401
 from collab.selectors.transcript import generating_text, lineage, page_transcript, present_rows
-from collab.selectors.redact import hidden_among, redact_events, redact_messages  # noqa: F401
+from collab.selectors.redact import hidden_among
 
 
 def shown_branch(session: Session, branch_id: str | None = None, head_id: str | None = None) -> Branch | None:
