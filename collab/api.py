@@ -73,7 +73,7 @@ from collab.services.branches import do_set_internal
 from collab.services.archive import do_archive_branch
 from collab.services.cancel import do_execution_command
 from collab.services.projects import do_set_limits, do_update_project
-from collab.services.watch import do_decide_hold
+from collab.services.holds import do_decide_hold
 from collab.services.members import (
     do_accept_invitation,
     do_add_member,

@@ -49,7 +49,7 @@ from collab.selectors.shapes import session_usage
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import audit_rows, event_records, project_events
 from collab.services.projects import do_set_limits, do_update_project
-from collab.services.watch import do_decide_hold
+from collab.services.holds import do_decide_hold
 from collab.services.webhooks import do_create_webhook, do_delete_webhook, do_rotate_webhook_secret, do_update_webhook
 from collab.selectors.webhooks import webhooks_of
 from collab.services.sessions import do_create_session

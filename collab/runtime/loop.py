@@ -179,6 +179,11 @@ class TurnContext:
     def progressed(self) -> None:
         self._last_progress = time.monotonic()
 
+    def run_foreground(self, job) -> None:
+        """Run the foreground child ``job`` this turn's ``agent`` call admitted, inline, in this
+        turn's slot (``run_foreground``): the tool asks its turn, it never imports the loop."""
+        run_foreground(job, self)
+
     def on_text_delta(self, text: str) -> None:
         """A streaming provider's text fragment (batched into ``message.delta`` events)."""
         self.stream.add(text, self.model_calls)

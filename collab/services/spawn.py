@@ -4,7 +4,7 @@ One call forks (clean / inherit / exact ``SID:MSG``), names the branch, admits
 a Job and stores an attach pointer next to the calling node. A background job
 is enqueued. A foreground one made by a turn is admitted without being enqueued,
 and the caller (the ``agent`` tool) runs it inline in the calling turn's slot
-through ``collab.runtime.loop.run_foreground``, so a full worker pool cannot
+through its ``TurnContext.run_foreground`` (``collab.runtime.loop``), so a full worker pool cannot
 deadlock and no service imports the runtime. A foreground one made from outside a
 turn (the tool gateway, MCP) is enqueued like a background job — it runs on a
 worker, within the project's running cap — and marked ``answers_call``: the call
@@ -63,7 +63,7 @@ def pick_spec(actor: Actor, session, agent_id: str):
 def do_spawn(actor: Actor, *, prompt: str, description: str = "", agent_id: str = "", start_from: str = "clean",
              run_in_background: bool = False, archive_when_done: bool = False) -> Job:
     """Create the branch and admit its job. A background job is enqueued; a foreground one is
-    returned unstarted for the calling turn to run inline (``collab.runtime.loop.run_foreground``)
+    returned unstarted for the calling turn to run inline (``TurnContext.run_foreground``)
     — or, with no calling turn (``actor.job`` is None: the gateway), enqueued with
     ``answers_call`` for the call to wait on."""
     check_prompt(prompt)

@@ -27,7 +27,6 @@ from collab.services.todos import do_create_todo, do_update_todo
 from collab.realtime.bounds import JOB_OUTPUT_DEFAULT_MS, JOB_OUTPUT_MAX_MS
 from collab.realtime.changes import wait_for_change
 from collab.services.listing import do_record_agents_listed
-from collab.runtime.loop import run_foreground
 from collab.tools.registry import Awaits, ToolParams, ToolResult, reading_spec, register
 
 COLLAB = ("collab",)
@@ -101,7 +100,7 @@ def agent(ctx, p: AgentParams) -> ToolResult:
                      "still_running": True},
             awaits=Awaits(job.pk, branch.session_id, lambda: foreground_answer(ctx, ended_job(job.pk))),
         )
-    run_foreground(job, ctx.turn)
+    ctx.turn.run_foreground(job)  # the calling turn runs it in its own slot (collab.runtime.loop)
     return foreground_answer(ctx, job)
 
 
