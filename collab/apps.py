@@ -15,6 +15,10 @@ class CollabConfig(AppConfig):
         # app registry: django_q.signals imports django_q's models, not loaded when this module is
         from django_q.signals import post_spawn
 
+        from collab.middleware import refuse_unsupported_settings  # it imports django.contrib.auth's models
+
+        refuse_unsupported_settings()
+
         post_spawn.connect(_unlocked_task_queue, dispatch_uid="collab-unlocked-task-queue")
         post_spawn.connect(_pool_in_worker, dispatch_uid="collab-pool-in-worker")
         post_spawn.connect(_keep_worker_connections, dispatch_uid="collab-keep-worker-connections")

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.contrib.auth import middleware as auth
 from django.contrib.messages import middleware as messages
 from django.contrib.sessions import middleware as sessions
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.middleware import clickjacking, common, csrf, security
 from django.db import OperationalError
 from django.http import Http404, HttpResponse, HttpResponseBadRequest, QueryDict
@@ -60,10 +60,20 @@ class CommonMiddleware(OnTheLoop, common.CommonMiddleware):
 
 
 class CsrfViewMiddleware(OnTheLoop, csrf.CsrfViewMiddleware):
-    """The token is a cookie's (``CSRF_USE_SESSIONS`` is off), so checking it reads no session."""
+    """The token is a cookie's, so checking it reads no session: ``CSRF_USE_SESSIONS`` would make
+    the check read the session from the database on the event loop, and is refused at start-up
+    (``refuse_unsupported_settings``)."""
 
-    def needs_thread(self, request) -> bool:
-        return settings.CSRF_USE_SESSIONS
+
+def refuse_unsupported_settings() -> None:
+    """Settings these middleware cannot honour stop every process at start-up (``collab.apps``),
+    never at a request."""
+    if settings.CSRF_USE_SESSIONS:
+        raise ImproperlyConfigured(
+            "CSRF_USE_SESSIONS = True is not supported: the CSRF check runs on the event loop "
+            "(collab.middleware.OnTheLoop), where the session cannot be read from the database; "
+            "keep the CSRF token in its cookie (the default)"
+        )
 
 
 class SessionMiddleware(OnTheLoop, sessions.SessionMiddleware):

@@ -128,3 +128,19 @@ def test_a_qcluster_opens_no_pool_before_it_forks_and_each_worker_opens_its_own(
         outputs.append(r.stdout.strip().splitlines())
     pool = "{'min_size': 2, 'max_size': 4, 'timeout': 10}"
     assert outputs == [["None", pool], [pool, pool]]
+
+
+def test_a_setting_the_middleware_cannot_honour_stops_every_process_at_start_up(tmp_path):
+    """``CSRF_USE_SESSIONS`` would make the CSRF check, which runs on the event loop, read the
+    session from the database there: an operator's settings module that sets it stops
+    ``manage.py`` (and so daphne and the workers) with a message, before any request."""
+    (tmp_path / "operator_settings.py").write_text("from config.settings import *  # noqa\nCSRF_USE_SESSIONS = True\n")
+    env = {**CLEAN, "TRELLIS_VAR_DIR": str(tmp_path), "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}",
+           "DJANGO_SETTINGS_MODULE": "operator_settings"}
+    r = subprocess.run([sys.executable, str(ROOT / "manage.py"), "check"], cwd=ROOT, capture_output=True,
+                       text=True, env=env)
+    assert r.returncode != 0
+    assert "ImproperlyConfigured" in r.stderr and "CSRF_USE_SESSIONS = True is not supported" in r.stderr, r.stderr
+    (tmp_path / "operator_settings.py").write_text("from config.settings import *  # noqa\n")
+    assert subprocess.run([sys.executable, str(ROOT / "manage.py"), "check"], cwd=ROOT, capture_output=True,
+                          text=True, env=env).returncode == 0
