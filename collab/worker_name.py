@@ -1,10 +1,10 @@
-"""The worker's name in its own output (issue 13 item 8).
+"""Naming worker processes, in one format: ``<host>:<pid>`` (``process_name``).
 
-django-q2 names each cluster after a random uuid read as words (``humanize``), so a
-healthy worker could introduce itself as "Q Cluster failed-echo-… running." Trellis gives
-the cluster a stable, neutral name instead: ``trellis-<host>-<pid>`` (the pid of the
-``qcluster`` process; its sentinel and workers are forked from it and keep the name), the
-same host and pid a job's ``worker`` field records.
+A job's ``worker`` field records the process that claimed it that way. django-q2 names each
+cluster after a random uuid read as words (``humanize``), so a healthy worker could introduce
+itself as "Q Cluster failed-echo-… running."; Trellis names it ``trellis-<host>:<pid>`` instead,
+with the pid of the ``qcluster`` process (its sentinel and workers are forked from it and keep
+the name).
 """
 
 import os
@@ -12,8 +12,14 @@ import socket
 import sys
 
 
+def process_name(pid: int | None = None) -> str:
+    """``host:pid`` of this process (or of ``pid`` on this host). Read when it is needed, never at
+    import: the qcluster's main process imports collab's modules before it forks its workers."""
+    return f"{socket.gethostname()}:{pid or os.getpid()}"
+
+
 def cluster_name(pid: int | None = None) -> str:
-    return f"trellis-{socket.gethostname()}-{pid or os.getpid()}"
+    return f"trellis-{process_name(pid)}"
 
 
 def install() -> str:

@@ -282,7 +282,7 @@ def test_issue_13_item_8_serve_is_quiet_unless_asked(monkeypatch):
     assert worker_env == {} and web[web.index("--access-log") + 1] == "-" and "-v" not in web
 
 
-def test_issue_13_item_8_the_worker_cluster_has_a_stable_neutral_name(monkeypatch):
+def test_the_worker_cluster_has_a_stable_neutral_name_in_the_jobs_worker_format(monkeypatch):
     import os
     import socket
     import uuid
@@ -295,7 +295,7 @@ def test_issue_13_item_8_the_worker_cluster_has_a_stable_neutral_name(monkeypatc
     monkeypatch.setattr(django_q.cluster, "humanize", django_q.cluster.humanize)  # restored afterwards
     assert worker_name.is_worker_process(["manage.py", "qcluster"]) and not worker_name.is_worker_process(["manage.py", "serve"])
     name = worker_name.install()
-    assert name == f"trellis-{socket.gethostname()}-{os.getpid()}"
+    assert name == f"trellis-{socket.gethostname()}:{os.getpid()}" == f"trellis-{worker_name.process_name()}"
     for _ in range(3):  # whatever uuid the cluster draws
         assert django_q.cluster.Cluster.name.fget(SimpleNamespace(cluster_id=uuid.uuid4())) == name
 

@@ -7,8 +7,6 @@ completion transaction that writes the final node, the terminal state, the
 events and whatever the completion owes (the next queued job on the branch).
 """
 
-import os
-import socket
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -54,12 +52,7 @@ from config.prepared import Param, Select, Update
 from collab.services.retry import retry_on_deadlock
 from collab.services.webhooks import owe_webhook_deliveries
 from collab.text import clean_text
-
-def worker_name() -> str:
-    """``host:pid`` of the process claiming a job: read at the claim, never at import — the
-    qcluster's main process imports this module before it forks its workers."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
+from collab.worker_name import process_name
 
 def lease_deadline(length=None):
     """The database's now + the lease, as an expression: every lease is set and checked on
@@ -157,7 +150,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
                 return None
             # fair share: with a cap, the UPDATE counts the project's jobs in worker slots (_claim)
             won = _CLAIM.run(cap is not None, job=job_id, project=job.project_id, cap=cap,
-                             worker=worker_name(), lease=lease_length())
+                             worker=process_name(), lease=lease_length())
             if not won:
                 if cap is not None:  # declined for the cap? then it waits for a slot (P-SEC-6)
                     wait_for_slot(job_id, project, _claimable(job_id))
