@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from collab.models import Event, Job, Message
 from collab.realtime.push import push_events
 from collab.text import bound_text, clean_data
+from config.prepared import mark_saved
 
 
 MAX_TEXT_IN_EVENT = 4000
@@ -124,7 +125,7 @@ def _append_events(session_id: str, events: list[Event], touch=None, head=None, 
     for pk_value, seq, project_id in returned:
         event = events[seq - first]
         event.pk, event.seq, event.project_id = pk_value, seq, project_id
-        event._state.adding, event._state.db = False, connection.alias
+        mark_saved(event, connection.alias)
 
 
 @functools.cache

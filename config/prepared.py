@@ -448,4 +448,12 @@ class _CompiledInsert:
             [row] = _converted([row], self.converters, connection)
             for field, value in zip(self.returning, row):
                 setattr(instance, field.attname, value)
-        instance._state.adding, instance._state.db = False, self.db
+        mark_saved(instance, self.db)
+
+
+def mark_saved(instance, alias: str) -> None:
+    """``instance``, whose row a statement of Trellis's own wrote (not ``Model.save``), as
+    ``save`` leaves one: no longer being added, bound to the database ``alias`` that holds it.
+    The one place such rows' ``_state`` is set (``Insert`` here, the event log's and a node's
+    statements)."""
+    instance._state.adding, instance._state.db = False, alias

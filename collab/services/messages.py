@@ -7,10 +7,19 @@ from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from collab.events import MESSAGE_CREATED, Rider, deferred_event, message_event, message_event_ref, rides_on_events, send_event_on_commit
+from collab.events import (
+    MESSAGE_CREATED,
+    Rider,
+    deferred_event,
+    message_event,
+    message_event_ref,
+    rides_on_events,
+    send_event_on_commit,
+)
 from collab.models import Branch, Message, MessageKind
 from collab.services.locking import lock_session
 from collab.text import clean_data, clean_text
+from config.prepared import mark_saved
 
 
 def _deferring(events: list):
@@ -151,7 +160,7 @@ def node_writes(message: Message, *, starts_turn: bool, tip_of: Branch | None, e
 
     def written(depth_turn):
         message.depth, message.turn = depth_turn
-        message._state.adding, message._state.db = False, connection.alias
+        mark_saved(message, connection.alias)
 
     return Rider(tuple(statements), ("depth", "turn"), written)
 
