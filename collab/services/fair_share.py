@@ -214,7 +214,7 @@ def wake_waiting_in_project(project_id: int, *, cap: int | None, ended_branch_id
     candidates = (
         waiting_for_slot(project_id).exclude(branch_id=ended_branch_id)
         .annotate(blocker=_branch_blocker()).filter(blocker__isnull=True)
-        .order_by("created_at", "pk").select_for_update(no_key=True, skip_locked=True, of=("self",))
+        .order_by("created_at").select_for_update(no_key=True, skip_locked=True, of=("self",))
         .values("pk")
     )
     woken = update_returning(
