@@ -23,7 +23,7 @@ CAPABILITIES = {
     "runtime.control": Role.MAINTAINER,  # cancel any execution
     "project.visibility": Role.MAINTAINER,
     "agent_spec.manage": Role.MAINTAINER,  # save and edit a project's agent specs (API and pages alike)
-    "branch.internal": Role.MAINTAINER,  # mark a branch internal: hidden from agents (issue 14 item 6)
+    "branch.internal": Role.MAINTAINER,  # mark a branch internal: hidden from agents
     "session.see_all": Role.MAINTAINER,  # see private and shared sessions, change any session's visibility
     "project.audit": Role.MAINTAINER,
     "project.webhooks": Role.MAINTAINER,  # register, change, delete webhooks, rotate their secrets, read deliveries

@@ -1,4 +1,4 @@
-"""The one place collab rows are fetched and authorized (SPEC §8, STYLE §3, issue 14 item 2).
+"""The one place collab rows are fetched and authorized (SPEC §8, STYLE §3).
 
 Every entry point — pages, API, WebSocket, tools, the tool gateway, admin actions — goes
 through these helpers: ``access_…`` fetches a row the principal may use (``access_branch`` turns
@@ -12,7 +12,7 @@ The membership check runs *before* the target row is loaded where the id alone a
 outsiders always get the same ``NotFound`` as for a missing id, so neither answers nor work
 done leak existence.
 
-Row-level visibility (issue 17, OP §5.9) lives here too: ``visible_sessions(user)`` is the ONE
+Row-level visibility (OP §5.9) lives here too: ``visible_sessions(user)`` is the ONE
 queryset of sessions a person (and every agent acting for them) may see, and every listing
 filters through it; a lookup of one session or execution by id reads the person's standing in
 it with the row and decides with ``session_role``'s rule, the same rule in Python
@@ -215,14 +215,14 @@ def access_message(user, session_id: str, message_id: str, capability: str = "pr
 
 
 def require_can_set_internal(user, branch: Branch) -> str:
-    """Who may mark a branch internal or not (issue 14 item 6): maintainers and owners, by their
+    """Who may mark a branch internal or not: maintainers and owners, by their
     effective role in its session (``branch.internal``). One who may not see the session gets the
     ``NotFound`` of a missing id; a member or viewer gets ``Forbidden``."""
     return require_in_session(user, branch.session, "branch.internal")
 
 
 def require_can_cancel(user, job: Job) -> str:
-    """Who may cancel an execution (SPEC §8, issue 17): by the effective role in its session —
+    """Who may cancel an execution (SPEC §8): by the effective role in its session —
     a maintainer any execution (``runtime.control``), a member the ones they started
     (``execution.cancel_own``). One who may not see the session gets the ``NotFound`` of a
     missing id; a share narrower than the project role (a viewer's) gets ``Forbidden``."""
@@ -270,14 +270,14 @@ def require_can_act_as(user, branch: Branch) -> str:
 
 def require_standing(user, session_id: str) -> str:
     """An agent's principal must still see the session it acts in (its visibility may change
-    under a running turn, issue 17): "not found" otherwise, as for any other. The session row
+    under a running turn): "not found" otherwise, as for any other. The session row
     is read afresh, with the principal's standing in it, in one statement (``access_session``'s):
     the turn's copy may predate the change. Returns their effective role there."""
     return _checked(_session_and_role(user, session_id)[1], "project.read")
 
 
 def can_change_visibility(user, session: Session) -> bool:
-    """Who changes who sees a session (issue 17): its creator (while they still see it) or a
+    """Who changes who sees a session: its creator (while they still see it) or a
     maintainer/owner of its project."""
     role = session_role(user, session)
     if role is None:
@@ -383,12 +383,12 @@ def access_artifact(user, artifact_id: str):
 # may see. A person (the REST routes, the pages) has no project and may address any project they
 # have accepted.
 #
-# Internal branches (issue 14 item 6) are hidden from agents: an agent's ``Caller`` (one with a
+# Internal branches are hidden from agents: an agent's ``Caller`` (one with a
 # ``branch_id``) never finds an internal branch by NAME — it answers like a missing name. Its
 # explicit ``SID:HEAD`` address still resolves for whoever may see the session, and people (the
 # REST routes, a user turn) still find it by name.
 #
-# Row-level visibility (issue 17): every lookup is limited to ``visible_sessions`` of the
+# Row-level visibility: every lookup is limited to ``visible_sessions`` of the
 # principal (an agent acts with the permissions of the person who started its root turn).
 
 
@@ -455,7 +455,7 @@ def _find_by_name(caller: Caller, name: str) -> Branch:
     branch). Only when the caller's session has none does the rest of the project answer,
     live branches before archived ones (so an archived branch stays readable by name)."""
     visible = caller.confine(Branch.objects.filter(name=name), "session_id", "session__project_id").select_related("session", "tip")
-    if caller.is_agent:  # internal branches are hidden from agents by name (issue 14 item 6)
+    if caller.is_agent:  # internal branches are hidden from agents by name
         visible = visible.filter(internal=False)
     pools = []
     if caller.session_id:
@@ -523,7 +523,7 @@ def access_token(user, token_id: int):
 
 def access_webhook(user, webhook_id: str, capability: str = "project.webhooks", *,
                    project_id: int | None = None) -> Webhook:
-    """A project webhook, for maintainers and owners of its project (issue 16 item 4): its URL
+    """A project webhook, for maintainers and owners of its project: its URL
     may itself be a credential (a chat service's incoming-webhook URL), so members and viewers
     get ``Forbidden`` even to read it; anyone outside the project the ``NotFound`` of a missing
     id. The membership check is part of the lookup. ``project_id``: a page's URL names the

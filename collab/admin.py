@@ -162,7 +162,7 @@ class SessionShareAdmin(ReadOnlyAdmin):
 @admin.register(Session)
 class SessionAdmin(ReadOnlyAdmin):
     """Sessions change through the app (turns, forks, sharing); here they are looked at. Operators with
-    ``collab.change_session`` set who sees them (issue 17) through the same service as the page
+    ``collab.change_session`` set who sees them through the same service as the page
     and the API, so each change writes its Event and closes the sockets of those who lose access."""
 
     list_display = ["id", "title", "project", "visibility", "created_by", "parent_session", "agent_role",
@@ -273,9 +273,9 @@ class JobAdmin(ReadOnlyAdmin):
         return super().changelist_view(request, {**(extra_context or {}), "capacity": capacity()})
 
     def get_object(self, request, object_id, from_field=None):
-        """The job with its prompt and result shown whichever row holds them (issue 15 item 1 stores
-        each once: ``Job.prompt_text``, ``Job.result``), as the page showed them before. Read-only:
-        nothing saves it."""
+        """The job with its prompt and result shown whichever row holds them (each is stored once;
+        ``Job.prompt_text`` and ``Job.result`` read either), as the page showed them before.
+        Read-only: nothing saves it."""
         job = super().get_object(request, object_id, from_field)
         if job is not None:
             job.prompt, job.result_text = job.prompt_text, job.result
@@ -343,14 +343,14 @@ class EventAdmin(ReadOnlyAdmin):
 
     @admin.display(description="payload")
     def full_payload(self, event):
-        """The payload as every reader of the log sees it: a row stored as a reference (issue 15)
+        """The payload as every reader of the log sees it: a row stored as a reference
         is given its whole payload back."""
         return json.dumps(with_full_payloads([event])[0].payload, indent=2, ensure_ascii=False)
 
 
 @admin.register(Webhook)
 class WebhookAdmin(ReadOnlyAdmin):
-    """Project webhooks (issue 16 item 4): registered, changed and rotated by the project's
+    """Project webhooks: registered, changed and rotated by the project's
     maintainers through the API or the project page (audited there); the signing secret is
     never shown."""
 

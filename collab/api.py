@@ -144,7 +144,7 @@ def get_session(request: HttpRequest, sid: str):
 
 @router.patch("sessions/{sid}", response={200: SessionOut, **ERRORS}, tags=["sessions"])
 def patch_session(request: HttpRequest, sid: str, payload: SessionPatch):
-    """Who sees the session (issue 17): its creator or a maintainer sets ``visibility``."""
+    """Who sees the session: its creator or a maintainer sets ``visibility``."""
     session = access.access_session(request.auth, sid)
     if payload.visibility is not None:
         do_set_visibility(request.auth, session, payload.visibility)
@@ -207,7 +207,7 @@ def _read_execution_in_queue(user, execution_id: str) -> dict:
 @router.post("sessions/{sid}/turns", response={202: TurnOut, **ERRORS}, tags=["sessions"])
 async def post_turn(request: HttpRequest, sid: str, payload: TurnIn, wait: float | None = WAIT_QUERY):
     """Start a turn. With ``?wait=SECONDS`` (0–60) the answer comes when the execution is
-    terminal or the wait ends (issue 15 item 2) — still 202, with ``waited`` true and
+    terminal or the wait ends — still 202, with ``waited`` true and
     ``execution`` as ``GET /api/executions/{id}`` shows it then; the wait holds no thread
     and no database connection (``collab.realtime.subscription``)."""
     seconds = parse_wait(wait)
@@ -239,7 +239,7 @@ async def post_turn(request: HttpRequest, sid: str, payload: TurnIn, wait: float
 @router.get("executions/{execution_id}", response={200: ExecutionWaitOut, **ERRORS}, tags=["executions"])
 async def get_execution(request: HttpRequest, execution_id: str, wait: float | None = WAIT_QUERY):
     """One execution. With ``?wait=SECONDS`` (0–60) the answer comes when it is terminal or
-    the wait ends (issue 15 item 2), with ``waited`` true; nothing is held while waiting."""
+    the wait ends, with ``waited`` true; nothing is held while waiting."""
     seconds = parse_wait(wait)
     execution = await in_thread(request, _read_execution_in_queue, request.auth, execution_id)
     if seconds is None:
@@ -305,7 +305,7 @@ def post_archive(request: HttpRequest, address: Address, payload: ArchiveIn):
 
 @router.patch("branches/{address}", response={200: BranchOut, **ERRORS}, tags=["branches"])
 def patch_branch(request: HttpRequest, address: Address, payload: BranchPatch):
-    """A maintainer or owner sets ``internal`` (issue 14 item 6: hidden from agents' listings and
+    """A maintainer or owner sets ``internal`` (hidden from agents' listings and
     name resolution, shown dimmed on the session page); audited. Members get 403, outsiders 404."""
     branch = access.access_branch(request.auth, address)
     if payload.internal is not None:
@@ -450,7 +450,7 @@ def patch_project(request: HttpRequest, slug: str, payload: ProjectPatch):
 
 def _hold_out(h, hidden: set = frozenset()) -> dict:
     """``hidden``: sessions the reader may not see — a hold into one says neither where nor
-    which execution (``to`` and ``execution_id`` are null, issue 17)."""
+    which execution (``to`` and ``execution_id`` are null)."""
     into_hidden = h.target_branch.session_id in hidden
     return {"id": h.pk, "kind": h.kind, "text": h.text, "status": h.status,
             "to": None if into_hidden else h.target_branch.address,
@@ -482,7 +482,7 @@ def reject_hold(request: HttpRequest, hold_id: int):
     return _holds_out(request.auth, [do_decide_hold(request.auth, access.access_hold(request.auth, hold_id), approve=False)])[0]
 
 
-# --- webhooks (issue 16 item 4): maintainers and owners; members 403, outsiders 404 ----------
+# --- webhooks: maintainers and owners; members 403, outsiders 404 ----------------------------
 
 
 @router.get("projects/{slug}/webhooks", response={200: list[WebhookOut], **ERRORS}, tags=["webhooks"])

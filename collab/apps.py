@@ -5,6 +5,7 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 
 from collab import task_queue, worker_name
+from collab.realtime.push import warm_push
 
 
 class CollabConfig(AppConfig):
@@ -79,7 +80,6 @@ def _keep_worker_connections(sender, **kwargs):
 def _warm_event_push(sender, **kwargs):
     """A worker's first event reaches its listeners without waiting for the push loop and its
     channel-layer connection to be set up (``collab.realtime.push.warm_push``, in the background)."""
-    from collab.realtime.push import warm_push
 
     try:
         warm_push()

@@ -1,7 +1,7 @@
 """The session event stream: ``/ws/sessions/{sid}/?after=SEQ`` (SPEC §11.1).
 
 First the logged events after ``SEQ``, then the same events live, in ``seq`` order with no gaps
-and no repeats, each as its viewer may see it (issue 17). The consumer authorizes the socket and
+and no repeats, each as its viewer may see it. The consumer authorizes the socket and
 subscribes it to this process's fan-out (``collab.realtime.fanout``), which reads each event once
 for all the process's sockets on the session, redacts it once per viewer and sends the frames;
 a socket that falls behind reads the missing events from the log.

@@ -1,4 +1,4 @@
-"""The session DAG's geometry (issue 13 item 1): pure functions, no database, no Django.
+"""The session DAG's geometry: pure functions, no database, no Django.
 
 The picture is git's ``log --graph`` turned into fixed columns: one row per message, oldest
 at the top; every branch owns one *lane* (column) for life, chosen when it opens and stored

@@ -1,9 +1,9 @@
-"""The formats of a delivered result (SPEC §6, OW §6.2, issue 13 item 2).
+"""The formats of a delivered result (SPEC §6, OW §6.2).
 
 ``collab.services.followup`` writes a finished job's result into its caller's branch in one of
 two formats, and ``collab.selectors.transcript`` reads them back for pages; both take the
 formats from here, so the writer and the reader cannot drift apart and the selector does not
-import a service (issue 14 item 5). Pure text, no rows.
+import a service. Pure text, no rows.
 """
 
 import re

@@ -23,8 +23,8 @@ MAX_TEXT_IN_EVENT = 4000
 
 
 class Rider(NamedTuple):
-    """Writes that ride on the statement that numbers a session's events (PostgreSQL; issue 15
-    item 1: a node's INSERT and its branch's tip, a statement each before): ``statements``,
+    """Writes that ride on the statement that numbers a session's events (PostgreSQL: a node's
+    INSERT and its branch's tip, which would otherwise be a statement each): ``statements``,
     data-modifying (sql, params) run in it as CTEs, in this order, on its one snapshot; the
     first one's RETURNING names ``returns``, whose values (one row) are handed to ``done``."""
     statements: tuple
@@ -42,7 +42,7 @@ def _session_sets(touch=None, head=None) -> tuple[str, list]:
     """What the statement that numbers a session's events also sets on the session row (which
     it has locked): ``touch``, a time that becomes its ``last_active_at``; ``head``, a
     (branch id, message id) the selected HEAD follows when it is unset or on that branch — a
-    person's turn moves their selection along the branch they are on (issue 15 item 1: this was
+    person's turn moves their selection along the branch they are on (riding here saves
     a statement of its own at every admission and completion of a person's turn). The HEAD's
     branch is read in the statement, from the message it names: messages are immutable, and
     the session row it hangs off is the one being updated."""
@@ -231,7 +231,7 @@ def message_event(message: Message) -> dict:
     """The payload clients receive in a ``message.created`` event (SPEC §11.1): the message's
     fields, its text clipped (``clip``). Live listeners get it as written; the log keeps only
     ``message_event_ref`` and every read of the log rebuilds this from the (immutable) message
-    row — the text is stored once, in the message (issue 15 item 1)."""
+    row — the text is stored once, in the message."""
     return {
         "id": message.id,
         "address": message.address,
@@ -277,9 +277,9 @@ def with_full_payloads(events) -> list:
     live listeners got: a ``message.created`` holding ``message_event_ref`` its message's fields
     (``message_event``), a job's state change holding ``job_event_ref`` the fields derived from
     its type and job. One query for the messages and one for the jobs, none without such rows.
-    Rows that hold the whole payload (written before issue 15) are left as they are. In place —
-    log rows are never saved again — and returned as a list. Every reader of event payloads goes
-    through here (API, sockets, SSE, pages, activity, audit)."""
+    Rows that hold the whole payload (written before payloads were stored as references) are left
+    as they are. In place — log rows are never saved again — and returned as a list. Every reader
+    of event payloads goes through here (API, sockets, SSE, pages, activity, audit)."""
     events = list(events)
     refs = [e for e in events if e.type == MESSAGE_CREATED and isinstance(e.payload, dict)
             and "role" not in e.payload and isinstance(e.payload.get("id"), str)]

@@ -1,4 +1,4 @@
-"""Trellis as an MCP server (issue 16 item 1): the tool gateway over MCP's Streamable HTTP
+"""Trellis as an MCP server: the tool gateway over MCP's Streamable HTTP
 transport at ``/mcp``, with the official ``mcp`` SDK in its stateless mode.
 
 An outside agent (Claude Code, Codex, Cursor, …) connects with a Trellis API token

@@ -23,7 +23,7 @@ class OnTheLoop:
     """For a ``MiddlewareMixin`` whose ``process_request``, ``process_view`` and
     ``process_response`` do no I/O: under ASGI they run on the event loop. Django's mixin runs
     each in the request's thread — a hop there and back for every method of every middleware,
-    about twenty per API request here (issue 15 item 1: the web process spent 16.5 ms of CPU per
+    about twenty per API request here (measured when the web process spent 16.5 ms of CPU per
     turn). Under WSGI and the test client nothing changes. A subclass whose response step may
     reach the database says so in ``needs_thread``; that step then hops as before."""
 

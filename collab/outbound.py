@@ -1,4 +1,4 @@
-"""The one way Trellis calls a URL a tenant chose: project webhooks (issue 16 item 4).
+"""The one way Trellis calls a URL a tenant chose: project webhooks.
 
 Project owners are untrusted tenants (SPEC §8, P-SEC-0), so a request leaves only under
 these rules, all here:

@@ -2,7 +2,7 @@
 ``scripted`` provider's step format (SPEC §11.2).
 
 Spec validation (``collab.services.specs``) and the providers (``collab.runtime.providers``)
-both take them from here, so validating a spec does not import the runtime (issue 14 item 5).
+both take them from here, so validating a spec does not import the runtime.
 Pure data and pydantic models, no rows.
 """
 

@@ -1,10 +1,11 @@
 """API shapes (SPEC §11.1). Inputs reject unknown fields; outputs may grow, never shrink.
 
-The published schema states the rules the services enforce on each input (issue 15 item 3:
-R5's "positive data is accepted" holds for every operation): lengths, patterns, the choices of
-a field, the bounds of a number. Where a service checks a rule itself — so that a value outside
-it is that service's 400 with its own ``code``, as it always was — the schema only states it
-(``stated``); the constants come from the one place the service reads them.
+The published schema states the rules the services enforce on each input (so that the
+schemathesis check's "positive data is accepted", R5 in ``tests/reliability``, holds for every
+operation): lengths, patterns, the choices of a field, the bounds of a number. Where a service
+checks a rule itself — so that a value outside it is that service's 400 with its own ``code``,
+as it always was — the schema only states it (``stated``); the constants come from the one place
+the service reads them.
 """
 
 from typing import Annotated, Any, Literal
@@ -83,7 +84,7 @@ class AgentSpecIn(StrictIn):
     tools: list[str] = Field(default_factory=list)
     script: Annotated[list[Any] | dict[str, Any], stated(SCRIPT_SCHEMA)] = Field(default_factory=list)
     followup_mode: Annotated[str, choice_of(FollowupMode.values)] = "turn"
-    # ``multitask_strategy``: the spec's default for turns on a busy branch (issue 16 item 2)
+    # ``multitask_strategy``: the spec's default for turns on a busy branch
     limits: Annotated[dict[str, Any], stated({
         "type": "object",
         "properties": {"multitask_strategy": {"anyOf": [{"type": "string", "enum": list(STRATEGIES)}, {"type": "null"}]}},
@@ -141,7 +142,7 @@ class SessionOut(Schema):
 
 
 class SessionPatch(StrictIn):
-    """Who sees the session (issue 17): "project", "private" or "shared". The schema names the
+    """Who sees the session: "project", "private" or "shared". The schema names the
     three (a client, or schemathesis's R5, reads them there); any other string is still the
     service's 400 ``invalid_visibility``, not a validation error."""
 
@@ -149,7 +150,7 @@ class SessionPatch(StrictIn):
 
 
 class BranchPatch(StrictIn):
-    """A maintainer marks a branch internal (hidden from agents) or not (issue 14 item 6)."""
+    """A maintainer marks a branch internal (hidden from agents) or not."""
 
     internal: bool | None = None
 
@@ -166,10 +167,10 @@ class ShareOut(Schema):
 
 
 class TurnIn(StrictIn):
-    """``multitask_strategy``: what happens when the branch is busy (issue 16 item 2;
-    ``enqueue``, ``reject``, ``interrupt``, ``rollback``; default: the agent spec's, else
-    ``enqueue``). Checked by the service, so a bad value is a 400 with the choices. The
-    ``prompt`` is not blank; a ``branch`` given (an address or a name) is not only whitespace."""
+    """``multitask_strategy``: what happens when the branch is busy (``enqueue``, ``reject``,
+    ``interrupt``, ``rollback``; default: the agent spec's, else ``enqueue``). Checked by the
+    service, so a bad value is a 400 with the choices. The ``prompt`` is not blank; a ``branch``
+    given (an address or a name) is not only whitespace."""
 
     prompt: Annotated[str, stated({"type": "string", "pattern": NOT_BLANK, "maxLength": MAX_PROMPT_CHARS})]
     branch: Annotated[str, stated({"type": "string", "pattern": EMPTY_OR_NOT_BLANK})] | None = None
@@ -441,7 +442,7 @@ WEBHOOK_URL = stated({"type": "string", "maxLength": MAX_URL_LENGTH, "pattern": 
 
 
 class WebhookIn(StrictIn):
-    """A project webhook (issue 16 item 4): the URL's host must be on the operator's list."""
+    """A project webhook: the URL's host must be on the operator's list."""
 
     url: Annotated[str, WEBHOOK_URL] = Field(max_length=MAX_URL_LENGTH)
     description: str = Field(default="", max_length=200)

@@ -1,9 +1,9 @@
-"""One execution as Server-Sent Events: ``GET /api/executions/{id}/stream`` (issue 16 item 3).
+"""One execution as Server-Sent Events: ``GET /api/executions/{id}/stream``.
 
 For clients that do not speak WebSocket. The frames are the execution's events from its
 session's log — status changes (``job.*``), message deltas (``message.delta``), the messages it
 wrote (``message.created``: tool calls, tool results, the final answer) — as the events API
-shows them to this viewer (redacted, issue 17), one frame each::
+shows them to this viewer (redacted), one frame each::
 
     id: <seq>
     event: <type>

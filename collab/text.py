@@ -57,7 +57,7 @@ def fit_text(value: str, max_length: int) -> str:
     return clean_text(value or "")[:max_length]
 
 
-# --- bounded text: the one head+tail rule (SPEC §9, issue 14 item 4) ---------------------------
+# --- bounded text: the one head+tail rule (SPEC §9) --------------------------------------------
 # A text too long for its reader keeps its head (two thirds) and its tail (one third) around a
 # marker saying how much was left out, the whole within the bound: tool results, job_output,
 # delivered results and the API (30,000 characters, less for a small context window), a bash

@@ -164,8 +164,8 @@ def new_session(request, slug):
     return redirect("collab:session", sid=session.pk)
 
 
-# The branch each viewer last read in each session, in their own web session (issue 13 item 2:
-# selection is per viewer; forks and agents never move what someone else lands on).
+# The branch each viewer last read in each session, in their own web session (the
+# selection is per viewer: forks and agents never move what someone else lands on).
 SHOWN_KEY = "collab.shown"
 SHOWN_KEEP = 100  # sessions remembered per viewer
 
@@ -261,7 +261,7 @@ def session(request, sid):
 
 
 def _dag_context(request, session, **cursor) -> dict:
-    """The graph column (issue 13 items 1, 4, 6): ``?at=N`` replays it as of event N."""
+    """The graph column: ``?at=N`` replays it as of event N."""
     at = request.GET.get("at")
     if at is not None:
         if not (at.isascii() and at.isdigit() and len(at) <= 18) or not 0 < int(at) <= session.last_event_seq:
@@ -303,7 +303,7 @@ def _human(exc: DomainError) -> str:
     return exc.detail
 
 
-# --- live fragments (issue 13 item 3) ---------------------------------------------------------
+# --- live fragments ---------------------------------------------------------------------------
 # The page's script asks for exactly what one event changed; each answer costs the same however
 # long the session is. Out-of-band pieces (hx-swap-oob) ride along with the row they belong to.
 
@@ -566,7 +566,7 @@ def decide_hold(request, sid, hold_id):
     return redirect("collab:session", sid=sid)
 
 
-# --- agent specs (issue 13 item 5): who may save one through the API manages them here ------------
+# --- agent specs: who may save one through the API manages them here ------------------------------
 
 
 

@@ -3,7 +3,7 @@
 channels-redis speaks to Redis only through asyncio. A plain thread (a worker process's task, a
 web request's sync view) that pushes an event had to hand ``group_send`` to an event loop in
 another thread and wait for it: the hand-off, the loop's wake-ups and the two to four round trips
-of ``group_send`` were ~16 % of a worker process's CPU (py-spy, issue 15 "≥ 100 turns/s").
+of ``group_send`` were ~16 % of a worker process's CPU (py-spy under ``bench/turns.py``).
 ``group_send_blocking`` does the same on this thread over a plain redis-py connection pool, in one
 round trip to the group's server when the group is empty and two when it has members (one per
 further server of a sharded layer).

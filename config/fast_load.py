@@ -1,5 +1,5 @@
-"""Rows made into model instances without running ``Model.__init__`` for each (issue 15, "≥ 100
-turns/s with two workers").
+"""Rows made into model instances without running ``Model.__init__`` for each (toward ≥ 100
+turns/s with two workers).
 
 Django makes every row it loads an instance through ``Model.from_db``, which calls
 ``cls(*values)``: ``__init__`` sends ``pre_init`` and ``post_init`` and assigns each column through

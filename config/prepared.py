@@ -1,4 +1,4 @@
-"""Statements compiled once per process (issue 15, "≥ 100 turns/s with two workers").
+"""Statements compiled once per process (toward ≥ 100 turns/s with two workers).
 
 Django builds and compiles a queryset again at every call: ~0.5–1 ms of Python per statement,
 most of a turn's CPU in the web process and the worker. The hot statements (the token's and the

@@ -1,4 +1,4 @@
-"""Request threads kept between requests (issue 15 item 1: the web process's CPU per turn).
+"""Request threads kept between requests (to cut the web process's CPU per turn).
 
 Django's ASGI handler runs each request's sync code (signal receivers, authentication, sync
 middleware, the response's ``close``) on a thread of the request's own: asgiref's

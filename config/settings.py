@@ -145,7 +145,7 @@ def _databases() -> dict:
 def _prepared_statements() -> dict:
     """Server-side binding, so psycopg prepares a statement a connection runs
     ``DB_PREPARE_THRESHOLD`` times (default 5) and PostgreSQL parses and plans it once
-    (issue 15 item 1: a turn's 19 statements took 10.5 ms of database time per turn, 6.7 ms
+    (a turn's 19 statements took 10.5 ms of database time per turn, 6.7 ms
     prepared). On by default; ``DB_PREPARE_THRESHOLD=0`` turns it off (Django's default:
     parameters bound client-side, nothing prepared) — for a pooler in transaction mode that does
     not track prepared statements (PgBouncer before 1.21, or without ``max_prepared_statements``)."""
@@ -174,8 +174,8 @@ def _pool_options(db: dict) -> dict | None:
 
     Under ASGI each request's database work runs in a thread that closes its connection when it is
     done (``collab.realtime.threads``: nothing is held across a wait), so with ``DB_CONN_MAX_AGE=0`` every
-    request opened a new PostgreSQL connection, several per ``?wait=`` turn (5–14 ms each here,
-    issue 15 item 1); Django's docs name the backend's pool as the way to keep connections under
+    request opened a new PostgreSQL connection, several per ``?wait=`` turn (5–14 ms each
+    here); Django's docs name the backend's pool as the way to keep connections under
     ASGI, where persistent connections are not for use. With the pool, closing a connection hands it
     back: a waiting request still holds none. A worker process opens its pool after django-q2
     forked it (``collab.apps``): a pool's connections and threads do not survive a fork."""
@@ -440,7 +440,7 @@ TRELLIS_MODEL_PRICES = _model_prices()
 # Give every process (web and workers) the same value.
 TRELLIS_MODEL_CONNECTIONS = model_connections_from_env("TRELLIS_MODEL_CONNECTIONS")
 
-# --- project webhooks (issue 16 item 4) ---------------------------------------------------
+# --- project webhooks ---------------------------------------------------------------------
 # The hosts a project's webhook URL may name (config/webhook_hosts.py; empty = none). Give web
 # and workers the same value: the workers check it again before every attempt.
 TRELLIS_WEBHOOK_HOSTS = webhook_hosts_from_env("TRELLIS_WEBHOOK_HOSTS")

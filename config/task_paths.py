@@ -2,7 +2,7 @@
 
 ``async_task("collab.tasks.run_turn", …)`` hands django-q2 a string, and its worker resolves a
 string with ``pydoc.locate`` on every task — an import attempt per dotted part, the last one
-failing — about 2.5 % of the worker cluster's CPU under the turns bench (py-spy; issue 15 item 1).
+failing — about 2.5 % of the worker cluster's CPU under the turns bench (py-spy).
 A callable it calls as it is. ``TaskPath`` is the path itself (a ``str``: it pickles, prints,
 logs and compares as the path — ``task["func"] == "collab.tasks.run_turn"`` holds) and, called,
 runs the function it names (from its module as it is loaded: an import, then an attribute).

@@ -61,7 +61,7 @@ class Branch(FastLoad, models.Model):
     name_stage = models.PositiveSmallIntegerField(choices=NameStage.choices, default=NameStage.NONE)
     # not indexed: nothing looks a branch up by its tip, and the tip moves on every message — an
     # index on it would make each of those updates write a new entry in every index of the table
-    # instead of a heap-only (HOT) row version (issue 15 item 1). Only deleting a session's
+    # instead of a heap-only (HOT) row version. Only deleting a session's
     # messages reads branches by tip (SET_NULL), and that deletes the session's branches anyway.
     tip = models.ForeignKey(
         "collab.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False

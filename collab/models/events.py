@@ -34,7 +34,7 @@ class Event(FastLoad, models.Model):
                 fields=["project", "seq"], condition=models.Q(session__isnull=True), name="event_seq_unique_per_project"
             ),
         ]
-        # Every index costs bytes per event (issue 15 item 1): the audit log's (project, time),
+        # Every index costs bytes per event: the audit log's (project, time),
         # the unique (session, seq) of every session read, and the actor's where there is one
         # (a person deleted: SET_NULL). No query filters on type alone (migration 0018).
         indexes = [

@@ -34,7 +34,7 @@ ACTIVE_STATUSES = (JobStatus.RUNNING, JobStatus.STOPPING)
 OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.STOPPING)
 TERMINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED)
 
-# What a person's turn does when its branch is busy (``collab.services.turns``; issue 16 item 2).
+# What a person's turn does when its branch is busy (``collab.services.turns``).
 STRATEGIES = ("enqueue", "reject", "interrupt", "rollback")
 CANCEL = "execution.cancel"  # the one action of an execution command (``collab.services.cancel``)
 MAX_PROMPT_CHARS = 200_000  # a person's prompt (``collab.services.admission.check_prompt``)
@@ -43,7 +43,7 @@ MAX_PROMPT_CHARS = 200_000  # a person's prompt (``collab.services.admission.che
 
 
 class JobQuerySet(models.QuerySet):
-    """The two "is this branch taken" rules, each written once (issue 14 item 4):
+    """The two "is this branch taken" rules, each written once:
 
     - ``running()``: a turn is in progress (running, or stopping after a cancel). A branch with
       one is *busy*: the ``busy`` flag of the API's and pages' branch rows and of ``list_agents``,
@@ -114,7 +114,7 @@ class Job(FastLoad, models.Model):
 
     # the prompt as admitted, until the turn's prompt node holds it: NULL from then on (the node is
     # written with the job row by an idle branch's admission, or by the claim that clears this), so
-    # the text is stored once (issue 15 item 1). ``prompt_text`` reads either.
+    # the text is stored once. ``prompt_text`` reads either.
     prompt = models.TextField(null=True, blank=True, default="")
     prompt_header = models.CharField(max_length=300, blank=True, default="")
     parent_msg = models.ForeignKey(
@@ -127,7 +127,7 @@ class Job(FastLoad, models.Model):
     # the caller side, the parent job and the result artifact are NULL for a person's turn (most
     # turns): each is indexed only where it is set (Meta.indexes: ``job_caller_*``, ``job_parent_job``,
     # ``job_result_artifact``), which every lookup by them — an equality or ``IN``, the cascades and
-    # the database's foreign-key checks — implies (issue 15 item 1: a plain index stored an entry
+    # the database's foreign-key checks — implies (a plain index would store an entry
     # per turn for the NULLs). ``followup_of``'s is ``job_one_followup_per_job``.
     caller_session = models.ForeignKey(
         "collab.Session", null=True, blank=True, on_delete=models.CASCADE, related_name="+", db_index=False
@@ -166,7 +166,7 @@ class Job(FastLoad, models.Model):
     chain_generations = models.PositiveIntegerField(default=0)
 
     # the bounded result (SPEC §9); NULL when it is the whole text of the job's final answer, which
-    # holds it once (issue 15 item 1). ``result`` reads either.
+    # holds it once. ``result`` reads either.
     result_text = models.TextField(null=True, blank=True, default="")
     result_artifact = models.ForeignKey(
         "collab.Artifact", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False

@@ -12,7 +12,7 @@ TASK_NAME_DB = r"\A[a-z][a-z0-9_]{0,47}\Z"
 
 
 class Visibility(models.TextChoices):
-    """Who sees a session (issue 17, OP §5.9). A child session follows its root's."""
+    """Who sees a session (OP §5.9). A child session follows its root's."""
 
     PROJECT = "project"  # every member of the project, by role (the default)
     PRIVATE = "private"  # its creator, plus maintainers and owners
@@ -138,7 +138,7 @@ class Message(FastLoad, models.Model):
         ordering = ["depth", "created_at"]
         indexes = [
             models.Index(fields=["branch", "depth"], name="message_branch_depth"),
-            # the session DAG's keyset pages: (created_at, id) in one index, newest first (issue 13 item 4);
+            # the session DAG's keyset pages: (created_at, id) in one index, newest first;
             # read backwards it serves every (session, created_at) order and range too
             models.Index(fields=["session", "-created_at", "-id"], name="message_session_keyset"),
         ]

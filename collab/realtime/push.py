@@ -90,7 +90,7 @@ def _blocking_sender(layer):
         return sender
 
 
-# --- one push loop per process (issue 15 item 1) --------------------------------------------------
+# --- one push loop per process --------------------------------------------------------------------
 #
 # ``async_to_sync`` called from a plain thread (a worker process, a management command) runs the
 # coroutine on a brand-new event loop in a new thread, and channels-redis keeps its connections per
@@ -132,7 +132,7 @@ WARM_GROUP = "trellis-push-warm-up"
 def warm_push(wait: float = 0) -> None:
     """Open this process's channel-layer connection (and, where pushes go through one, its push
     loop) now, not at its first event: the first push of a fresh process set them up (~57 ms here,
-    issue 15 item 1 ``live``), on that event's way to every listener. A worker process does it as
+    ``bench/live.py``), on that event's way to every listener. A worker process does it as
     it starts (``collab.apps``), in the background; ``wait`` > 0 waits that long for it. A no-op
     where pushes open nothing (the in-memory layer, a thread of a server without a blocking sender)."""
     layer = get_channel_layer()

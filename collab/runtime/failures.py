@@ -1,4 +1,4 @@
-"""How a turn ends when it does not answer: the one failure path (issue 14 item 5).
+"""How a turn ends when it does not answer: the one failure path.
 
 Whatever stops a turn — a cancel, a project limit, the tool-call cap, a provider error, a crash,
 a branch archived before the turn started — is turned into a ``Failure`` by ``failure_of`` and

@@ -4,7 +4,7 @@
 it lost the claim), drives the provider until a final answer, the tool-call cap,
 a stop request or an error, and ends the job in one completion transaction.
 
-The loop only sequences; each concern has its module (issue 14 item 5): what the turn may
+The loop only sequences; each concern has its module: what the turn may
 spend (``policy``), what the model is told (``prompts``), streamed text (``streaming``) and how a
 turn that does not answer ends (``failures``, one path for every kind of failure).
 

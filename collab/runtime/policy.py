@@ -1,4 +1,4 @@
-"""What a turn may spend (OW §4, §5.1; issue 14 item 5): the turn's own policy (model calls, the
+"""What a turn may spend (OW §4, §5.1): the turn's own policy (model calls, the
 doom-loop rule, tool calls) and the project's quotas (tokens, cost, runtime, idle time). Each check
 raises (``enforce_*``) ``LimitExceeded`` with the error code the job ends with (``collab.runtime.failures``)."""
 

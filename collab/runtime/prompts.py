@@ -1,4 +1,4 @@
-"""What a model is told (issue 14 item 5): the system prompt (the spec's; an explorer's role
+"""What a model is told: the system prompt (the spec's; an explorer's role
 prompt; an OpenWork root's with the delegation rules, OW §4, §5.3) and the history it reads
 (the branch root → tip, compacted to the context window)."""
 

@@ -1,4 +1,4 @@
-"""A streaming model's text as it is generated (issue 14 item 5): fragments are batched into
+"""A streaming model's text as it is generated: fragments are batched into
 ``message.delta`` events — about four a second, or every 400 characters — never one per token."""
 
 import time

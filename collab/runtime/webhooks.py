@@ -1,4 +1,4 @@
-"""Sending one attempt of a webhook delivery (issue 16 item 4), in a django-q2 worker.
+"""Sending one attempt of a webhook delivery, in a django-q2 worker.
 
 Claim the attempt (``collab.services.webhooks.claim_delivery``: a conditional UPDATE, so no
 other worker sends it too), sign the stored body, POST it through ``collab.outbound`` (the

@@ -1,4 +1,4 @@
-"""The session page's activity feed (issue 13 item 8): the event log told in sentences.
+"""The session page's activity feed: the event log told in sentences.
 
 Each row says what happened in words a person reads ("alice started a turn on main",
 "researcher finished in 3.2 s", "branch X archived: reason"); the raw event (type, seq,
@@ -86,7 +86,7 @@ def activity_page(session: Session, viewer, before: int | None = None, pages: in
     older = events[limit - 1].seq if len(events) > limit else None
     events = events[:limit]
 
-    # Issue 17: a field naming a session ``viewer`` may not see is blanked (with the name and
+    # A field naming a session ``viewer`` may not see is blanked (with the name and
     # preview that describe it) before the sentence or the developer panel is written.
     wires = redact_events(viewer, session.pk, events)
     kept = [(e, w["payload"] if isinstance(w.get("payload"), dict) else {}) for e, w in zip(events, wires)]

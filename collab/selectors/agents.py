@@ -20,7 +20,7 @@ def _busy_branches(branch_ids) -> set[str]:
 def branch_rows(session_ids, *, archived: bool, agent_id: str | None = None, limit: int = 20, previews: bool = True,
                 internal: bool = True):
     """Branches of the given sessions (one query) with busy flags (one query).
-    ``internal=False`` leaves out internal branches (agents' listings, issue 14 item 6)."""
+    ``internal=False`` leaves out internal branches (agents' listings)."""
     qs = Branch.objects.filter(session_id__in=session_ids, archived=archived, tip__isnull=False).select_related(
         "agent_spec"
     )
@@ -42,8 +42,8 @@ def list_agents(user, session: Session, *, scope: str = "session", limit: int = 
     ``all`` covers every session of the current session's project (agents stay in their project,
     SPEC §8, whatever else ``user`` may see), most recently active first, without previews.
     ``source`` narrows ``all`` to one session id. Only sessions ``user`` may see are listed
-    (issue 17: filtered in the query), so nothing is listed once ``user`` has lost the project.
-    Internal branches are never listed, in any scope (issue 14 item 6: hidden from agents)."""
+    (filtered in the query), so nothing is listed once ``user`` has lost the project.
+    Internal branches are never listed, in any scope (they are hidden from agents)."""
     limit = max(1, min(int(limit or 20), 200))
     in_project = visible_sessions(user).filter(project_id=session.project_id)
     if scope == "all":

@@ -29,7 +29,7 @@ def _when(value: str | None, name: str) -> datetime | None:
 def project_events(project, *, viewer, session: str = "", type: str = "", actor: str = "", since: str = "",
                    until: str = ""):
     """Events of the project (sessions and project-level), newest first; events of sessions
-    ``viewer`` may not see are left out, in the query (issue 17). Callers authorize the project."""
+    ``viewer`` may not see are left out, in the query. Callers authorize the project."""
     qs = (
         Event.objects.filter(project=project)
         .filter(Q(session__isnull=True) | Q(session_id__in=visible_session_ids(viewer)))

@@ -17,8 +17,8 @@ _STATUS = {
 
 
 def children_of(branch: Branch):
-    """The branch's OpenWork children as its agent sees them: an internal child (issue 14 item 6,
-    hidden from agents) is neither listed nor found by its task_name."""
+    """The branch's OpenWork children as its agent sees them: an internal child (hidden
+    from agents) is neither listed nor found by its task_name."""
     return Branch.objects.filter(parent_branch=branch, task_name__isnull=False, internal=False)
 
 
@@ -53,7 +53,7 @@ def list_children(branch: Branch) -> list[dict]:
 
 def child_rail(session: Session, child_session_id: str | None = None) -> list[dict]:
     """The session page's agent rail: direct child sessions with status, duration and tokens (one query);
-    only the one in ``child_session_id`` when given (a live patch of one row, issue 13 item 3)."""
+    only the one in ``child_session_id`` when given (a live patch of one row)."""
     rows = Branch.objects.filter(session__parent_session=session, task_name__isnull=False)
     if child_session_id is not None:
         rows = rows.filter(session_id=child_session_id)

@@ -1,4 +1,4 @@
-"""The session DAG (issue 13 items 1 and 4): one keyset page of rows and every edge that touches it.
+"""The session DAG: one keyset page of rows and every edge that touches it.
 
 A page is the newest ``PAGE_ROWS`` messages of the session older than a cursor (a message id;
 rows are ordered by ``(created_at, id)``, attach pointers are edges, not rows). Whatever the
@@ -17,7 +17,7 @@ session's length, a page costs the same fixed set of queries (``DAG_QUERIES`` at
 and a replay (``at``) one more: the time of event ``at``.
 
 Another session the viewer may not see is drawn as "another session": no id, no title, no link
-(issue 17: indistinguishable from none).
+(indistinguishable from none).
 """
 
 from django.db.models import OuterRef, Q, Subquery
@@ -244,7 +244,7 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
                 links.append(Link("result", End(debt["last_msg"], debt["branch_id"]),
                                   End(None, m["branch_id"], "below"), detail=debt["status"]))
 
-    # other sessions: named only when the viewer may see them (issue 17)
+    # other sessions: named only when the viewer may see them
     if external:
         seen = {s["id"]: s for s in visible_sessions(viewer).filter(pk__in=list(external)).values("id", "title", "task_name")}
         for other, items in external.items():

@@ -11,7 +11,7 @@ PAGE = 500
 def events_after(session_id: str, after: int = 0, limit: int = PAGE, *, viewer, memo: Memo | None = None,
                  job: str | None = None) -> list[dict]:
     """A session's events with ``seq > after``, ascending, as wires ``viewer`` may see: fields
-    naming a session they may not see are blanked (issue 17; at most four more queries per
+    naming a session they may not see are blanked (at most four more queries per
     page, and up to two that give events stored as references their whole payload back:
     ``collab.events.with_full_payloads``). With ``job``, only the events about that execution:
     those naming it in ``payload.job`` (its status changes, its deltas) and the ``message.created``

@@ -39,7 +39,7 @@ def sessions_owing_results(branch) -> list[str]:
 def jobs_dispatched_by(session, *, user, status: str | None = None, limit: int = 50) -> list[Job]:
     """Jobs the session dispatched and their descendants, newest first (one query per level);
     only jobs of the session's own project (agents stay in their project, SPEC §8) in sessions
-    ``user`` may see (issue 17)."""
+    ``user`` may see."""
     found: dict[str, Job] = {}
     in_project = Job.objects.filter(
         project_id=session.project_id, session_id__in=visible_session_ids(user)

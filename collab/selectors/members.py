@@ -1,4 +1,4 @@
-"""Who is in a project, and the invitations waiting for a person (SPEC §8, issue 11 item 3)."""
+"""Who is in a project, and the invitations waiting for a person (SPEC §8)."""
 
 from accounts.models import Membership
 

@@ -43,7 +43,7 @@ class TooFarBehind(Exception):
 
 
 def rows_after(session: Session, branch_id: str, after_id: str | None, *, viewer) -> dict:
-    """Issue 13 item 3: the rows of ``branch_id``'s lineage after message ``after_id`` (from its start
+    """For live updates: the rows of ``branch_id``'s lineage after message ``after_id`` (from its start
     when None), oldest first, for a page that shows that branch up to ``after_id``.
 
     The work is bounded by the number of new rows (at most ``LIVE_ROWS``), not by the branch's
@@ -113,7 +113,7 @@ def branches(session: Session) -> list[Branch]:
 def top_level_sessions(project, viewer, search: str = "") -> list[Session]:
     """The project's root sessions ``viewer`` may see (at most 200, most recent first; ``search``
     narrows by title or id), each with ``sub_agents``: its OpenWork children, listed under it
-    rather than at the top level (OW acc. 2). Two queries, however many sessions (issue 17)."""
+    rather than at the top level (OW acc. 2). Two queries, however many sessions."""
     roots = visible_sessions(viewer).filter(project=project, parent_session__isnull=True)
     if search:
         roots = roots.filter(Q(title__icontains=search) | Q(pk=search))
@@ -142,7 +142,7 @@ def holds_of(session: Session, *, status: str | None = "pending", limit: int = 2
 
 def pending_holds(session: Session, viewer):
     """Deliveries from this session waiting for a person; one to a session ``viewer`` may not
-    see says only "another session" (``target_hidden``), no name (issue 17)."""
+    see says only "another session" (``target_hidden``), no name."""
     holds = list(session.held_deliveries.filter(status="pending").select_related("target_branch"))
     hidden = hidden_among(viewer, {h.target_branch.session_id for h in holds}, own=session.pk)
     for h in holds:

@@ -35,7 +35,7 @@ def session_shape(session: Session) -> dict:
         "created_at": session.created_at,
         "last_active_at": session.last_active_at,
         "last_event_seq": session.last_event_seq,
-        # who sees it (issue 17); a sub-agent's session follows its root's
+        # who sees it; a sub-agent's session follows its root's
         "visibility": session.parent_session.visibility if session.parent_session_id else session.visibility,
     }
 

@@ -1,4 +1,4 @@
-"""Agent specs: the one lookup of an ``agent_id`` in a project (issue 14 item 4), and a project's
+"""Agent specs: the one lookup of an ``agent_id`` in a project, and a project's
 specs as the pages list them."""
 
 from collab.errors import NotFound

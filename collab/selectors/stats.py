@@ -1,4 +1,4 @@
-"""Pictures of a session's or a project's work (issue 13 item 7): tokens, cost and turn
+"""Pictures of a session's or a project's work: tokens, cost and turn
 latency over time, and how many agents were working at once, from the job rows.
 
 Everything is aggregated in the database into ``BUCKETS`` equal time buckets spanning the

@@ -101,7 +101,7 @@ def render_transcript(branch, *, viewer, start_turn: int = 0, end_turn: int | No
     """``read_conversation``'s rendering (OP tool page §06 scene 3). Turns are numbered from 0;
     negative bounds count from the end; later turns beyond ``max_chars`` are dropped. A session
     ``viewer`` may not see, named in a message (a prompt's "[task from SID:MSG]" header, a
-    result's source, a tool call), reads "another session" (issue 17)."""
+    result's source, a tool call), reads "another session"."""
     tip = branch.tip
     total = tip.turn if tip else 0
     indices = range(total)[slice(start_turn, end_turn)]
@@ -137,7 +137,7 @@ def render_transcript(branch, *, viewer, start_turn: int = 0, end_turn: int | No
     return {**base, "text": text, "turns": turns, "omitted_turns": omitted}
 
 
-# --- the session page's transcript (issue 13 item 2: reading a branch) ------------------------------
+# --- the session page's transcript: reading a branch ------------------------------------------------
 
 PAGE_WINDOW = 200  # messages of the shown branch on one page
 STOPPED_STATUSES = (JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED)
@@ -175,7 +175,7 @@ def _branch_rows():
 
 def resolve_shown(session: Session, *, branch_id: str | None = None, head_id: str | None = None,
                   remembered: str | None = None) -> tuple[Branch | None, Message | None]:
-    """The branch a viewer reads and the message they are positioned at (issue 13 item 2).
+    """The branch a viewer reads and the message they are positioned at.
 
     ``branch_id`` / ``head_id`` come from the viewer's URL: an id that names nothing in this
     session is a 404 (like a session they may not see). Without them, ``remembered`` (the
@@ -238,7 +238,7 @@ def pretty_arguments(arguments) -> str:
 
 @dataclass
 class Card:
-    """What a person reads instead of the text a model was given (issue 13 item 2)."""
+    """What a person reads instead of the text a model was given."""
 
     kind: str  # result | task | message | spawn | notice
     label: str  # "result from", "task from", …
@@ -426,7 +426,7 @@ def present_rows(branch: Branch | None, messages: list[Message], viewer) -> Job 
             m.metadata = {k: v for k, v in meta.items() if k not in ("spawned_from_session", "caller")}
         if m.role == "tool":
             m.tool = meta.get("tool") or "tool"
-    # Issue 17: a hidden session's id in text, tool calls or card bodies reads "another session"
+    # A hidden session's id in text, tool calls or card bodies reads "another session"
     # (the cards were cut from the unscrubbed text, whose recorded body spans it matches).
     hidden = redact_messages(viewer, branch.session_id if branch is not None else None, messages) if messages else {}
     for m in messages:
@@ -439,7 +439,7 @@ def present_rows(branch: Branch | None, messages: list[Message], viewer) -> Job 
 
 def page_transcript(session: Session, viewer, *, branch_id: str | None = None, head_id: str | None = None,
                     remembered: str | None = None, window: int | None = None) -> dict:
-    """The transcript a viewer reads on the session page (issue 13 item 2), in a constant number of
+    """The transcript a viewer reads on the session page, in a constant number of
     queries however long the branch: the shown branch (see ``resolve_shown``), the last ``window``
     messages of its line (or those ending at the head asked for), split into the history inherited
     from the branch it forked from and its own, made readable by ``present_rows``. Cards and attach

@@ -1,5 +1,5 @@
-"""A project's webhooks and their deliveries, as the API and the project page show them
-(issue 16 item 4). Callers authorized the project or webhook (``project.webhooks``)."""
+"""A project's webhooks and their deliveries, as the API and the project page show them.
+Callers authorized the project or webhook (``project.webhooks``)."""
 
 from django.db.models import OuterRef, Subquery
 

@@ -70,7 +70,7 @@ def send_job_event(job: Job, type_: str, session: Session | None = None, actor=N
     """A job's state change, on its session's log — and, for an OpenWork child, on the parent
     session's too (``child.job``), so the parent's agent rail updates live. ``events``: events of
     the job's session deferred until now (``append_message``'s), sent first, in one statement.
-    The log keeps what its readers cannot derive (``job_event_ref``, issue 15 item 1)."""
+    The log keeps what its readers cannot derive (``job_event_ref``)."""
     wire = job_wire(job)
     stored = job_event_ref(type_, wire)
     if events:
@@ -130,7 +130,7 @@ def admit_job(
     # checked at commit), so the job row is not written twice
     idle = fresh_branch or not is_occupied(locked)
     prompt_msg_id = new_id() if idle else None
-    # the prompt is stored once (issue 15 item 1): in the node when it is written now, else in the
+    # the prompt is stored once: in the node when it is written now, else in the
     # job row until the claim writes the node (it clears the row's copy in its UPDATE)
     job = _NEW_JOB.create(
         project_id=session.project_id,
@@ -206,7 +206,7 @@ def write_prompt_node(job: Job, branch: Branch, prompt: str, *, message_id: str 
 
 def prompt_metadata(job: Job) -> dict:
     """The prompt node's metadata: what the node's columns do not hold (its ``job`` column names
-    the job; issue 15 item 1), the header only when there is one (readers take a missing one as
+    the job), the header only when there is one (readers take a missing one as
     none)."""
     meta = {"header": job.prompt_header} if job.prompt_header else {}
     if job.caller_msg_id:

@@ -70,7 +70,7 @@ def create_branch(session, *, name: str, name_stage: int, forked_from=None, agen
 
 
 def open_lane(session_id: str, *, forked_from=None, created_by_job=None, parent_branch=None) -> int:
-    """The DAG lane of a branch opening now (issue 13 item 1): the free lane nearest its parent's.
+    """The DAG lane of a branch opening now: the free lane nearest its parent's.
 
     Its parent is the branch it forks from, else the branch whose job spawned it, else the
     branch that opened it (OpenWork parent, or a spawn's caller without a job: a gateway call) —
@@ -99,7 +99,7 @@ def open_lane(session_id: str, *, forked_from=None, created_by_job=None, parent_
 
 def do_set_internal(user, branch: Branch, internal: bool) -> bool:
     """A person (maintainer or owner of the branch's session) marks it internal or not
-    (issue 14 item 6); audited as ``branch.internal_changed``. True if it changed."""
+    (hidden from agents); audited as ``branch.internal_changed``. True if it changed."""
     require_can_set_internal(user, branch)
     return do_set_branch_internal(user, branch, internal)
 

@@ -324,7 +324,7 @@ def finish_job(
             return job
         branch.session = session
         summary, artifact = store_result(job, result_text)
-        # an answer that is the whole result is stored once, in its node (issue 15 item 1):
+        # an answer that is the whole result is stored once, in its node:
         # the job row holds NULL, which ``Job.result`` reads as the final answer's text
         kept = None if final_text is not None and artifact is None and summary == clean_text(final_text) else summary
         # the job's end, decided and written by one conditional UPDATE, which locks the row and
@@ -375,7 +375,7 @@ def finish_job(
         # whether the project has webhooks; each is then handled as before, only when there is
         # something to handle
         waiting = _waiting_on(branch.pk, project.pk, background=job.run_in_background) if ran else None
-        # its webhooks hear of it after commit (issue 16 item 4)
+        # its webhooks hear of it after commit
         owe_webhook_deliveries(job, project, branch.session, any_active=waiting.webhooks if ran else True)
         if job.archive_when_done:
             do_archive_branch(branch, user=job.started_by, reason=AUTOMATIC_REASON, automatic=True)
@@ -503,7 +503,7 @@ DANGLING_RESULT = {
 def close_dangling_calls(job: Job, branch: Branch, status: str) -> list:
     """Give every tool call of the job's last tool-call node that has no result a synthetic
     error result ("cancelled", …), at the branch's tip, so no later request to a provider
-    holds a call without its result (issue 16 item 2; the transcript shows it too).
+    holds a call without its result (the transcript shows it too).
 
     Part of the completion transaction (the branch is locked; the job writes no more).
     Idempotent: the turn loop already answers the calls it skips when it is stopped

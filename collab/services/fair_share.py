@@ -1,11 +1,11 @@
-"""Fair share between projects (issue 11 item 6, P-SEC-6): a cap on a project's jobs in worker slots.
+"""Fair share between projects (P-SEC-6; docs/capacity.md): a cap on a project's jobs in worker slots.
 
 A worker claiming a job first takes the project's row lock (lock order: project →
 session → branch → job); the claim's conditional UPDATE counts the project's jobs running
 in worker slots; at the cap the claim is declined and the job stays queued, so one project's queue
 cannot hold every worker while other projects' turns wait.
 
-A declined job is never lost, and is handed back to the queue once per decline (issue 15):
+A declined job is never lost, and is handed back to the queue once per decline:
 
 - the declined claim marks it (``Job.waiting_since``, ``wait_for_slot``) and, once the mark is
   committed, locks each job it then sees running, one row per transaction (so it never holds a

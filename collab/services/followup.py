@@ -133,8 +133,8 @@ def envelope(job: Job, *, reconciling: bool) -> tuple[str, str]:
 
 
 def delivery_metadata(debt: Job, text_span: list[int]) -> dict:
-    """What a delivered result records beside its text, for people rather than the model (issue 13
-    item 2): which execution it reports, how it ended, where it comes from, and which characters of
+    """What a delivered result records beside its text, for people rather than the model:
+    which execution it reports, how it ended, where it comes from, and which characters of
     the text are the result itself (``body``), so a page shows a card instead of the raw text."""
     return {"result_of": debt.pk, "status": debt.status, "is_error": debt.is_error,
             "from": result_source(debt), "body": text_span}
@@ -248,7 +248,7 @@ def bounce_stranded_locked(branch: Branch, *, idle: bool = False) -> list[Job]:
     """Results owed in mode ``mailbox`` to an archived branch with no running turn: no turn will
     ever drain them (archived is final, C4), so each is settled now, once — marked delivered
     (a conditional UPDATE) and bounced to the agent that produced it as a failed result, like a
-    turn-mode result refused by an archived caller (OP §5.4, issue 12 item 5). Returns the
+    turn-mode result refused by an archived caller (OP §5.4). Returns the
     debts settled. Precondition: the branch row (and its session's) is locked."""
     if not branch.archived or (not idle and is_busy(branch)):
         return []  # a running turn (archive never cancels it) still drains its mailbox

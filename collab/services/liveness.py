@@ -14,7 +14,7 @@ step of a reconcile is a conditional, idempotent update, so several processes
 reconciling at once act on each job at most once; when nothing is wrong a pass
 costs three indexed reads. A dead worker's running job is therefore interrupted,
 and the queued jobs it had taken re-enqueued, within
-``TRELLIS_LEASE_SECONDS + TRELLIS_RECONCILE_SECONDS`` of its death (see README).
+``TRELLIS_LEASE_SECONDS + TRELLIS_RECONCILE_SECONDS`` of its death (docs/operations.md, "Running scaled").
 
 A third thread, the *stop watch*, reads every ``STOP_CHECK_SECONDS`` which of the
 process's jobs were asked to stop, in one query for all of them, and signals each such turn

@@ -1,4 +1,4 @@
-"""Row locks: taken before rows are read, in one order (SPEC §7, STYLE §12, issue 12 item 3).
+"""Row locks: taken before rows are read, in one order (SPEC §7, STYLE §12).
 
 The order, everywhere:
 

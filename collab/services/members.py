@@ -1,7 +1,7 @@
 """Membership changes as the collab side sees them: audited, and revoking access at once
-(open WebSockets of a removed member are closed; SPEC §8, issue: multi-user).
+(open WebSockets of a removed member are closed; SPEC §8).
 
-Adding someone is an *invitation* (SPEC §8, issue 11 item 3): it gives nothing until the
+Adding someone is an *invitation* (SPEC §8): it gives nothing until the
 person accepts it; they may decline it, and an owner may cancel it. Every step is a
 project-level Event: ``member.invited``, ``member.accepted``, ``member.declined``,
 ``member.invitation_cancelled`` (and ``member.role_changed`` / ``member.removed`` as before)."""
@@ -97,7 +97,7 @@ def send_to_user(user_id: int, message: dict) -> None:
 
 def send_to_session_sockets(session_ids, project_id: int) -> None:
     """Ask every socket following these sessions to re-check its access (and close if gone):
-    a session's visibility or share list narrowed (issue 17)."""
+    a session's visibility or share list narrowed."""
     layer = get_channel_layer()
     if layer is None:
         return

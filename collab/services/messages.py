@@ -80,7 +80,7 @@ def append_message(
     tool_call_id = clean_text(tool_call_id or "")[:100]  # a model's call id: the column holds 100
     if predecessor is not None:
         pred_id = predecessor.pk
-    else:  # the branch's tip, or its fork point: by id, never loading the row (issue 15 item 1)
+    else:  # the branch's tip, or its fork point: by id, never loading the row
         pred_id = branch.tip_id or branch.forked_from_id
     now = timezone.now()
     message = Message(
@@ -109,7 +109,7 @@ def append_message(
         branch.last_active_at = now
     # the session's last activity rides on the event's own UPDATE of the session row (locked
     # first above, or by that UPDATE: the event locks it either way), not a commit of its own.
-    # The log keeps a reference, not a second copy of the text (issue 15 item 1): its readers
+    # The log keeps a reference, not a second copy of the text: its readers
     # rebuild the payload from this row (``collab.events.with_full_payloads``).
     (send_event_on_commit if events is None else _deferring(events))(
         branch.session_id, MESSAGE_CREATED, message_event(message), actor=actor, touch=now,
@@ -128,7 +128,7 @@ def node_writes(message: Message, *, starts_turn: bool, tip_of: Branch | None, e
     """The statements that write ``message`` (unsaved, ``predecessor_id`` set or None): its
     INSERT, which takes its ``depth`` and ``turn`` from its predecessor's row — the node after
     it on the predecessor's lineage, one turn on if it ``starts_turn`` — so the predecessor is
-    never read on its own (issue 15 item 1: the tip node's read was a statement at every
+    never read on its own (a read of the tip node would be a statement at every
     admission and every completion); and, with ``tip_of``, the UPDATE that makes it that
     branch's tip, its ``chars`` growing by the text and (``ends_turn``) its ``turns`` by one.
     On PostgreSQL they ride on the statement that numbers the node's event (``Rider``).

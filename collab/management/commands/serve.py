@@ -3,7 +3,7 @@
 For the scaled deployment run ``daphne config.asgi:application`` and
 ``manage.py qcluster`` as separate services instead.
 
-Quiet by default (issue 13 item 8): daphne's access log (a line for every request, every
+Quiet by default: daphne's access log (a line for every request, every
 htmx fragment and every WebSocket handshake) is off and the worker logs warnings only.
 ``--verbose`` or ``TRELLIS_VERBOSE=1`` turns both back on.
 """
