@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from datetime import UTC
@@ -9,10 +10,25 @@ class SlugTaken(Exception):
     pass
 
 
+class ProjectLimitReached(Exception):
+    def __init__(self, limit: int):
+        super().__init__(f"you already own {limit} projects, the most one person may own here "
+                         "(TRELLIS_MAX_PROJECTS_PER_USER); ask the operator, or give one to another owner")
+        self.limit = limit
+
+
 def create_project(user, *, slug: str, name: str) -> Project:
-    """A new project owned by ``user`` (an accepted membership: the creator needs no invitation)."""
+    """A new project owned by ``user`` (an accepted membership: the creator needs no invitation),
+    unless they own ``TRELLIS_MAX_PROJECTS_PER_USER`` already (staff are exempt). The user's row is
+    locked first, so two creations at once cannot both take the last one."""
     try:
         with transaction.atomic():
+            limit = settings.TRELLIS_MAX_PROJECTS_PER_USER
+            if limit and not user.is_staff:
+                type(user).objects.select_for_update().filter(pk=user.pk).first()
+                owned = Membership.objects.accepted().filter(user=user, role=Role.OWNER).count()
+                if owned >= limit:
+                    raise ProjectLimitReached(limit)
             project = Project.objects.create(slug=slug, name=name or slug)
             Membership.objects.create(user=user, project=project, role=Role.OWNER, accepted_at=timezone.now())
     except IntegrityError:

@@ -8,10 +8,10 @@ from ninja import Query, Router, Status
 from accounts.limits import LimitError, limits_report
 from accounts.models import TokenScope
 from accounts.policy import member_roles, role_of, visible_projects
-from accounts.services import SlugTaken, create_project
+from accounts.services import ProjectLimitReached, SlugTaken, create_project
 from collab import access
 from collab.scopes import request_token, token_scope
-from collab.errors import Conflict, Invalid
+from collab.errors import Conflict, Forbidden, Invalid
 from collab.realtime.bounds import MAX_WAIT_SECONDS, open_wait, parse_wait
 from collab.realtime.subscription import Subscription, until_terminal
 from collab.realtime.threads import in_thread
@@ -121,6 +121,8 @@ def post_project(request: HttpRequest, payload: ProjectIn):
         project = create_project(request.auth, slug=payload.slug, name=payload.name)
     except SlugTaken:
         raise Conflict(f"a project with slug {payload.slug!r} already exists", code="slug_taken") from None
+    except ProjectLimitReached as exc:
+        raise Forbidden(str(exc), code="project_limit_reached") from None
     return Status(201, _project_out(project, "owner"))
 
 

@@ -365,6 +365,9 @@ TRELLIS_FAULT_DIR = env_str("TRELLIS_FAULT_DIR", "")
 TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER = env_int("TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER", 4, minimum=1)
 # ``?wait=`` requests and SSE streams one user may hold open per web process (collab.realtime.bounds)
 TRELLIS_MAX_OPEN_WAITS_PER_USER = env_int("TRELLIS_MAX_OPEN_WAITS_PER_USER", 32, minimum=1)
+# Projects one person may own (staff are exempt; 0 = no limit): every project brings its own
+# running cap and quotas, so without it one account could claim any share of the workers.
+TRELLIS_MAX_PROJECTS_PER_USER = env_int("TRELLIS_MAX_PROJECTS_PER_USER", 20, minimum=0)
 # How long a foreground ``agent`` call through the gateway or MCP waits for its child (which runs on a
 # worker) before answering with the execution's id instead (docs/capacity.md).
 TRELLIS_GATEWAY_FOREGROUND_WAIT_SECONDS = env_int("TRELLIS_GATEWAY_FOREGROUND_WAIT_SECONDS", 3600, minimum=1)
