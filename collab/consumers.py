@@ -15,6 +15,9 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from collab.access import access_session
 from collab.errors import DomainError
 from collab.realtime.fanout import fanout
+from collab.text import loads_bounded
+
+MAX_FRAME_CHARS = 4096  # a client's frame (it only ever asks to catch up)
 
 
 def _after(scope) -> int:
@@ -61,9 +64,21 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             subscription, self.subscription = self.subscription, None
             await subscription.cancel()
 
-    async def receive_json(self, content, **kwargs):
-        # The stream is one-way; a client may ask to be brought up to date.
-        if isinstance(content, dict) and content.get("type") == "catch_up" and self.subscription is not None:
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        """The stream is one-way; a client may ask to be brought up to date (``{"type":
+        "catch_up"}``). A frame that is not such a JSON object — binary, not JSON, too long, too
+        deep — is answered with an ``error`` frame (no ``seq``: not an event) and the socket
+        stays open."""
+        try:
+            content = loads_bounded(text_data, max_chars=MAX_FRAME_CHARS) if text_data is not None else None
+        except (ValueError, RecursionError):
+            content = None
+        if not isinstance(content, dict):
+            await self.send_json({"type": "error", "code": "invalid_frame",
+                                  "detail": f'a frame is a JSON object of at most {MAX_FRAME_CHARS} characters, '
+                                            'e.g. {"type": "catch_up"}'})
+            return
+        if content.get("type") == "catch_up" and self.subscription is not None:
             self.subscription.catch_up()
 
     async def still_allowed(self, message) -> bool | None:

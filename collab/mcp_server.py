@@ -42,7 +42,7 @@ from accounts.models import TokenScope
 from accounts.policy import token_for
 from collab.errors import DomainError, Forbidden, Invalid
 from collab.gateway import acting_branch, call_tool_as, surface_of
-from collab.text import clean_text
+from collab.text import clean_text, loads_bounded
 from collab.tools.registry import ToolResult
 
 logger = logging.getLogger(__name__)
@@ -131,6 +131,37 @@ async def _answer(send, status: int, detail: str, code: str, extra: dict | None 
     await send({"type": "http.response.body", "body": body})
 
 
+# a JSON-RPC message (a tool call's arguments included) is read whole and checked before the SDK
+# parses it: at most this large, nested at most ``collab.text.MAX_JSON_DEPTH`` deep
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+async def _read_body(receive, limit: int) -> bytes | None:
+    """The request's whole body, or None once it exceeds ``limit`` bytes."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks)  # the client left: the SDK sees the body so far and its end
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive):
+    """``receive`` for the SDK: the body already read, then whatever comes after it (a disconnect)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay():
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
 class McpApp:
     """The ASGI app at ``/mcp``: authenticate, authorize the acting branch, then the SDK."""
 
@@ -184,6 +215,17 @@ class McpApp:
         if isinstance(admitted, DomainError):
             await _answer(send, admitted.status, admitted.detail, admitted.code, admitted.extra)
             return
+        if scope.get("method") == "POST":
+            body = await _read_body(receive, MAX_BODY_BYTES)
+            if body is None:
+                await _answer(send, 413, f"the request body is larger than {MAX_BODY_BYTES} bytes", "body_too_large")
+                return
+            try:
+                loads_bounded(body, max_chars=MAX_BODY_BYTES)
+            except (ValueError, RecursionError) as exc:
+                await _answer(send, 400, f"the request body is not JSON Trellis accepts: {str(exc)[:200]}", "invalid_json")
+                return
+            receive = _replaying(body, receive)
         manager = await self._running_manager()
         await manager.handle_request({**scope, "trellis.user": admitted, "trellis.branch": address}, receive, send)
 

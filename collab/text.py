@@ -10,6 +10,7 @@ databases hold the same thing. Lengths are checked by the callers before the dat
 is asked.
 """
 
+import json
 import math
 import re
 from typing import Annotated, Any
@@ -113,3 +114,37 @@ class BoundedStream:
 
 # A pydantic str that is cleaned on the way in (API schemas, tool parameters).
 CleanStr = Annotated[str, AfterValidator(clean_text)]
+
+
+MAX_JSON_DEPTH = 64  # arrays and objects nested in a request body or a socket frame
+
+
+def loads_bounded(raw: str | bytes, *, max_chars: int, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """JSON from outside (an MCP request, a socket frame), refused before parsing when it is too
+    long or nested too deep — the parser would otherwise recurse until Python's own limit and fail
+    with an error no caller expects. Raises ``ValueError`` saying which; ``json.loads``'s own
+    errors are ``ValueError`` too."""
+    if isinstance(raw, bytes):
+        if len(raw) > max_chars:
+            raise ValueError(f"longer than {max_chars} bytes")
+        raw = raw.decode("utf-8")  # UnicodeDecodeError is a ValueError
+    if len(raw) > max_chars:
+        raise ValueError(f"longer than {max_chars} characters")
+    depth, in_string, escaped = 0, False, False
+    for ch in raw:  # the nesting outside strings, without recursion
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise ValueError(f"nested deeper than {max_depth} levels")
+        elif ch in "]}":
+            depth -= 1
+    return json.loads(raw)
