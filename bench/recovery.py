@@ -16,7 +16,7 @@ throw-away database, then:
 
 Nobody runs ``manage.py reconcile``: B's worker processes recover on their own. Prints,
 from t = 0, when R1 became ``interrupted``, R2 ``cancelled``, and Q1 and Q2 started on B,
-against the stated bound lease + reconcile interval (README, "Running scaled").
+against the stated bound lease + reconcile interval (docs/operations.md, "Running scaled").
 """
 
 import argparse
