@@ -7,10 +7,12 @@ for all the process's sockets on the session, redacts it once per viewer and sen
 a socket that falls behind reads the missing events from the log.
 """
 
+import asyncio
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.utils import timezone
 
 from collab.access import access_session
 from collab.errors import DomainError
@@ -18,6 +20,7 @@ from collab.realtime.fanout import fanout
 from collab.text import loads_bounded
 
 MAX_FRAME_CHARS = 4096  # a client's frame (it only ever asks to catch up)
+_ending: set = set()
 
 
 def _after(scope) -> int:
@@ -33,6 +36,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
     # user's access changes for every socket of the process, and call the methods below.
     channel_layer_alias = "trellis.none"
     subscription = None
+    _expiry = None  # the timer that closes a socket opened with an expiring token
 
     async def __call__(self, scope, receive, send):
         try:
@@ -55,11 +59,30 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         # process's feed and relay, which start from it) skip every event up to that number.
         after = min(_after(self.scope), session.last_event_seq)
         self.subscription = await fanout().subscribe(self, self.sid, self.scope.get("user"), after)
+        self._close_at_expiry()
+
+    def _close_at_expiry(self) -> None:
+        """A socket opened with a token that expires closes (4401) when it does, as a revoked
+        one does: a token's expiry is when everything it opened ends."""
+        expires_at = self.scope.get("api_token_expires_at")
+        if expires_at is None:
+            return
+        delay = max(0.0, (expires_at - timezone.now()).total_seconds())
+        loop = asyncio.get_running_loop()
+        self._expiry = loop.call_later(delay, self._expired)
+
+    def _expired(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._end(4401))
+        _ending.add(task)  # kept until it has run: the loop holds tasks only weakly
+        task.add_done_callback(_ending.discard)
 
     async def disconnect(self, code):
         await self.unsubscribe()
 
     async def unsubscribe(self):
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self.subscription is not None:
             subscription, self.subscription = self.subscription, None
             await subscription.cancel()

@@ -20,7 +20,7 @@ class BearerTokenMiddleware(BaseMiddleware):
         if scheme.lower() == "bearer" and token.strip():
             found = await database_sync_to_async(token_for)(token.strip())
             if found is not None and found.allows(TokenScope.READ):  # a socket only reads
-                scope = dict(scope, user=found.user, api_token_id=found.pk)
+                scope = dict(scope, user=found.user, api_token_id=found.pk, api_token_expires_at=found.expires_at)
         return await super().__call__(scope, receive, send)
 
 
