@@ -327,10 +327,10 @@ async def post_tool(request: HttpRequest, address: Address, tool: str, payload: 
 
 @router.get("projects/{slug}", response={200: ProjectOut, **ERRORS}, tags=["projects"])
 def get_project(request: HttpRequest, slug: str):
-    """The project, with token and cost totals over all its executions."""
+    """The project, with token and cost totals over its executions in the sessions you may see."""
     project = access.access_project(request.auth, slug)
     role = role_of(request.auth, project)
-    return {**_project_out(project, role), "usage": project_usage(project)}
+    return {**_project_out(project, role), "usage": project_usage(project, request.auth)}
 
 
 @router.get("projects/{slug}/limits", response={200: LimitsOut, **ERRORS}, tags=["projects"])

@@ -2,6 +2,7 @@
 
 from django.db.models import Sum
 
+from collab.access import visible_session_ids
 from collab.models import Job, Session, format_address
 
 
@@ -17,9 +18,10 @@ def session_usage(session: Session) -> dict:
     return usage_totals(session.jobs.all())
 
 
-def project_usage(project) -> dict:
-    """Token and cost totals over all of a project's executions."""
-    return usage_totals(project.jobs.all())
+def project_usage(project, viewer) -> dict:
+    """Token and cost totals over the project's executions in the sessions ``viewer`` may see: a
+    private session's spending is not shown to those who may not see the session."""
+    return usage_totals(project.jobs.filter(session_id__in=visible_session_ids(viewer)))
 
 
 def session_shape(session: Session) -> dict:
