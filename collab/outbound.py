@@ -7,9 +7,9 @@ these rules, all here:
   *now* (a host the operator removed is no longer called);
 - the host is resolved once and the connection goes to that address (*pinned*): a name
   whose answer changes between the check and the connect (DNS rebinding) cannot steer it
-  elsewhere. A name resolving to a loopback, link-local (the cloud metadata range),
-  multicast, unspecified or reserved address is refused; an address the operator listed
-  literally is used as listed. ``Host`` and the TLS name (SNI and certificate check) stay
+  elsewhere. A name resolving to an address that is not globally routable (loopback,
+  private, shared, link-local, unique-local, multicast, reserved …) or to a cloud metadata
+  address is refused; an address the operator listed literally is used as listed. ``Host`` and the TLS name (SNI and certificate check) stay
   the URL's host;
 - no proxy from the environment, no redirect ever followed (``http.client`` follows none:
   a 3xx is an answer like any other), no cookies;
@@ -45,12 +45,20 @@ class Refused(Exception):
         self.code, self.reason, self.retryable = code, reason, retryable
 
 
+# Cloud metadata and platform endpoints that sit on globally routable addresses (the others —
+# 169.254.169.254, fd00:ec2::254, 100.100.100.200 — are not global and refused as such)
+METADATA_ADDRESSES = frozenset(map(ipaddress.ip_address, ("168.63.129.16",)))
+
+
 def refused_address(address: str) -> bool:
-    """Whether a looked-up address is one a name may not lead to."""
+    """Whether a looked-up address is one a name may not lead to: anything not globally
+    routable (``ipaddress``'s ``is_global``: loopback, private 10/8, 172.16/12, 192.168/16,
+    shared 100.64/10, link-local, unique-local fc00::/7, multicast, reserved, documentation …)
+    and the cloud platforms' metadata addresses."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    return ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved
+    return not ip.is_global or ip.is_multicast or ip in METADATA_ADDRESSES
 
 
 def pin(target: WebhookTarget) -> str:
@@ -67,7 +75,8 @@ def pin(target: WebhookTarget) -> str:
         if not refused_address(address):
             return address
     raise Refused("webhook_address_refused",
-                  f"{target.host} resolves to a loopback, link-local or reserved address, which webhooks may not call")
+                  f"{target.host} resolves to an address that is not globally routable (or a cloud metadata "
+                  "address), which webhooks may not call; the operator may list an address itself")
 
 
 class _PinnedHTTPS(http.client.HTTPSConnection):

@@ -14,8 +14,9 @@ wildcards (list each host). An entry with a scheme, a path, credentials or a bad
 the process at start-up (``ImproperlyConfigured``). Empty = webhooks cannot be registered.
 
 A host listed by name is looked up when a request is sent and the request goes to the
-address found then (``collab.outbound``); a name that resolves to a loopback, link-local,
-multicast, unspecified or reserved address is refused — list the address itself to reach one.
+address found then (``collab.outbound``); a name that resolves to an address that is not
+globally routable (loopback, private, link-local, unique-local, reserved …) or to a cloud
+metadata address is refused — list the address itself to reach one.
 """
 
 import ipaddress

@@ -1,4 +1,4 @@
-"""Project webhooks (issue 16 item 4), through the API, a real worker and a real receiver.
+"""Project webhooks, through the API, a real worker and a real receiver.
 Tenants are untrusted (SPEC §8, P-SEC-0): their URLs reach only the operator's hosts, never
 another project's webhook, and no secret reaches the event log.
 
@@ -11,6 +11,7 @@ and the worker's attempt is what the receiver sees.
 import hashlib
 import hmac
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -201,7 +202,7 @@ def test_a_cancelled_execution_notifies_the_webhook_too(team, api_as, scripted_s
 
 
 @pytest.mark.slow
-def test_p_sec_0_an_approved_name_that_resolves_to_loopback_is_not_called(team, api_as, scripted_session, receiver,
+def test_an_approved_name_that_resolves_to_loopback_is_not_called(team, api_as, scripted_session, receiver,
                                                                          worker):
     """``localhost:*`` is approved by name; it resolves to a loopback address, which a name may
     not lead to (only an address the operator lists literally may be loopback)."""
@@ -344,7 +345,7 @@ def test_a_change_to_an_unapproved_url_is_refused_and_changes_nothing(team, api_
     assert r.status_code == 400 and r.json()["code"] == "invalid_webhook_url"
 
 
-def test_spec_8_the_page_form_acts_only_on_a_webhook_of_the_project_it_names(team, api_as, browser_of):
+def test_the_page_form_acts_only_on_a_webhook_of_the_project_it_names(team, api_as, browser_of):
     """Someone who maintains two projects cannot reach one project's webhook through the other's
     page (``access_webhook(…, project_id=…)``): 404, and the webhook is untouched."""
     from accounts.models import Membership
@@ -360,3 +361,31 @@ def test_spec_8_the_page_form_acts_only_on_a_webhook_of_the_project_it_names(tea
     assert hook.active and hook.secret_rotated_at is None
     assert page.post("/p/beta/webhooks", {"action": "delete", "webhook": beta_hook["id"]}).status_code == 302
     assert not Webhook.objects.filter(pk=beta_hook["id"]).exists()
+
+
+@pytest.mark.parametrize("address", [
+    "127.0.0.1", "10.1.2.3", "172.16.0.9", "192.168.1.1", "100.100.100.200", "169.254.169.254",
+    "168.63.129.16", "0.0.0.0", "224.0.0.1", "192.0.2.10", "::1", "fd00:ec2::254", "fe80::1", "::ffff:10.0.0.1",
+])
+def test_an_approved_name_that_resolves_to_an_address_not_globally_routable_is_not_called(monkeypatch, address):
+    """Private, shared (100.64/10), link-local, unique-local, reserved and documentation ranges,
+    and the cloud metadata addresses, whatever range they sit in: a name leading to one is refused
+    before any connection is made."""
+    from collab import outbound
+    from config.webhook_hosts import WebhookTarget
+
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    monkeypatch.setattr(outbound.socket, "getaddrinfo", lambda *a, **kw: [(family, socket.SOCK_STREAM, 6, "", (address, 443))])
+    with pytest.raises(outbound.Refused) as refused:
+        outbound.pin(WebhookTarget("https", "hooks.example.com", 443, "/hook", False))
+    assert refused.value.code == "webhook_address_refused"
+
+
+def test_an_approved_name_that_resolves_to_a_public_address_is_pinned_to_it(monkeypatch):
+    from collab import outbound
+    from config.webhook_hosts import WebhookTarget
+
+    found = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.5", 443)),
+             (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", 443))]
+    monkeypatch.setattr(outbound.socket, "getaddrinfo", lambda *a, **kw: found)
+    assert outbound.pin(WebhookTarget("https", "hooks.example.com", 443, "/hook", False)) == "93.184.216.34"
