@@ -1,4 +1,4 @@
-"""Every domain model is in the admin (issue: foundation), and its pages load for operators."""
+"""Every domain model is in the admin, and its pages load for operators."""
 
 import pytest
 from django.apps import apps
@@ -33,7 +33,7 @@ def test_its_changelist_loads_for_an_operator(db, operator, model, team, scripte
 
 
 def test_an_events_page_shows_the_payload_its_readers_get_not_the_stored_reference(db, operator, team, run_queued):
-    """Issue 15: the log keeps a reference for ``message.created`` (the text lives in the message
+    """The log keeps a reference for ``message.created`` (the text lives in the message
     row); the admin's event page shows the whole payload, as the API and the sockets do."""
     from collab.models import AgentSpec, Event
     from collab.services.sessions import do_create_session

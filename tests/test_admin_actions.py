@@ -1,4 +1,4 @@
-"""The admin matrix (issue 11 item 7, P-SEC-7): view-only staff look but never act; staff with
+"""The admin matrix (P-SEC-7): view-only staff look but never act; staff with
 the Django permissions act, every edit and action through the service layer, each leaving an Event."""
 
 from html.parser import HTMLParser
@@ -69,7 +69,7 @@ ACTIONS = [
 
 
 @pytest.mark.parametrize("url,action,row,event,done", ACTIONS, ids=[a[1] for a in ACTIONS])
-def test_p_sec_7_view_only_staff_cannot_run_an_admin_action(team, rows, looker, url, action, row, event, done):
+def test_view_only_staff_cannot_run_an_admin_action(team, rows, looker, url, action, row, event, done):
     user, client = looker
     assert client.get(f"/admin/{url}/").status_code == 200  # they may look
     run_action(client, url, action, getattr(rows, row).pk)
@@ -78,7 +78,7 @@ def test_p_sec_7_view_only_staff_cannot_run_an_admin_action(team, rows, looker, 
 
 
 @pytest.mark.parametrize("url,action,row,event,done", ACTIONS, ids=[a[1] for a in ACTIONS])
-def test_p_sec_7_staff_with_the_permission_run_an_admin_action_through_the_service(team, rows, operator, url, action,
+def test_staff_with_the_permission_run_an_admin_action_through_the_service(team, rows, operator, url, action,
                                                                                     row, event, done):
     user, client = operator
     r = run_action(client, url, action, getattr(rows, row).pk, reason="operator cleanup")
@@ -128,7 +128,7 @@ def change_form(client, url):
     return parser.data
 
 
-def test_p_sec_7_view_only_staff_cannot_change_a_row(team, rows, looker, operator):
+def test_view_only_staff_cannot_change_a_row(team, rows, looker, operator):
     _, client = looker
     _, full = operator
     audited = set(Event.objects.filter(project=team.alpha, session__isnull=True).values_list("pk", flat=True))
@@ -144,7 +144,7 @@ def test_p_sec_7_view_only_staff_cannot_change_a_row(team, rows, looker, operato
     assert set(Event.objects.filter(project=team.alpha, session__isnull=True).values_list("pk", flat=True)) == audited
 
 
-def test_p_sec_7_project_edits_in_the_admin_go_through_the_services(team, rows, operator, tmp_path):
+def test_project_edits_in_the_admin_go_through_the_services(team, rows, operator, tmp_path):
     """Name, limits, workspace and a new member: each through its service, each audited."""
     user, client = operator
     url = f"/admin/accounts/project/{team.alpha.pk}/change/"
@@ -162,7 +162,7 @@ def test_p_sec_7_project_edits_in_the_admin_go_through_the_services(team, rows, 
     assert {"project.updated", "limits.changed", "workspace.changed", "member.invited"} <= types
 
 
-def test_p_sec_7_a_refused_admin_edit_changes_nothing(team, rows, operator, settings):
+def test_a_refused_admin_edit_changes_nothing(team, rows, operator, settings):
     """The services' rules hold in the admin: the last owner stays, limits stay under the ceiling,
     ``/`` is no workspace; the refusal is shown, nothing is written."""
     settings.TRELLIS_LIMIT_CEILINGS = {**settings.TRELLIS_LIMIT_CEILINGS, "max_messages": 4}
@@ -182,7 +182,7 @@ def test_p_sec_7_a_refused_admin_edit_changes_nothing(team, rows, operator, sett
     assert not Event.objects.filter(project=team.alpha, actor=user).exists()
 
 
-def test_p_sec_7_a_spec_edit_in_the_admin_is_validated_and_audited(team, rows, operator):
+def test_a_spec_edit_in_the_admin_is_validated_and_audited(team, rows, operator):
     user, client = operator
     url = f"/admin/collab/agentspec/{rows.spec.pk}/change/"
     r = client.post(url, {**change_form(client, url), "system_prompt": "be brief"})
@@ -195,8 +195,8 @@ def test_p_sec_7_a_spec_edit_in_the_admin_is_validated_and_audited(team, rows, o
     assert AgentSpec.objects.get(pk=rows.spec.pk).script == [{"text": "x"}]
 
 
-def test_p_sec_7_manage_py_limits_changes_limits_through_the_audited_service(team):
-    """Issue 14 item 3: ``manage.py limits`` writes ``limits.changed`` (from → to, no actor: the
+def test_manage_py_limits_changes_limits_through_the_audited_service(team):
+    """``manage.py limits`` writes ``limits.changed`` (from → to, no actor: the
     operator at the console) like the page, the API and the admin; a refused value writes nothing;
     showing the limits writes nothing."""
     import io

@@ -1,4 +1,4 @@
-"""No arrow hidden in a function (issue 14 item 1; STYLE "What to avoid").
+"""No arrow hidden in a function (STYLE "What to avoid").
 
 ``lint-imports`` ([tool.importlinter] in pyproject.toml) checks which layer may import which,
 imports inside functions included. What it cannot see is an import moved into a function only to
@@ -60,7 +60,7 @@ def project_modules():
                 yield path
 
 
-def test_issue_14_1_every_function_level_import_says_why_it_is_not_at_module_level():
+def test_every_function_level_import_says_why_it_is_not_at_module_level():
     offenders = []
     for path in project_modules():
         source = path.read_text()
@@ -73,7 +73,7 @@ def test_issue_14_1_every_function_level_import_says_why_it_is_not_at_module_lev
     )
 
 
-def test_issue_14_1_the_check_tells_an_explained_import_from_one_that_hides_an_arrow():
+def test_the_check_tells_an_explained_import_from_one_that_hides_an_arrow():
     source = '''
 import os
 
@@ -106,7 +106,7 @@ class Shape:
     ]
 
 
-def test_issue_14_1_the_check_reads_the_whole_project():
+def test_the_check_reads_the_whole_project():
     paths = {path.relative_to(ROOT).as_posix() for path in project_modules()}
     assert {"collab/services/watch.py", "accounts/models.py", "config/settings.py"} <= paths
     assert not any("/migrations/" in path for path in paths)

@@ -1,5 +1,5 @@
-"""The Redis channel layer's blocking ``group_send`` (config/channel_layer.py, issue 15 "≥ 100
-turns/s"): what it writes is received through channels-redis exactly as what the layer's own
+"""The Redis channel layer's blocking ``group_send`` (config/channel_layer.py, part of reaching ≥ 100
+turns/s): what it writes is received through channels-redis exactly as what the layer's own
 ``group_send`` writes — by a process-local channel and a plain one, with the group's and the
 channels' expiry and each channel's capacity — and a thread pushing events uses it, not a loop."""
 

@@ -1,4 +1,4 @@
-"""Issue 15 item 4: health and readiness endpoints for a load balancer, and the deploy/ files.
+"""Health and readiness endpoints for a load balancer, and the deploy/ files.
 
 The processes of deploy/Procfile and deploy/nginx.conf run for real in
 tests/test_scaled_deployment.py; deploy/compose.yaml (no container runtime here) is checked to

@@ -1,4 +1,4 @@
-"""Rows loaded without ``Model.__init__`` (config/fast_load.py, issue 15 "≥ 100 turns/s"): the
+"""Rows loaded without ``Model.__init__`` (config/fast_load.py, part of reaching ≥ 100 turns/s): the
 instance is the one Django's own ``from_db`` makes, and Django's path is taken wherever the two
 could differ (deferred columns, a field with a descriptor of its own, an init signal listened to)."""
 

@@ -1,4 +1,4 @@
-"""Membership is an invitation (SPEC §8; issue 11 item 3; ``P-SEC-3``).
+"""Membership is an invitation (SPEC §8; ``P-SEC-3``).
 
 Adding someone to a project — API, project page or admin — creates a *pending* invitation.
 Until the person accepts it they get nothing of the project: every API route, page, name
@@ -116,7 +116,7 @@ def assert_sees_nothing_of_alpha(api, client, rows) -> None:
 # --- the invitee's side ----------------------------------------------------------------------------
 
 
-def test_p_sec_3_a_pending_invitee_gets_nothing_until_they_accept_then_everything_their_role_gives(
+def test_a_pending_invitee_gets_nothing_until_they_accept_then_everything_their_role_gives(
     team, api_as, make_user, alpha_rows
 ):
     """P-SEC-3: the owner invites ivy as a member. Until she accepts, every API route, page and
@@ -160,7 +160,7 @@ def test_p_sec_3_a_pending_invitee_gets_nothing_until_they_accept_then_everythin
     ]
 
 
-def test_p_sec_3_declined_and_cancelled_invitations_leave_no_access(team, api_as, make_user, alpha_rows):
+def test_declined_and_cancelled_invitations_leave_no_access(team, api_as, make_user, alpha_rows):
     """P-SEC-3: ivy declines (the invitation is gone, she has no access, accepting it later is
     "not found"); invited again, the owner cancels it with ``DELETE …/members/ivy`` (same). Each
     step is a project-level Event with its actor."""
@@ -192,7 +192,7 @@ def test_p_sec_3_declined_and_cancelled_invitations_leave_no_access(team, api_as
     ]
 
 
-def test_p_sec_3_nobody_answers_someone_elses_invitation(team, api_as, make_user):
+def test_nobody_answers_someone_elses_invitation(team, api_as, make_user):
     """P-SEC-3: the invitation is ivy's alone. Beta's owner and alpha's own owner answering it
     get the 404 of an invitation that does not exist; it stays pending and gives nothing."""
     make_user("ivy")
@@ -211,7 +211,7 @@ def test_p_sec_3_nobody_answers_someone_elses_invitation(team, api_as, make_user
     assert [p["slug"] for p in api_as(invitation.user).get("/api/projects").json()] == []
 
 
-def test_p_sec_3_owners_manage_invitations_and_a_pending_owner_does_not_keep_the_project(team, api_as, make_user):
+def test_owners_manage_invitations_and_a_pending_owner_does_not_keep_the_project(team, api_as, make_user):
     """P-SEC-3: inviting twice is 409 ``already_invited``, inviting a member 409 ``already_member``;
     an owner may change a pending invitation's role. A pending owner invitation is not an owner:
     the last owner cannot step down until it is accepted."""
@@ -235,7 +235,7 @@ def test_p_sec_3_owners_manage_invitations_and_a_pending_owner_does_not_keep_the
 # --- pages, sockets, admin ----------------------------------------------------------------------
 
 
-def test_p_sec_3_pages_invite_list_accept_decline_and_cancel(team, api_as, make_user):
+def test_pages_invite_list_accept_decline_and_cancel(team, api_as, make_user):
     """P-SEC-3: on the project page an owner invites (the row shows "invitation pending" and a
     cancel button that cancels it); on the projects page the invitee sees each pending
     invitation with Accept (then lands in the project) and Decline buttons."""
@@ -285,7 +285,7 @@ def socket_handshake(sid: str, token: str):
     return async_to_sync(body)()
 
 
-def test_p_sec_3_a_pending_invitee_cannot_open_the_sessions_socket(transactional_db, team, api_as, make_user, alpha_rows):
+def test_a_pending_invitee_cannot_open_the_sessions_socket(transactional_db, team, api_as, make_user, alpha_rows):
     """P-SEC-3, SPEC §11.1: the WebSocket of an alpha session refuses a pending invitee exactly
     as for a session that does not exist, and accepts her once she has accepted."""
     from accounts.models import ApiToken
@@ -300,7 +300,7 @@ def test_p_sec_3_a_pending_invitee_cannot_open_the_sessions_socket(transactional
     assert socket_handshake(alpha_rows.sid, token)[0] is True
 
 
-def test_p_sec_3_the_admin_adds_a_pending_invitation(team, make_user, django_user_model):
+def test_the_admin_adds_a_pending_invitation(team, make_user, django_user_model):
     """P-SEC-3: an operator adding a membership in the admin creates an invitation (pending,
     invited by the operator), which gives the person nothing until accepted."""
     operator = django_user_model.objects.create_superuser("operator", "op@example.com", "pw-secret-123")
@@ -317,7 +317,7 @@ def test_p_sec_3_the_admin_adds_a_pending_invitation(team, make_user, django_use
 # --- who is accepted from the start -------------------------------------------------------------
 
 
-def test_p_sec_3_a_new_projects_creator_and_the_demo_are_active_members(team, api_as, settings, tmp_path):
+def test_a_new_projects_creator_and_the_demo_are_active_members(team, api_as, settings, tmp_path):
     """P-SEC-3: creating a project makes the creator an active owner at once; ``manage.py demo``
     makes an active membership."""
     api = api_as(team.member)
@@ -329,7 +329,7 @@ def test_p_sec_3_a_new_projects_creator_and_the_demo_are_active_members(team, ap
     assert Membership.objects.get(project__slug="demo").accepted_at is not None
 
 
-def test_p_sec_3_the_migration_keeps_existing_members_active(transactional_db, team):
+def test_the_migration_keeps_existing_members_active(transactional_db, team):
     """P-SEC-3: ``accounts/0003_membership_invitation`` turns every membership that existed
     before it into an accepted one (nobody loses access in the upgrade)."""
     from django.db import connection
@@ -358,7 +358,7 @@ def test_p_sec_3_the_migration_keeps_existing_members_active(transactional_db, t
 # --- one door ----------------------------------------------------------------------------------------
 
 
-def test_p_sec_3_every_membership_lookup_goes_through_the_policy():
+def test_every_membership_lookup_goes_through_the_policy():
     """P-SEC-3: access is decided in one place. Outside ``accounts`` no code joins ``memberships``
     by hand or filters ``Membership.objects`` for access (either would count pending
     invitations); they use ``accounts.policy.member_project_ids`` / ``member_roles`` /

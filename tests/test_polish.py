@@ -1,4 +1,4 @@
-"""Issue 13 items 7 and 8, in-process: the activity feed in sentences with paging, the styled
+"""Plots and polish, in-process: the activity feed in sentences with paging, the styled
 error pages and the favicon, /api/docs without a CDN, quiet terminal output, the worker's
 name, and the server-rendered plots of tokens, cost, latency and agents over time."""
 
@@ -37,10 +37,10 @@ def _rows(html: str) -> list[str]:
     return re.findall(r'<li data-seq="(\d+)" data-type="([^"]+)">', feed)
 
 
-# --- item 8: the activity feed ----------------------------------------------------------
+# --- the activity feed ------------------------------------------------------------------
 
 
-def test_issue_13_item_8_the_activity_feed_tells_what_happened_in_sentences(team, scripted_session, browser_of):
+def test_the_activity_feed_tells_what_happened_in_sentences(team, scripted_session, browser_of):
     """Sentences, not event codes: who started a turn on which branch, who finished in how long,
     which branch was archived and why; streaming chunks never listed; the raw type, seq and
     payload sit in a collapsible panel under each row."""
@@ -65,7 +65,7 @@ def test_issue_13_item_8_the_activity_feed_tells_what_happened_in_sentences(team
     assert "&quot;reason&quot;: &quot;done &lt;with&gt; it&quot;" in html  # the payload JSON, escaped
 
 
-def test_issue_13_item_8_the_activity_feed_pages_beyond_25_rows_with_an_older_link(team, scripted_session, browser_of):
+def test_the_activity_feed_pages_beyond_25_rows_with_an_older_link(team, scripted_session, browser_of):
     """No hard cap: past PAGE_SIZE rows an "older" link (a plain link and an htmx fetch of the
     partial) shows one more page, and the live refresh of that panel keeps it (its URL carries
     ``pages``); no overlap, no gap. Past MAX_PAGES the link jumps by seq (``before``)."""
@@ -94,7 +94,7 @@ def test_issue_13_item_8_the_activity_feed_pages_beyond_25_rows_with_an_older_li
         assert page.get(f"/s/{sid}/activity?{bad}").status_code == 400, bad
 
 
-def test_issue_13_item_8_past_the_last_page_size_the_older_link_jumps_by_seq(team, scripted_session):
+def test_past_the_last_page_size_the_older_link_jumps_by_seq(team, scripted_session):
     from collab.selectors import activity
 
     _, sid = scripted_session(team.member, [{"text": "answer"}])
@@ -108,8 +108,8 @@ def test_issue_13_item_8_past_the_last_page_size_the_older_link_jumps_by_seq(tea
     assert [r.seq for r in shown.rows] == list(range(9, 0, -1)) and shown.query == "?before=10"
 
 
-def test_issue_13_item_8_the_feed_names_no_session_the_viewer_may_not_see(team, scripted_session, browser_of):
-    """Issue 17 kept: an event about another session (an agent spawned into it) is listed only to
+def test_the_feed_names_no_session_the_viewer_may_not_see(team, scripted_session, browser_of):
+    """Session visibility kept: an event about another session (an agent spawned into it) is listed only to
     those who may see that session; nobody else learns its id or name from the feed."""
     _, sid = scripted_session(team.member, [{"text": "answer"}])
     hidden = Session.objects.create(project=team.alpha, title="hidden", visibility="private", created_by=team.member)
@@ -119,7 +119,7 @@ def test_issue_13_item_8_the_feed_names_no_session_the_viewer_may_not_see(team, 
     assert "secret-agent" not in shown and hidden.pk not in shown
 
 
-def test_issue_13_item_8_a_page_of_activity_costs_the_same_queries_however_long_the_log(team, scripted_session):
+def test_a_page_of_activity_costs_the_same_queries_however_long_the_log(team, scripted_session):
     api, sid = scripted_session(team.member, [{"text": "answer"}])
     session = Session.objects.get(pk=sid)
 
@@ -135,10 +135,10 @@ def test_issue_13_item_8_a_page_of_activity_costs_the_same_queries_however_long_
     assert count() == few <= 8  # events, redaction (at most four), branch names, jobs
 
 
-# --- item 8: error pages, favicon, docs, terminal, worker name ---------------------------
+# --- error pages, favicon, docs, terminal, worker name -----------------------------------
 
 
-def test_issue_13_item_8_an_unknown_url_answers_the_styled_404_page(team, browser_of, settings):
+def test_an_unknown_url_answers_the_styled_404_page(team, browser_of, settings):
     settings.DEBUG = False
     for client in (Client(), browser_of(team.member)):
         r = client.get("/no/such/page/")
@@ -151,28 +151,28 @@ def test_issue_13_item_8_an_unknown_url_answers_the_styled_404_page(team, browse
     assert r.status_code == 404 and 'data-status="404"' in r.content.decode()
 
 
-def test_issue_13_item_8_a_forbidden_action_answers_the_styled_403_page(team, scripted_session, browser_of):
+def test_a_forbidden_action_answers_the_styled_403_page(team, scripted_session, browser_of):
     _, sid = scripted_session(team.member, [{"text": "answer"}])
     r = browser_of(team.viewer).post(f"/s/{sid}/turns", {"prompt": "may I?"})
     assert r.status_code == 403
     assert 'id="error-page" data-status="403"' in r.content.decode()
 
 
-def test_issue_13_item_8_the_500_page_renders_without_a_request_context(db):
+def test_the_500_page_renders_without_a_request_context(db):
     from django.views.defaults import server_error
 
     r = server_error(RequestFactory().get("/"))
     assert r.status_code == 500 and 'data-status="500"' in r.content.decode()
 
 
-def test_issue_13_item_8_the_favicon_is_an_svg_linked_from_every_page(team, browser_of):
+def test_the_favicon_is_an_svg_linked_from_every_page(team, browser_of):
     html = browser_of(team.member).get("/").content.decode()
     assert '<link rel="icon" href="/static/collab/favicon.svg" type="image/svg+xml">' in html
     r = Client().get("/static/collab/favicon.svg")
     assert r.status_code == 200 and b"<svg" in b"".join(r.streaming_content if r.streaming else [r.content])
 
 
-# --- item 7: pictures ----------------------------------------------------------------------
+# --- pictures ------------------------------------------------------------------------------
 
 
 def _jobs(session, spans, *, tokens=100, cost="0.01"):
@@ -191,7 +191,7 @@ def _jobs(session, spans, *, tokens=100, cost="0.01"):
     return t0
 
 
-def test_issue_13_item_7_stats_bucket_tokens_cost_latency_and_agents_in_the_database(team, scripted_session):
+def test_stats_bucket_tokens_cost_latency_and_agents_in_the_database(team, scripted_session):
     _, sid = scripted_session(team.member, [{"text": "answer"}])
     session = Session.objects.get(pk=sid)
     # three overlapping turns at the start, one alone at the end
@@ -209,7 +209,7 @@ def test_issue_13_item_7_stats_bucket_tokens_cost_latency_and_agents_in_the_data
     assert plots["tokens"].total == "600"
 
 
-def test_issue_13_item_7_stats_take_a_constant_number_of_queries(team, scripted_session):
+def test_stats_take_a_constant_number_of_queries(team, scripted_session):
     _, sid = scripted_session(team.member, [{"text": "answer"}])
     session = Session.objects.get(pk=sid)
 
@@ -224,7 +224,7 @@ def test_issue_13_item_7_stats_take_a_constant_number_of_queries(team, scripted_
     assert count() == few == 3
 
 
-def test_issue_13_item_7_the_session_and_project_pages_draw_the_plots_as_svg(team, scripted_session, browser_of):
+def test_the_session_and_project_pages_draw_the_plots_as_svg(team, scripted_session, browser_of):
     """One polyline point per bucket per plot; the title is escaped inside the SVG; the project
     plots count only the sessions the viewer may see."""
     _, sid = scripted_session(team.member, [{"text": "answer"}])
@@ -249,16 +249,16 @@ def test_issue_13_item_7_the_session_and_project_pages_draw_the_plots_as_svg(tea
     assert project_stats(team.alpha, team.viewer).turns == 2
 
 
-def test_issue_13_item_7_no_turns_yet_draws_no_plot(team, scripted_session, browser_of):
+def test_no_turns_yet_draws_no_plot(team, scripted_session, browser_of):
     _, sid = scripted_session(team.member, [{"text": "answer"}])
     html = browser_of(team.member).get(f"/s/{sid}/").content.decode()
     assert "No turns yet." in html and "<polyline" not in html
 
 
-# --- item 8: /api/docs, terminal output, worker name ---------------------------------------
+# --- /api/docs, terminal output, worker name -----------------------------------------------
 
 
-def test_issue_13_item_8_api_docs_load_no_cdn_asset_and_no_inline_script(db):
+def test_api_docs_load_no_cdn_asset_and_no_inline_script(db):
     r = Client().get("/api/docs")
     assert r.status_code == 200
     html = r.content.decode()
@@ -271,7 +271,7 @@ def test_issue_13_item_8_api_docs_load_no_cdn_asset_and_no_inline_script(db):
         assert served.status_code == 200, asset
 
 
-def test_issue_13_item_8_serve_is_quiet_unless_asked(monkeypatch):
+def test_serve_is_quiet_unless_asked(monkeypatch):
     from collab.management.commands.serve import process_commands
 
     monkeypatch.delenv("TRELLIS_WORKER_LOG_LEVEL", raising=False)
@@ -300,7 +300,7 @@ def test_the_worker_cluster_has_a_stable_neutral_name_in_the_jobs_worker_format(
         assert django_q.cluster.Cluster.name.fget(SimpleNamespace(cluster_id=uuid.uuid4())) == name
 
 
-def test_issue_13_item_8_no_template_comment_is_shown_to_people():
+def test_no_template_comment_is_shown_to_people():
     """Django's ``{# #}`` comment ends at the line's end: one left open spills its text onto the page
     (a multi-line note at the top of the session page once shifted the whole layout)."""
     from pathlib import Path

@@ -1,4 +1,4 @@
-"""Issue 15 item 1 (the web process's CPU per turn): each HTTP request's sync code runs on a thread
+"""The web process's CPU per turn: each HTTP request's sync code runs on a thread
 lent for the request and kept for the next one (``config.request_threads``), instead of a thread
 started, and joined by another new thread, for every request — never two requests on one thread
 at once, and a parked ``?wait=`` request holds none."""
@@ -64,7 +64,7 @@ def _request_threads():
     return [t for t in threading.enumerate() if t.name.startswith("trellis-request")]
 
 
-def test_issue_15_1_sequential_requests_run_on_one_kept_thread_through_the_application():
+def test_sequential_requests_run_on_one_kept_thread_through_the_application():
     """Through ``config.asgi.application`` (what daphne serves): Django's sync work of five
     requests one after another (its ``request_started`` receivers, a sync view) runs on lent
     request threads that are still there for the next request — not on a thread per request."""
@@ -90,7 +90,7 @@ def test_issue_15_1_sequential_requests_run_on_one_kept_thread_through_the_appli
     assert all(t.name.startswith("trellis-request") and t.is_alive() and t in _request_threads() for t in seen)
 
 
-def test_issue_15_1_concurrent_requests_never_share_a_thread_and_each_keeps_its_own():
+def test_concurrent_requests_never_share_a_thread_and_each_keeps_its_own():
     """Two requests at once get two threads; each request's sync calls all run on its own one."""
     first_in, release = threading.Event(), asyncio.Event()
 
@@ -120,7 +120,7 @@ def test_issue_15_1_concurrent_requests_never_share_a_thread_and_each_keeps_its_
     assert _idle(wrapped, 2)  # both kept for later requests
 
 
-def test_issue_15_1_a_parked_request_gives_its_thread_back_for_others_to_use():
+def test_a_parked_request_gives_its_thread_back_for_others_to_use():
     """``release_request_thread`` (before a ``?wait=`` parks) hands the lent thread back at once:
     a request arriving while the first is parked runs on that same thread, and the parked one's
     sync code after its wait runs on another thread, never on the one now lent to someone else."""
@@ -154,7 +154,7 @@ def test_issue_15_1_a_parked_request_gives_its_thread_back_for_others_to_use():
     assert not w_after.name.startswith("trellis-request")
 
 
-def test_issue_15_1_at_most_the_kept_number_of_threads_stay_idle():
+def test_at_most_the_kept_number_of_threads_stay_idle():
     """A burst past the bound makes threads for it, and shuts down what is past the bound when
     those requests end: the process does not keep a thread per request it once held at once."""
     wrapped = RequestThreads(None, keep=2)
@@ -170,7 +170,7 @@ def test_issue_15_1_at_most_the_kept_number_of_threads_stay_idle():
     assert wrapped.borrow() is lent[1]
 
 
-def test_issue_15_1_a_request_back_from_its_wait_is_lent_a_thread_again():
+def test_a_request_back_from_its_wait_is_lent_a_thread_again():
     """After its wait (``retake_request_thread``) a request's sync code runs on a lent thread
     again — not the one lent meanwhile to a request still in flight, and not a thread started for
     it — and that thread too goes back to the free list when the request ends."""
@@ -214,7 +214,7 @@ def test_issue_15_1_a_request_back_from_its_wait_is_lent_a_thread_again():
     assert _idle(wrapped, 2)
 
 
-def test_issue_15_1_a_cancelled_request_s_thread_is_lent_again_only_once_its_call_has_ended():
+def test_a_cancelled_request_s_thread_is_lent_again_only_once_its_call_has_ended():
     """A request whose task is cancelled while its sync call still runs (daphne gives up on an
     app still running after its client left; a shutdown) does not hand the busy thread to the
     next request: that one runs on another thread at once, and the busy one goes back to the free

@@ -1,4 +1,4 @@
-"""Issue 15 item 4: the scaled deployment, run as it runs on many machines.
+"""The scaled deployment, run as it runs on many machines.
 
 Two web processes and three workers, each started from its line in ``deploy/Procfile``, share
 one PostgreSQL and one Redis (this run's test database, queue and channel prefix). Nothing but
@@ -140,7 +140,7 @@ class Http:
 
 
 def test_scaled_deployment_two_webs_three_workers(team, api_as, deployment):
-    """Issue 15 item 4, P-RUN-1/P-RUN-2 (events reach every web process), P-REL-1 (a dead worker's
+    """P-RUN-1/P-RUN-2 (events reach every web process), P-REL-1 (a dead worker's
     turn is ended by the others)."""
     from collab.models import Job
 

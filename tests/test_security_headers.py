@@ -1,4 +1,4 @@
-"""Security headers, login throttling and the demo user (issue 11 item 8, P-SEC-8)."""
+"""Security headers, login throttling and the demo user (P-SEC-8)."""
 
 import io
 import subprocess
@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 from tests.test_settings import CLEAN
 
 
-def test_p_sec_8_pages_and_the_api_carry_the_security_headers(team):
+def test_pages_and_the_api_carry_the_security_headers(team):
     client = Client()
     client.force_login(team.member)
     for path in ("/", "/p/alpha/", "/account/tokens", "/api/projects", "/accounts/login/"):
@@ -25,7 +25,7 @@ def test_p_sec_8_pages_and_the_api_carry_the_security_headers(team):
         assert r.headers["Referrer-Policy"] == "same-origin"
 
 
-def test_p_sec_8_the_pages_have_no_inline_script_style_or_handler(team, scripted_session):
+def test_the_pages_have_no_inline_script_style_or_handler(team, scripted_session):
     """What the CSP forbids is not in the pages: no inline <script>, <style>, style= or on…= / hx-on."""
     import re
 
@@ -38,7 +38,7 @@ def test_p_sec_8_the_pages_have_no_inline_script_style_or_handler(team, scripted
         assert "<style" not in html and not re.search(r"\s(style|on[a-z]+|hx-on[:\w-]*)=", html), path
 
 
-def test_p_sec_8_hsts_is_sent_when_cookies_are_secure(tmp_path):
+def test_hsts_is_sent_when_cookies_are_secure(tmp_path):
     code = "import config.settings as s; print(s.SESSION_COOKIE_SECURE, s.SECURE_HSTS_SECONDS)"
 
     def flags(**env):
@@ -52,7 +52,7 @@ def test_p_sec_8_hsts_is_sent_when_cookies_are_secure(tmp_path):
     assert flags(DJANGO_SECURE_COOKIES="1", DJANGO_HSTS_SECONDS="600") == ["True", "600"]
 
 
-def test_p_sec_8_a_secure_request_gets_hsts(settings, team):
+def test_a_secure_request_gets_hsts(settings, team):
     settings.SECURE_HSTS_SECONDS = 31_536_000
     r = Client().get("/accounts/login/", secure=True)
     assert r.headers["Strict-Transport-Security"].startswith("max-age=31536000")
@@ -62,7 +62,7 @@ def login(client, username, password):
     return client.post("/accounts/login/", {"username": username, "password": password})
 
 
-def test_p_sec_8_login_is_throttled_after_repeated_failures(team, settings):
+def test_login_is_throttled_after_repeated_failures(team, settings):
     """After the allowed failures the right password is refused too (429) until the cool-off;
     other people still log in."""
     client = Client()
@@ -73,7 +73,7 @@ def test_p_sec_8_login_is_throttled_after_repeated_failures(team, settings):
     assert login(Client(), "viewer", "pw-secret-123").status_code == 302
 
 
-def test_p_sec_8_the_demo_user_is_an_operator_only_on_the_embedded_default(db, settings, tmp_path, django_user_model):
+def test_the_demo_user_is_an_operator_only_on_the_embedded_default(db, settings, tmp_path, django_user_model):
     settings.VAR_DIR = tmp_path
     settings.DATABASE_URL = "postgres://db.example/trellis"
     call_command("demo", stdout=io.StringIO())
@@ -87,7 +87,7 @@ def test_p_sec_8_the_demo_user_is_an_operator_only_on_the_embedded_default(db, s
     assert not demo.is_staff and not demo.is_superuser
 
 
-def test_p_sec_8_on_the_embedded_default_the_demo_user_is_the_operator(db, settings, tmp_path, django_user_model):
+def test_on_the_embedded_default_the_demo_user_is_the_operator(db, settings, tmp_path, django_user_model):
     settings.VAR_DIR = tmp_path
     settings.DATABASE_URL = ""
     call_command("demo", stdout=io.StringIO())

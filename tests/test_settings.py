@@ -22,13 +22,13 @@ def load_settings(tmp_path, **env):
     )
 
 
-def test_p_run_1_the_embedded_default_needs_no_environment(tmp_path):
+def test_the_embedded_default_needs_no_environment(tmp_path):
     r = load_settings(tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["django.db.backends.sqlite3", "default", "channels.layers.InMemoryChannelLayer"]
 
 
-def test_p_run_2_database_and_redis_urls_switch_to_the_scaled_deployment(tmp_path):
+def test_database_and_redis_urls_switch_to_the_scaled_deployment(tmp_path):
     r = load_settings(tmp_path, DATABASE_URL="postgres://u:p@db.example:5432/trellis", REDIS_URL="redis://cache:6379/0",
                       DJANGO_SECRET_KEY="s3cret")
     assert r.returncode == 0, r.stderr

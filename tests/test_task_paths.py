@@ -1,4 +1,4 @@
-"""Issue 15 item 1 (the worker cluster's CPU per turn): the tasks Trellis hands django-q2 name
+"""The worker cluster's CPU per turn: the tasks Trellis hands django-q2 name
 their function by a ``TaskPath``, which django-q2's worker calls as it is instead of looking the
 string up with ``pydoc.locate`` for every task — while the task still pickles, logs and compares
 as its dotted path."""
@@ -14,7 +14,7 @@ from collab.services.webhooks import DELIVER_WEBHOOK
 from config.task_paths import TaskPath
 
 
-def test_issue_15_1_a_task_path_is_the_path_and_runs_the_function_it_names(monkeypatch):
+def test_a_task_path_is_the_path_and_runs_the_function_it_names(monkeypatch):
     import collab.tasks
 
     for task, name in ((RUN_TURN, "run_turn"), (NAME_BRANCH, "name_branch"), (DELIVER_WEBHOOK, "deliver_webhook")):

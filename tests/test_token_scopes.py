@@ -1,4 +1,4 @@
-"""API tokens: expiry, scopes, minting and hold approval (issue 11 item 7, P-SEC-7).
+"""API tokens: expiry, scopes, minting and hold approval (P-SEC-7).
 
 Every check goes through the public API with real bearer tokens: GETs need ``read``,
 other calls ``write``, the tool gateway ``tools``, creating or revoking tokens ``tokens``,
@@ -29,12 +29,12 @@ def assert_refused(r, status, code):
     assert r.json()["code"] == code, r.json()
 
 
-def test_p_sec_7_a_new_token_reads_writes_and_calls_tools_but_mints_and_approves_nothing(team):
+def test_a_new_token_reads_writes_and_calls_tools_but_mints_and_approves_nothing(team):
     row, _ = token(team.member)
     assert row.scopes == ["read", "write", "tools"] and row.expires_at is None
 
 
-def test_p_sec_7_an_expired_token_is_refused_like_a_revoked_one(team):
+def test_an_expired_token_is_refused_like_a_revoked_one(team):
     row, api = token(team.member, expires_at=timezone.now() + timedelta(hours=1))
     assert api.get("/api/projects").status_code == 200
     ApiToken.objects.filter(pk=row.pk).update(expires_at=timezone.now() - timedelta(seconds=1))  # time passed
@@ -42,7 +42,7 @@ def test_p_sec_7_an_expired_token_is_refused_like_a_revoked_one(team):
     assert_refused(api.post("/api/projects", {"slug": "gamma", "name": "G"}), 401, "unauthenticated")
 
 
-def test_p_sec_7_a_read_token_cannot_write_and_a_write_token_cannot_read(team, scripted_session):
+def test_a_read_token_cannot_write_and_a_write_token_cannot_read(team, scripted_session):
     _, sid = scripted_session(team.member, [{"text": "x"}])
     _, reader = token(team.member, "read")
     assert reader.get(f"/api/sessions/{sid}").status_code == 200
@@ -53,7 +53,7 @@ def test_p_sec_7_a_read_token_cannot_write_and_a_write_token_cannot_read(team, s
     assert writer.post("/api/projects", {"slug": "gamma", "name": "G"}).status_code == 201
 
 
-def test_p_sec_7_the_tool_gateway_needs_the_tools_scope(team, scripted_session):
+def test_the_tool_gateway_needs_the_tools_scope(team, scripted_session):
     _, sid = scripted_session(team.member, [{"text": "x"}])
     address = f"{sid}:nothing"
     _, no_tools = token(team.member, "read", "write")
@@ -63,7 +63,7 @@ def test_p_sec_7_the_tool_gateway_needs_the_tools_scope(team, scripted_session):
     assert tools_only.post(f"/api/branches/{address}/tools/list_agents", {"arguments": {}}).status_code == 404
 
 
-def test_p_sec_7_a_token_without_the_tokens_scope_cannot_create_or_revoke_tokens(team):
+def test_a_token_without_the_tokens_scope_cannot_create_or_revoke_tokens(team):
     victim, _ = token(team.member)
     _, ordinary = token(team.member)
     before = ApiToken.objects.count()
@@ -72,7 +72,7 @@ def test_p_sec_7_a_token_without_the_tokens_scope_cannot_create_or_revoke_tokens
     assert ApiToken.objects.count() == before and ApiToken.objects.get(pk=victim.pk).revoked_at is None
 
 
-def test_p_sec_7_a_token_mints_only_narrower_shorter_lived_tokens_and_takes_them_down_with_it(team):
+def test_a_token_mints_only_narrower_shorter_lived_tokens_and_takes_them_down_with_it(team):
     """A token with ``tokens`` mints tokens no wider and no longer-lived than itself; revoking it
     revokes what it minted, so a stolen token does not survive its own revocation. Audited."""
     ends = timezone.now() + timedelta(days=1)
@@ -100,7 +100,7 @@ def test_p_sec_7_a_token_mints_only_narrower_shorter_lived_tokens_and_takes_them
     assert child["token"] not in json.dumps(list(Event.objects.values_list("payload", flat=True)))
 
 
-def test_p_sec_7_create_api_token_takes_scopes_and_an_expiry(team):
+def test_create_api_token_takes_scopes_and_an_expiry(team):
     out = io.StringIO()
     call_command("create_api_token", "viewer", "--scopes", "read", "--expires-in-days", "3", stdout=out)
     row = ApiToken.objects.get(user=team.viewer)
@@ -110,7 +110,7 @@ def test_p_sec_7_create_api_token_takes_scopes_and_an_expiry(team):
     assert_refused(api.post("/api/projects", {"slug": "gamma", "name": "G"}), 403, "token_scope")
 
 
-def test_p_sec_7_the_tokens_page_sets_scopes_and_expiry(team):
+def test_the_tokens_page_sets_scopes_and_expiry(team):
     client = Client()
     client.force_login(team.member)
     r = client.post("/account/tokens", {"name": "ci", "scopes": ["read", "tools"], "expires_in_days": "7"})
@@ -136,7 +136,7 @@ def held(team, api_as, scripted_session, run_queued):
     return HeldDelivery.objects.get(pk=r.json()["details"]["hold_id"])
 
 
-def test_p_sec_7_approving_a_hold_needs_a_person_or_a_token_scoped_for_holds(team, held):
+def test_approving_a_hold_needs_a_person_or_a_token_scoped_for_holds(team, held):
     """An agent given its starter's ordinary token cannot approve its own held delivery; a
     holds-scoped token can reject one, the person's browser session approve one."""
     _, ordinary = token(team.member)
@@ -150,7 +150,7 @@ def test_p_sec_7_approving_a_hold_needs_a_person_or_a_token_scoped_for_holds(tea
     assert r.status_code == 200 and r.json()["status"] == "approved", r.content
 
 
-def test_p_sec_7_a_holds_scoped_token_decides_a_hold(team, held):
+def test_a_holds_scoped_token_decides_a_hold(team, held):
     _, decider = token(team.member, "holds")
     r = decider.post(f"/api/holds/{held.pk}/reject")
     assert r.status_code == 200 and r.json()["status"] == "rejected", r.content
@@ -163,8 +163,8 @@ def audit_types(client, slug="alpha") -> str:
     return r.content.decode()
 
 
-def test_p_sec_7_tokens_made_and_revoked_through_the_api_are_audited(team):
-    """Issue 14 item 3: ``POST /api/tokens`` and ``DELETE /api/tokens/{id}`` write ``token.created``
+def test_tokens_made_and_revoked_through_the_api_are_audited(team):
+    """``POST /api/tokens`` and ``DELETE /api/tokens/{id}`` write ``token.created``
     and ``token.revoked`` (by whom, which token — never its value) in the owner's projects, and the
     audit page shows them. Someone else's token is "not found" and stays as it was."""
     _, api = token(team.member, "read", "tokens")
@@ -189,8 +189,8 @@ def test_p_sec_7_tokens_made_and_revoked_through_the_api_are_audited(team):
     assert "token.created" in page and "token.revoked" in page
 
 
-def test_p_sec_7_tokens_made_and_revoked_on_the_tokens_page_are_audited(team):
-    """Issue 14 item 3: the tokens page makes and revokes through the same audited service as the
+def test_tokens_made_and_revoked_on_the_tokens_page_are_audited(team):
+    """The tokens page makes and revokes through the same audited service as the
     API, with the same ownership rule (another person's token: 404, untouched)."""
     client = Client()
     client.force_login(team.member)
@@ -211,7 +211,7 @@ def test_p_sec_7_tokens_made_and_revoked_on_the_tokens_page_are_audited(team):
     assert "laptop" in listed and "owner&#x27;s" not in listed and "owner's" not in listed
 
 
-def test_p_sec_0_an_expiry_past_the_calendar_in_utc_is_refused_not_stored(team, api_as):
+def test_an_expiry_past_the_calendar_in_utc_is_refused_not_stored(team, api_as):
     """An ``expires_at`` the schema accepts but that leaves the calendar once in UTC (year 9999 at
     a negative offset; PostgreSQL would store it and fail to read it back) is a 400, never a 500."""
     api = api_as(team.member)

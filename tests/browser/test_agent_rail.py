@@ -21,7 +21,7 @@ SCRIPT = {
 }
 
 
-def test_ow_21_the_agent_rail_lists_children_live_and_a_child_page_is_read_only(team, scripted_session, server, worker, page):
+def test_the_agent_rail_lists_children_live_and_a_child_page_is_read_only(team, scripted_session, server, worker, page):
     """OW acc. 21: the rail lists the direct children with status, duration and token total, live;
     opening one shows its whole transcript read-only (no composer, no re-run)."""
     api, sid = scripted_session(team.member, SCRIPT, toolset="openwork")

@@ -1,4 +1,4 @@
-"""Issue 13 item 2, "Reading a branch", in real headless Chromium against daphne + a worker.
+"""Reading a branch, in real headless Chromium against daphne + a worker.
 
 Two people read one session: a fork made by one never moves what the other sees; delivered
 results render as cards that lead to the agent that produced them, positioned at its node; a
@@ -43,8 +43,8 @@ def turn(api, sid, prompt) -> dict:
     return r.json()
 
 
-def test_issue_13_2_selection_is_per_viewer_a_fork_by_a_moves_nothing_for_b(team, scripted_session, server, worker, browser):
-    """Issue 13 item 2: A forks from a message; A's page shows the fork (and marks it in the branch
+def test_selection_is_per_viewer_a_fork_by_a_moves_nothing_for_b(team, scripted_session, server, worker, browser):
+    """A forks from a message; A's page shows the fork (and marks it in the branch
     list); B, reading main with the page open, still reads main after the live refresh and after a
     reload; someone opening the session afterwards lands on main too."""
     api, sid = scripted_session(team.member, SCRIPT)
@@ -91,9 +91,9 @@ def test_issue_13_2_selection_is_per_viewer_a_fork_by_a_moves_nothing_for_b(team
         p.context.close()
 
 
-def test_issue_13_2_results_are_cards_that_open_the_agent_at_its_node_and_a_cancel_leaves_a_marker(
+def test_results_are_cards_that_open_the_agent_at_its_node_and_a_cancel_leaves_a_marker(
         team, scripted_session, server, worker, page):
-    """Issue 13 item 2: a background agent's result comes home as a card (name, status, body) —
+    """A background agent's result comes home as a card (name, status, body) —
     not the "[result from …]" text its caller's model read; its link opens the agent's branch
     scrolled to the node; a turn cancelled mid-way shows "Turn stopped: cancelled" after its
     prompt."""

@@ -1,4 +1,4 @@
-"""The pages work under their Content-Security-Policy in real Chromium (issue 11 item 8, P-SEC-8):
+"""The pages work under their Content-Security-Policy in real Chromium (P-SEC-8):
 logging in, the live session page (htmx, its WebSocket extension, the composer) and the tokens
 page run without a single policy violation."""
 
@@ -17,7 +17,7 @@ document.addEventListener("securitypolicyviolation", function (e) {
 """
 
 
-def test_p_sec_8_the_session_page_works_under_its_csp_without_violations(team, scripted_session, server, worker, page):
+def test_the_session_page_works_under_its_csp_without_violations(team, scripted_session, server, worker, page):
     _, sid = scripted_session(team.member, [{"sleep_ms": 300}, {"text": "answer: {{prompt}}"}])
     page.add_init_script(RECORD_VIOLATIONS)
     console = []

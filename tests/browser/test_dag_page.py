@@ -1,4 +1,4 @@
-"""The session DAG in real Chromium (issue 13 item 1): a scripted session with a fork (then
+"""The session DAG in real Chromium: a scripted session with a fork (then
 archived), a background spawn with its result, and a delegation with its result, run by a real
 worker; the page's SVG has the right lanes, dots and edges, new rows arrive live, a node opens
 its branch, and the picture is saved for the README (docs/session-dag.png)."""
@@ -39,7 +39,7 @@ def off_loop(fn, *args, **kwargs):
     return out[0]
 
 
-def test_issue_13_item_1_the_dag_of_a_scripted_session_has_its_lanes_dots_and_edges(team, scripted_session, server,
+def test_the_dag_of_a_scripted_session_has_its_lanes_dots_and_edges(team, scripted_session, server,
                                                                                     worker, request, tmp_path):
     from collab.gateway import run_as_branch
     from collab.models import Branch, Job, Message, Session
@@ -122,7 +122,7 @@ def test_issue_13_item_1_the_dag_of_a_scripted_session_has_its_lanes_dots_and_ed
     after = page.locator("#dag svg [data-node] circle.dot").evaluate_all("els => els.map(e => e.getAttribute('cy'))")
     assert after[: len(before)] == before
 
-    # replay (issue 13 item 6): as of event N the graph holds the rows written by then; read-only
+    # replay: as of event N the graph holds the rows written by then; read-only
     from collab.events import with_full_payloads
     from collab.models import Event
 
@@ -149,8 +149,8 @@ def test_issue_13_item_1_the_dag_of_a_scripted_session_has_its_lanes_dots_and_ed
     assert set(page.locator("#dag line.lane.shown").evaluate_all("els => els.map(e => e.dataset.branch)")) == {fork.pk}
 
 
-def test_issue_13_item_4_a_long_session_opens_on_its_newest_page_and_loads_older_rows_on_scroll(team, server, request):
-    """Issue 13 item 4: the graph opens with the newest page (scrolled to the bottom); scrolling up
+def test_a_long_session_opens_on_its_newest_page_and_loads_older_rows_on_scroll(team, server, request):
+    """The graph opens with the newest page (scrolled to the bottom); scrolling up
     loads the older pages above it, in order, with no row twice or missing."""
     from collab.models import Message
     from collab.selectors.dag import PAGE_ROWS

@@ -1,4 +1,4 @@
-"""Issue 13 item 3 ("Live, cheaply") in real headless Chromium against a real daphne (+ worker).
+"""Live updates, cheaply, in real headless Chromium against a real daphne (+ worker).
 
 Each live event makes the page fetch exactly what it changed — the new rows of the shown branch,
 one job/branch/agent row, the running indicator — never the page's sections; what a person is
@@ -76,9 +76,9 @@ def _grow(sid, count, text):
         connection.close()
 
 
-def test_issue_13_3_a_second_viewer_sees_new_rows_live_and_keeps_what_they_are_typing(
+def test_a_second_viewer_sees_new_rows_live_and_keeps_what_they_are_typing(
         team, scripted_session, server, worker, page):
-    """Issue 13 item 3: while a worker answers a turn someone else posted, a second viewer's page
+    """While a worker answers a turn someone else posted, a second viewer's page
     appends the new rows and updates the job row without a reload, and the fork prompt they are
     half-way through typing (focused, its disclosure open) and their composer text are untouched."""
     api, sid = scripted_session(team.member, [{"sleep_ms": 300}, {"text": "answer: {{prompt}}"}])
@@ -135,9 +135,9 @@ def test_issue_13_3_a_second_viewer_sees_new_rows_live_and_keeps_what_they_are_t
     assert "?branch=" in page.url
 
 
-def test_issue_13_3_a_dropped_socket_reconnects_from_its_last_seq_with_no_duplicate_and_no_hole(
+def test_a_dropped_socket_reconnects_from_its_last_seq_with_no_duplicate_and_no_hole(
         team, scripted_session, server, worker, page):
-    """Issue 13 item 3: the socket is closed and cannot reopen while a whole turn happens; when it
+    """The socket is closed and cannot reopen while a whole turn happens; when it
     can, the page reconnects with ``?after=<the last seq it applied>``, gets exactly the gap, and
     shows each row of the branch once, in order — and keeps following live afterwards."""
     api, sid = scripted_session(team.member, [{"sleep_ms": 200}, {"text": "answer: {{prompt}}"}])
@@ -217,8 +217,8 @@ def _requests_for_one_new_row(page, server, sid) -> list[tuple[str, int]]:
     return sorted(out)
 
 
-def test_issue_13_3_the_requests_per_live_event_do_not_grow_with_the_session(team, scripted_session, server, page):
-    """Issue 13 item 3 (bounded work per event per viewer): one new message costs the same requests
+def test_the_requests_per_live_event_do_not_grow_with_the_session(team, scripted_session, server, page):
+    """Bounded work per event per viewer: one new message costs the same requests
     — the same fragments, of about the same size — on a session of 5 messages as on one of 50."""
     _, small = scripted_session(team.member, [{"text": "x"}], agent_id="small")
     _, large = scripted_session(team.member, [{"text": "x"}], agent_id="large")
@@ -258,9 +258,9 @@ def _deltas(sid, job, branch, parts):
         connection.close()
 
 
-def test_issue_13_3_a_burst_of_streamed_text_updates_only_the_generating_bubble(
+def test_a_burst_of_streamed_text_updates_only_the_generating_bubble(
         team, scripted_session, server, worker, page):
-    """Issue 13 item 3: ``message.delta`` events patch only the running indicator's generating
+    """``message.delta`` events patch only the running indicator's generating
     bubble, throttled — a burst of five costs one or two fetches of that one fragment, nothing else."""
     api, sid = scripted_session(team.member, [{"sleep_ms": 8000}, {"text": "done"}])
     log_in(page, server, team.viewer)
@@ -285,8 +285,8 @@ def test_issue_13_3_a_burst_of_streamed_text_updates_only_the_generating_bubble(
     assert running == requests, requests  # deltas are not listed in the activity panel: nothing else
 
 
-def test_issue_13_3_a_page_far_behind_after_a_reconnect_reloads_its_transcript_once(team, scripted_session, server, page):
-    """Issue 13 item 3: more rows arrived while the socket was down than one live fetch carries;
+def test_a_page_far_behind_after_a_reconnect_reloads_its_transcript_once(team, scripted_session, server, page):
+    """More rows arrived while the socket was down than one live fetch carries;
     the page reloads its transcript (one fetch, typed text kept) and still shows every row once."""
     from collab.selectors.pages import LIVE_ROWS
 

@@ -1,4 +1,4 @@
-"""Issue 13 item 8 in real Chromium: /api/docs renders its operations with no network beyond
+"""Polish in real Chromium: /api/docs renders its operations with no network beyond
 this server, the pages fit a phone's width with the side panel below, focus is visible for
 keyboard users, and the colours follow prefers-color-scheme."""
 
@@ -38,7 +38,7 @@ def _session_with_content(scripted_session, team):
     return sid
 
 
-def test_issue_13_item_8_api_docs_render_their_operations_offline_under_the_csp(server, page):
+def test_api_docs_render_their_operations_offline_under_the_csp(server, page):
     refused = _offline(page, server)
     page.add_init_script(RECORD_VIOLATIONS)
     response = page.goto(f"{server.url}/api/docs")
@@ -50,7 +50,7 @@ def test_issue_13_item_8_api_docs_render_their_operations_offline_under_the_csp(
     assert page.evaluate("window.__csp") == []
 
 
-def test_issue_13_item_8_pages_fit_a_phone_and_the_side_panel_stacks_below(team, scripted_session, server, browser):
+def test_pages_fit_a_phone_and_the_side_panel_stacks_below(team, scripted_session, server, browser):
     sid = _session_with_content(scripted_session, team)
     context = browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True)
     page = context.new_page()
@@ -70,7 +70,7 @@ def test_issue_13_item_8_pages_fit_a_phone_and_the_side_panel_stacks_below(team,
         context.close()
 
 
-def test_issue_13_item_8_keyboard_focus_is_visible(team, scripted_session, server, page):
+def test_keyboard_focus_is_visible(team, scripted_session, server, page):
     sid = _session_with_content(scripted_session, team)
     log_in(page, server, team.member)
     page.goto(f"{server.url}/s/{sid}/")
@@ -97,7 +97,7 @@ def test_issue_13_item_8_keyboard_focus_is_visible(team, scripted_session, serve
 
 
 @pytest.mark.parametrize("scheme,dark", [("light", False), ("dark", True)])
-def test_issue_13_item_8_colours_follow_prefers_color_scheme(team, server, page, scheme, dark):
+def test_colours_follow_prefers_color_scheme(team, server, page, scheme, dark):
     page.emulate_media(color_scheme=scheme)
     log_in(page, server, team.member)
     rgb = page.evaluate("getComputedStyle(document.body).backgroundColor")
@@ -105,14 +105,14 @@ def test_issue_13_item_8_colours_follow_prefers_color_scheme(team, server, page,
     assert ((r + g + b) / 3 < 80) is dark, rgb
 
 
-def test_issue_13_item_8_the_real_worker_introduces_itself_by_a_neutral_name(worker):
+def test_the_real_worker_introduces_itself_by_a_neutral_name(worker):
     import re
 
     log = worker.log.read_text(errors="replace")
     assert re.search(r"Q Cluster trellis-\S+-\d+ \[[^\]]+\] running\.", log), log[-2000:]
 
 
-def test_issue_13_item_8_the_older_link_opens_the_next_page_and_live_updates_keep_it(team, scripted_session, server, page):
+def test_the_older_link_opens_the_next_page_and_live_updates_keep_it(team, scripted_session, server, page):
     import threading
 
     from django.db import connection, transaction

@@ -1,4 +1,4 @@
-"""Steering from the session page in real Chromium (issue 13 item 5): a composer that says where
+"""Steering from the session page in real Chromium: a composer that says where
 it posts and stays in view, a named fork from a node, archiving with a reason, and an agent spec
 made on the spec page that a new session then uses."""
 
@@ -21,7 +21,7 @@ def _in_viewport(page, selector) -> bool:
                        return r.top >= 0 && r.bottom <= window.innerHeight + 1 && r.height > 0; }""", selector)
 
 
-def test_issue_13_item_5_the_composer_names_branch_and_agent_and_stays_in_view_while_scrolling(
+def test_the_composer_names_branch_and_agent_and_stays_in_view_while_scrolling(
         team, scripted_session, server, worker, page):
     api, sid = scripted_session(team.member, [{"text": LONG_ANSWER}], agent_id="long-talker")
     for prompt in ("tell me a lot", "and more"):
@@ -44,7 +44,7 @@ def test_issue_13_item_5_the_composer_names_branch_and_agent_and_stays_in_view_w
     assert _in_viewport(page, "#composer")
 
 
-def test_issue_13_item_5_a_person_forks_from_a_node_under_a_name_of_their_own(team, scripted_session, server, worker, page):
+def test_a_person_forks_from_a_node_under_a_name_of_their_own(team, scripted_session, server, worker, page):
     api, sid = scripted_session(team.member, [{"text": "answer: {{prompt}}"}])
     assert api.wait(api.post(f"/api/sessions/{sid}/turns", {"prompt": "first question"}).json()["execution_id"])["status"] == "succeeded"
     log_in(page, server, team.member)
@@ -62,7 +62,7 @@ def test_issue_13_item_5_a_person_forks_from_a_node_under_a_name_of_their_own(te
         "answer: go slower this time", timeout=20_000)
 
 
-def test_issue_13_item_5_a_branch_is_archived_with_a_reason_and_then_offers_a_fork(team, scripted_session, server, worker, page):
+def test_a_branch_is_archived_with_a_reason_and_then_offers_a_fork(team, scripted_session, server, worker, page):
     api, sid = scripted_session(team.member, [{"text": "answer: {{prompt}}"}])
     assert api.wait(api.post(f"/api/sessions/{sid}/turns", {"prompt": "first question"}).json()["execution_id"])["status"] == "succeeded"
     log_in(page, server, team.member)
@@ -82,7 +82,7 @@ def test_issue_13_item_5_a_branch_is_archived_with_a_reason_and_then_offers_a_fo
     expect(page.locator("#transcript article.msg.role-assistant .text").last).to_have_text("answer: once more", timeout=20_000)
 
 
-def test_issue_13_item_5_a_spec_made_on_the_spec_page_runs_a_new_session(team, server, worker, page):
+def test_a_spec_made_on_the_spec_page_runs_a_new_session(team, server, worker, page):
     log_in(page, server, team.owner)
     page.goto(f"{server.url}/p/alpha/")
     page.click("#specs-link")

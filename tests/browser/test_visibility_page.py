@@ -1,4 +1,4 @@
-"""Who sees a session, in the browser (issue 17, P-SEC-9 / OP-§5.9): the creator makes a session
+"""Who sees a session, in the browser (P-SEC-9 / OP-§5.9): the creator makes a session
 private and shares it from the session page's small form; a member not on the list then finds
 it gone from the project page and its URL answers like a missing session; the listed member
 opens it."""
@@ -12,7 +12,7 @@ from tests.browser.test_session_page import log_in
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
-def test_p_sec_9_the_creator_makes_a_session_private_then_shares_it_from_the_page(team, scripted_session, server,
+def test_the_creator_makes_a_session_private_then_shares_it_from_the_page(team, scripted_session, server,
                                                                                  make_user, page):
     colleague, friend = make_user("colleague"), make_user("friend")
     for user in (colleague, friend):

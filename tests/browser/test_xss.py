@@ -65,7 +65,7 @@ def test_p_sec_markup_from_people_and_agents_is_shown_as_text_and_never_runs(tea
     expect(transcript.locator("article.msg.role-user .text")).to_have_text(XSS)
     answer = transcript.locator("article.msg.role-assistant .text").last
     expect(answer).to_have_text(XSS, timeout=30_000)  # arrived live: the socket's event, then the partial refresh
-    # tool calls are shown as indented JSON (issue 13 item 2): the payload as a JSON string, literally
+    # tool calls are shown as indented JSON: the payload as a JSON string, literally
     expect(transcript.locator("article.msg.role-assistant .calls code").first).to_contain_text(json.dumps(XSS))
     expect(transcript.locator("article.msg.role-tool .text")).to_contain_text(XSS)
     assert_no_script_ran(page)

@@ -1,5 +1,5 @@
 """A session or execution looked up by id decides with the same rule as the listings (P-SEC-9,
-OP §5.9, issue 17; issue 15 item 1's fourth round).
+OP §5.9).
 
 ``collab.access.access_session`` / ``access_job`` read the row and the caller's standing in it
 (accepted project role, share of the root session) in one statement and decide in Python
@@ -57,7 +57,7 @@ def world(db, make_user):
     return users, sessions, jobs
 
 
-def test_p_sec_9_a_lookup_by_id_answers_as_the_listing_does_for_everyone(world):
+def test_a_lookup_by_id_answers_as_the_listing_does_for_everyone(world):
     users, sessions, jobs = world
     for (name, user), (label, sid) in itertools.product(users.items(), sessions.items()):
         listed = visible_sessions(user).filter(pk=sid).exists()
@@ -81,7 +81,7 @@ def test_p_sec_9_a_lookup_by_id_answers_as_the_listing_does_for_everyone(world):
     assert visible_sessions(users["maintainer"]).filter(pk=sessions["private/None"]).exists()
 
 
-def test_p_sec_9_a_share_narrows_the_role_a_lookup_by_id_checks(world):
+def test_a_share_narrows_the_role_a_lookup_by_id_checks(world):
     users, sessions, _ = world
     member = users["member"]
     # a viewer share: the member may read the session, not start a turn in it
@@ -96,7 +96,7 @@ def test_p_sec_9_a_share_narrows_the_role_a_lookup_by_id_checks(world):
     assert access_session(member, sessions["shared/viewer/child"]).pk == sessions["shared/viewer/child"]
 
 
-def test_p_sec_9_a_session_one_may_not_see_costs_what_a_missing_id_costs(world):
+def test_a_session_one_may_not_see_costs_what_a_missing_id_costs(world):
     users, sessions, _ = world
     member = users["member"]
     with CaptureQueriesContext(connection) as hidden:

@@ -1,4 +1,4 @@
-"""One access layer (issue 14 item 2; SPEC §8, OP §2.6, §5.8, §5.10; P-SEC-7).
+"""One access layer (SPEC §8, OP §2.6, §5.8, §5.10; P-SEC-7).
 
 Every rule lives in ``collab/access.py`` (``accounts/policy.py`` for role → capability), and
 every entry point asks it. These tests hold each rule to ONE decision per role — owner,

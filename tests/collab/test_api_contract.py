@@ -313,7 +313,7 @@ def test_post_agent_spec_fills_defaults_for_a_minimal_spec(owner_api):
 
 
 def test_post_agent_spec_is_audited_like_the_specs_page(team, owner_api):
-    """Issue 14 item 3: ``POST /api/projects/{slug}/agent-specs`` goes through the same audited
+    """``POST /api/projects/{slug}/agent-specs`` goes through the same audited
     service as the specs page and the admin: an ``agent_spec.created`` event by its author."""
     r = owner_api.post("/api/projects/alpha/agent-specs", {"agent_id": "audited"})
     assert r.status_code == 201, r.content
@@ -746,7 +746,7 @@ def test_the_openapi_input_schemas_forbid_unknown_fields(team):
     assert {"execution_id", "status", "version"} <= set(turn_out)
 
 
-# --- the published schema states the services' rules (issue 15 item 3, R5's ST202) -----------
+# --- the published schema states the services' rules (R5's ST202) -------------------------------
 
 
 def test_the_published_script_schema_refuses_what_check_script_refuses_and_accepts_the_rest(member_api):

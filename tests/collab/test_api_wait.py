@@ -1,4 +1,4 @@
-"""Issue 15 item 2, waiting without polling: ``POST /api/sessions/{sid}/turns?wait=S`` and
+"""Waiting without polling: ``POST /api/sessions/{sid}/turns?wait=S`` and
 ``GET /api/executions/{id}?wait=S`` (0–60 s) answer when the execution is terminal or the wait
 ends, holding no thread and no database connection while they wait. Through a real daphne
 process (the wake-up comes from the worker's events: channels-redis with REDIS_URL, the
@@ -53,7 +53,7 @@ def _cancel(client, job_id: str):
     assert r.status_code == 202, r.text
 
 
-def test_issue_15_2_post_turn_with_wait_answers_with_the_terminal_status(team, scripted_session, server, worker):
+def test_post_turn_with_wait_answers_with_the_terminal_status(team, scripted_session, server, worker):
     """A quick scripted turn: the 202 carries ``succeeded``, ``waited`` and the execution with
     its result; the answer is in the session's transcript."""
     _, sid = scripted_session(team.member, [{"text": "the waited answer"}])
@@ -73,7 +73,7 @@ def test_issue_15_2_post_turn_with_wait_answers_with_the_terminal_status(team, s
         assert r.status_code == 202 and r.json()["waited"] is False and r.json()["execution"] is None, r.text
 
 
-def test_issue_15_2_get_execution_with_wait_answers_when_a_slow_turn_ends(team, scripted_session, server, worker):
+def test_get_execution_with_wait_answers_when_a_slow_turn_ends(team, scripted_session, server, worker):
     _, sid = scripted_session(team.member, [{"sleep_ms": 1500}, {"text": "slow answer"}])
     with http(server, team.member) as client:
         job_id = client.post(f"/api/sessions/{sid}/turns", json={"prompt": "go"}).json()["execution_id"]
@@ -85,7 +85,7 @@ def test_issue_15_2_get_execution_with_wait_answers_when_a_slow_turn_ends(team, 
         assert client.get(f"/api/executions/{job_id}").json()["waited"] is False
 
 
-def test_issue_15_2_a_wait_that_ends_first_answers_with_the_current_status(team, scripted_session, server):
+def test_a_wait_that_ends_first_answers_with_the_current_status(team, scripted_session, server):
     """No worker takes the 10-minute turn before the wait ends: the answer is the current status."""
     _, sid = scripted_session(team.member, [{"sleep_ms": 600_000}, {"text": "never"}])
     with http(server, team.member) as client:
@@ -101,7 +101,7 @@ def test_issue_15_2_a_wait_that_ends_first_answers_with_the_current_status(team,
         assert r.json()["status"] == "cancelled", r.text
 
 
-def test_issue_15_2_bad_wait_values_are_refused_with_a_reason(team, scripted_session, server):
+def test_bad_wait_values_are_refused_with_a_reason(team, scripted_session, server):
     _, sid = scripted_session(team.member, [{"text": "ok"}])
     with http(server, team.member) as client:
         job_id = client.post(f"/api/sessions/{sid}/turns", json={"prompt": "go"}).json()["execution_id"]
@@ -119,7 +119,7 @@ def test_issue_15_2_bad_wait_values_are_refused_with_a_reason(team, scripted_ses
             assert outsider.get(f"/api/executions/{job_id}?wait=1").status_code == 404
 
 
-def test_issue_15_2_many_waiting_clients_hold_no_thread_or_connection(team, scripted_session, server):
+def test_many_waiting_clients_hold_no_thread_or_connection(team, scripted_session, server):
     """20 clients wait on an execution that does not end (no worker takes its 10-minute
     step): a plain GET answers while all of them are still waiting, the web process has not
     grown a thread per waiter, nor the database a connection per waiter; cancelling the
@@ -152,7 +152,7 @@ def test_issue_15_2_many_waiting_clients_hold_no_thread_or_connection(team, scri
 
 
 @pytest.mark.skipif(not settings.REDIS_URL, reason="group membership is a Redis layer's (the relay keeps none)")
-def test_issue_15_2_a_waiting_turn_leaves_the_session_group_whatever_its_answer(team, scripted_session, server, worker):
+def test_a_waiting_turn_leaves_the_session_group_whatever_its_answer(team, scripted_session, server, worker):
     """``POST …/turns?wait=`` listens on the session's group from before the turn exists (so it
     never reads the execution before it can have ended) and leaves the group after answering —
     a succeeded turn, a refused one (an outsider: 404; a viewer: 403) and an unknown session

@@ -320,11 +320,11 @@ API_BODIES = {
     ("POST", "/api/projects/{slug}/members"): lambda a: {"username": "outsider", "role": "owner"},
     ("PATCH", "/api/projects/{slug}/members/{username}"): lambda a: {"role": "owner"},
     ("PATCH", "/api/projects/{slug}"): lambda a: {"name": "Taken over"},
-    # who sees alpha's session (issue 17; a share names a member of its project)
+    # who sees alpha's session (a share names a member of its project)
     ("PATCH", "/api/sessions/{sid}"): lambda a: {"visibility": "private"},
     ("PUT", "/api/sessions/{sid}/shares"): lambda a: [{"username": "viewer", "role": "viewer"}],
     ("POST", "/api/sessions/{sid}/shares"): lambda a: {"username": "viewer", "role": "viewer"},
-    # alpha's webhooks (issue 16 item 4): an outsider registers or redirects one
+    # alpha's webhooks: an outsider registers or redirects one
     ("POST", "/api/projects/{slug}/webhooks"): lambda a: {"url": "http://127.0.0.1:9/probe"},
     ("PATCH", "/api/webhooks/{webhook_id}"): lambda a: {"url": "http://127.0.0.1:9/probe"},
 }

@@ -1,6 +1,6 @@
-"""Bad input is a 4xx with a reason, never a 500 (issue 12 item 4; BRIEF house rules; P-TXT-1).
+"""Bad input is a 4xx with a reason, never a 500 (BRIEF house rules; P-TXT-1).
 
-Every probe of the issue's list — a lone surrogate or a NUL in string fields, ``Infinity`` /
+Every probe — a lone surrogate or a NUL in string fields, ``Infinity`` /
 ``1e400`` as a number, NUL and malformed ids / versions / dates in paths, forms and query
 strings, OpenWork task names with a trailing newline — on every API route and page, on
 PostgreSQL and on SQLite. API errors have the ``{"detail", "code"}`` shape; pages answer a
@@ -91,8 +91,8 @@ def string_bodies(w, bad):
 
 
 @pytest.mark.parametrize("bad", [SURROGATE, NUL, "\udfff" * 3], ids=["surrogate", "nul", "low-surrogates"])
-def test_p_txt_1_no_api_string_field_answers_500_for_nul_or_a_lone_surrogate(world, bad):
-    """P-TXT-1, issue 12: each route answers 2xx (stored with U+FFFD) or a 4xx error with a code."""
+def test_no_api_string_field_answers_500_for_nul_or_a_lone_surrogate(world, bad):
+    """P-TXT-1: each route answers 2xx (stored with U+FFFD) or a 4xx error with a code."""
     for method, path, body in string_bodies(world, bad):
         r = raw_post(world.owner, path, json.dumps(body), method)  # the owner may call every route
         answer(r)
@@ -101,7 +101,7 @@ def test_p_txt_1_no_api_string_field_answers_500_for_nul_or_a_lone_surrogate(wor
             assert "\\ud800" not in r.content.decode() and "\\udfff" not in r.content.decode(), (path, r.content)
 
 
-def test_p_txt_1_what_is_stored_from_bad_strings_reads_back_with_the_replacement(world):
+def test_what_is_stored_from_bad_strings_reads_back_with_the_replacement(world):
     api = world.api
     r = api.post("/api/projects/alpha/sessions", {"title": f"a{SURROGATE}b{NUL}c", "agent_id": "bot"})
     assert r.status_code == 201 and r.json()["title"] == f"a{REPLACEMENT}b{REPLACEMENT}c"
@@ -114,8 +114,8 @@ def test_p_txt_1_what_is_stored_from_bad_strings_reads_back_with_the_replacement
 
 
 @pytest.mark.parametrize("literal", ["Infinity", "-Infinity", "NaN", "1e400", "-1e400"])
-def test_p_txt_1_a_non_finite_number_is_a_400_not_a_500(world, literal):
-    """Issue 12: ``Infinity`` (or a float literal too large for a float) as a limit or any number."""
+def test_a_non_finite_number_is_a_400_not_a_500(world, literal):
+    """``Infinity`` (or a float literal too large for a float) as a limit or any number."""
     owner, api, w = world.owner, world.api, world
     probes = [
         (owner, "patch", "/api/projects/alpha/limits", '{"max_messages": %s}' % literal),
@@ -138,8 +138,8 @@ def test_p_txt_1_a_non_finite_number_is_a_400_not_a_500(world, literal):
     assert world.owner.get("/api/projects/alpha/limits").json()["max_messages"] == 8
 
 
-def test_p_txt_1_nul_and_junk_in_api_paths_and_query_strings_are_4xx(world):
-    """Issue 12: a NUL (``%00``), an over-long id or a huge number in a path or query string."""
+def test_nul_and_junk_in_api_paths_and_query_strings_are_4xx(world):
+    """A NUL (``%00``), an over-long id or a huge number in a path or query string."""
     api, w = world.api, world
     junk = ["%00", "a%00b", "x" * 300, "%F0%9F%98%80", "%ED%A0%80", "..", "99999999999999999999999"]
     for bit in junk:
@@ -173,8 +173,8 @@ def test_p_txt_1_nul_and_junk_in_api_paths_and_query_strings_are_4xx(world):
 # --- pages: forms and query strings ----------------------------------------------------------------
 
 
-def test_p_txt_1_pages_answer_400_or_404_for_nul_bad_versions_ids_and_dates(world, team):
-    """Issue 12's 11 pages: ``/s/…/turns``, fork, new session, token name, ``?branch=``, ``?head=``,
+def test_pages_answer_400_or_404_for_nul_bad_versions_ids_and_dates(world, team):
+    """The 11 pages probed: ``/s/…/turns``, fork, new session, token name, ``?branch=``, ``?head=``,
     audit filters (incl. bad dates), cancel with a bad version — never a 500; text fields store
     U+FFFD."""
     c, w = world.client, world
@@ -237,8 +237,8 @@ def test_p_txt_1_pages_answer_400_or_404_for_nul_bad_versions_ids_and_dates(worl
 
 @pytest.mark.parametrize("name", ["find_auth\n", "a" * 48 + "\n", "a" * 47 + "\n", "\nfind_auth", "find\nauth",
                                   "find_auth\x00", "find_auth\ud800", "a" * 49])
-def test_ow_04_a_task_name_with_a_trailing_newline_is_invalid_on_both_databases(world, name):
-    """OW §3/§5, issue 12: ``re.match(...$)`` accepted ``"find_auth\\n"`` (SQLite stored it,
+def test_a_task_name_with_a_trailing_newline_is_invalid_on_both_databases(world, name):
+    """OW §3/§5: ``re.match(...$)`` accepted ``"find_auth\\n"`` (SQLite stored it,
     PostgreSQL refused it, 48 characters + ``\\n`` crashed the parent turn); now a full match
     refuses it as ``invalid_task_name`` before anything is written."""
     before = (Session.objects.count(), Branch.objects.count(), Job.objects.count())
@@ -251,7 +251,7 @@ def test_ow_04_a_task_name_with_a_trailing_newline_is_invalid_on_both_databases(
 
 
 @pytest.mark.parametrize("name", ["find_auth\n", "a" * 47 + "\n"])
-def test_ow_the_database_check_agrees_with_the_full_match(world, name):
+def test_the_database_check_agrees_with_the_full_match(world, name):
     """OW §3: the CHECKs backing the task_name format refuse a trailing newline on SQLite as on
     PostgreSQL (``\\A…\\Z``, never ``^…$``)."""
     from django.db import IntegrityError, transaction

@@ -1,4 +1,4 @@
-"""The worker queue's Redis broker keeps its connection (issue 15 item 1): django-q2 builds a
+"""The worker queue's Redis broker keeps its connection: django-q2 builds a
 broker for every ``async_task``, and its own Redis broker opened a new Redis connection for each,
 on the path of every turn from the admission's commit to the worker's start."""
 
@@ -10,7 +10,7 @@ from django.conf import settings
 pytestmark = pytest.mark.skipif(not settings.REDIS_URL, reason="the Redis broker is used with REDIS_URL only")
 
 
-def test_issue_15_1_every_enqueue_of_a_process_uses_one_redis_connection():
+def test_every_enqueue_of_a_process_uses_one_redis_connection():
     from django_q.brokers import get_broker
 
     first, second = get_broker(), get_broker()
@@ -21,7 +21,7 @@ def test_issue_15_1_every_enqueue_of_a_process_uses_one_redis_connection():
     first.purge_queue()
 
 
-def test_issue_15_1_a_forked_process_makes_its_own_client():
+def test_a_forked_process_makes_its_own_client():
     from django_q.brokers import get_broker
 
     parent = get_broker().connection

@@ -115,7 +115,7 @@ def assert_linear_followup_chain(t, first_followup_turn):
 # --- OP tool page §06 scene 1: a batch of background tasks with a plan -----------------------------
 
 
-def test_op_scene1_batch_of_five_background_tasks_with_todos(team, api_as, worker):
+def test_a_batch_of_five_background_tasks_planned_with_todos_comes_back_as_follow_ups(team, api_as, worker):
     """OP tool page §06 scene 1 (and OP C1): plan five items (todo_create with blocked_by), dispatch
     five background agents, watch them with list_jobs, receive the results automatically as
     follow-ups on the caller branch, then mark the plan items completed. Plan tools start nothing."""
@@ -190,7 +190,7 @@ def test_op_scene1_batch_of_five_background_tasks_with_todos(team, api_as, worke
 # --- scene 2: find an existing agent, then message it or give it a task ----------------------------
 
 
-def test_op_scene2_find_agent_then_send_message_or_delegate_task(team, api_as, run_queued):
+def test_an_agent_found_in_another_session_is_sent_a_message_or_delegated_a_task(team, api_as, run_queued):
     """OP tool page §06 scene 2 and §03: list_agents(scope="all") finds an agent in another session;
     send_message to an idle target returns a delivery_id naming the message turn's execution and
     brings nothing back; agent(to=…) returns an execution_id whose final reply comes back to the
@@ -261,7 +261,7 @@ def test_op_scene2_find_agent_then_send_message_or_delegate_task(team, api_as, r
 # --- scene 3: read the end of an old conversation without running anything -----------------------
 
 
-def test_op_scene3_read_last_ten_turns_never_runs_anything(team, api_as, run_queued):
+def test_reading_the_last_ten_turns_never_runs_anything(team, api_as, run_queued):
     """OP tool page §06 scene 3 and SPEC §4 read_conversation: with the SID:HEAD that list_agents
     gives, start_turn=-10 on a 12-turn branch returns exactly turns 2..11; include_function_calls
     and max_chars shape the text; reading never starts a run (no new job anywhere)."""
@@ -311,7 +311,7 @@ def test_op_scene3_read_last_ten_turns_never_runs_anything(team, api_as, run_que
 # --- P-FLW-2 / OP C10: eight completions form one serial chain --------------------------------------
 
 
-def test_op_c10_p_flw_2_eight_children_one_serial_chain_of_followups(team, api_as, worker):
+def test_eight_children_one_serial_chain_of_followups(team, api_as, worker):
     """SPEC §6 P-FLW-2, OP §2.5 and C10: a turn spawns 8 background children; their results come
     back to the caller branch exactly once each (none lost or doubled), as one linear chain
     notice→answer→notice→answer at the current tip (never siblings of the spawning node), and
@@ -361,7 +361,7 @@ def test_op_c10_p_flw_2_eight_children_one_serial_chain_of_followups(team, api_a
 # --- OP §5.4: a busy target queues messages and runs them after, FIFO -------------------------------
 
 
-def test_op_5_4_message_to_busy_branch_waits_and_runs_after_in_order(team, api_as, worker):
+def test_message_to_busy_branch_waits_and_runs_after_in_order(team, api_as, worker):
     """OP §5.4, SPEC §6 busy target: while the target runs a slow turn, send_message returns
     "queued" (no delivery_id yet); when that turn ends the messages run as message turns on the
     target, one after another, in the order they were sent, each with its sender header."""
@@ -412,7 +412,7 @@ def test_op_5_4_message_to_busy_branch_waits_and_runs_after_in_order(team, api_a
 # --- OP §5.4: the inbox cap and duplicate rejection ------------------------------------------------
 
 
-def test_op_5_4_inbox_cap_drops_oldest_with_notice_and_rejects_duplicates(team, api_as, worker):
+def test_inbox_cap_drops_oldest_with_notice_and_rejects_duplicates(team, api_as, worker):
     """OP §5.4, SPEC §6: at most 50 queued deliveries per busy target. The 51st drops the oldest and
     the dropped message's *sender session* gets an ``inbox.dropped`` event; the same text from the
     same sender still queued within 60 s is rejected with code duplicate_message (and drops nothing);
@@ -480,7 +480,7 @@ def test_op_5_4_inbox_cap_drops_oldest_with_notice_and_rejects_duplicates(team, 
     notices = Job.objects.filter(kind="followup", followup_of__error_code="inbox_overflow").count()
     assert notices == 2  # each dropped message's sender heard of it exactly once
     # each refused delivery is a failed execution (error_code archived) whose result reaches its
-    # sender exactly once (issue 12 item 5): one follow-up per message, in the sender's session
+    # sender exactly once: one follow-up per message, in the sender's session
     refused = list(Job.objects.filter(error_code="archived", kind="message").values_list("caller_session_id", flat=True))
     assert sorted(refused) == sorted([first_sid] + [other_sid] * 49), refused
     def heard():
@@ -494,7 +494,7 @@ def test_op_5_4_inbox_cap_drops_oldest_with_notice_and_rejects_duplicates(team, 
 # --- OP §2.6 / C3: archived targets -----------------------------------------------------------------
 
 
-def test_op_c3_archived_agent_rejects_deliveries_but_history_stays_readable_and_forkable(team, api_as, run_queued):
+def test_archived_agent_rejects_deliveries_but_history_stays_readable_and_forkable(team, api_as, run_queued):
     """OP §2.6, tool page §05, C3: archive is global (archived by one person, hidden in another's
     ordinary listings); both delivery paths (agent(to=…), send_message) refuse an archived target
     with code "archived" and create nothing — also through a stale SID:HEAD; history stays readable
@@ -573,7 +573,7 @@ def test_op_c3_archived_agent_rejects_deliveries_but_history_stays_readable_and_
 # --- OP C2: fork and run in one call; `to` never creates -------------------------------------------
 
 
-def test_op_c2_fork_and_run_in_one_call_and_missing_to_creates_nothing(team, api_as, run_queued):
+def test_fork_and_run_in_one_call_and_missing_to_creates_nothing(team, api_as, run_queued):
     """OP §1 `agent` modes and C2: one agent(start_from="T:M", prompt, description) call creates a
     branch at exactly node M of session T, names it, and runs the prompt there (foreground: the
     final text comes back). With `to` naming a missing target — an unknown SID:HEAD, an unknown
@@ -633,7 +633,7 @@ def test_op_c2_fork_and_run_in_one_call_and_missing_to_creates_nothing(team, api
 # --- OP C7 (data side): the attach pointer of a cross-session spawn ----------------------------------
 
 
-def test_op_c7_cross_session_spawn_stores_attach_in_caller_session_and_moves_no_head(team, api_as, worker):
+def test_cross_session_spawn_stores_attach_in_caller_session_and_moves_no_head(team, api_as, worker):
     """OP §2.1, §2.5, C7 and SPEC §6 Attach: a turn in S spawns into session T at node M. The attach
     pointer is stored in S next to the calling node (kind ``attach``, metadata.attach
     session_id=T, head_id=the target's first node); the target's first node carries
@@ -696,7 +696,7 @@ def test_op_c7_cross_session_spawn_stores_attach_in_caller_session_and_moves_no_
 # --- OP §5.5 / C10: failures come back too, once, and nothing loops --------------------------------
 
 
-def test_op_5_5_c10_failed_and_empty_results_come_back_once_without_loops(team, api_as, run_queued):
+def test_failed_and_empty_results_come_back_once_without_loops(team, api_as, run_queued):
     """OP §5.5 and C10: a background child whose turn fails (51 tool calls in one step hit the
     50-call cap: error_code tool_call_limit), a child that answers with an empty reply, and a
     delegated task that fails all come back to the caller exactly once — the failures as

@@ -119,7 +119,7 @@ def parse_dt(value: str):
 # === 1. the address resolver (SPEC §3, OP §1/§2.1/§5.9) =====================================
 
 
-def test_op_2_1_stale_sid_head_finds_the_branch_and_delivers_at_its_current_tip(team, open_session):
+def test_stale_sid_head_finds_the_branch_and_delivers_at_its_current_tip(team, open_session):
     """SPEC §3: a stale ``SID:HEAD`` (an older message written on the branch) still finds its
     branch, and the delivery is made at the branch's *current* tip, not at the stale node."""
     a = open_session()
@@ -146,7 +146,7 @@ def test_op_2_1_stale_sid_head_finds_the_branch_and_delivers_at_its_current_tip(
     assert read["details"]["branch"] == helper2.pk
 
 
-def test_op_2_1_a_name_resolves_in_the_callers_session_first_then_across_visible_sessions(team, open_session):
+def test_a_name_resolves_in_the_callers_session_first_then_across_visible_sessions(team, open_session):
     """SPEC §3: a name resolves within the caller's session first, then across sessions the
     caller may see (never in another project's sessions)."""
     s1 = open_session(title="one")
@@ -170,7 +170,7 @@ def test_op_2_1_a_name_resolves_in_the_callers_session_first_then_across_visible
     assert error_code(got) == "not_found", got
 
 
-def test_op_2_1_an_ambiguous_name_is_an_error_listing_candidates_never_a_guess(team, open_session):
+def test_an_ambiguous_name_is_an_error_listing_candidates_never_a_guess(team, open_session):
     """SPEC §3: an ambiguous name returns the candidates (each with its ``SID:HEAD``) as an error
     with code ``ambiguous_target``; nothing is delivered."""
     s1, s2, s3 = open_session(title="one"), open_session(title="two"), open_session(title="three")
@@ -192,7 +192,7 @@ def test_op_2_1_an_ambiguous_name_is_an_error_listing_candidates_never_a_guess(t
     assert not Branch.objects.filter(archived=True).exists()
 
 
-def test_op_5_9_missing_and_invisible_targets_answer_identically(team, open_session):
+def test_missing_and_invisible_targets_answer_identically(team, open_session):
     """SPEC §3 / OP §5.9: a target that does not exist and one in another project (the
     outsider's) give the same "not found" result, for names and for ``SID:HEAD`` alike, on every
     resolving tool; nothing is created."""
@@ -226,7 +226,7 @@ def test_op_5_9_missing_and_invisible_targets_answer_identically(team, open_sess
     assert Job.objects.filter(project=team.alpha).count() == 1  # a's own user turn only
 
 
-def test_op_2_1_delivery_to_the_callers_own_branch_is_rejected(team, open_session):
+def test_delivery_to_the_callers_own_branch_is_rejected(team, open_session):
     """SPEC §3: the resolver rejects delivery to the caller's own current branch (code
     ``self_delivery``), by address, stale address or name."""
     a = open_session()
@@ -240,7 +240,7 @@ def test_op_2_1_delivery_to_the_callers_own_branch_is_rejected(team, open_sessio
     assert Job.objects.count() == jobs
 
 
-def test_op_2_1_send_message_to_new_is_invalid_and_nothing_is_created(team, open_session):
+def test_send_message_to_new_is_invalid_and_nothing_is_created(team, open_session):
     """SPEC §4 / OP §2.1: ``to="new"`` is not a way to create an agent."""
     a = open_session()
     counts = (Branch.objects.count(), Job.objects.count())
@@ -251,8 +251,8 @@ def test_op_2_1_send_message_to_new_is_invalid_and_nothing_is_created(team, open
     assert (Branch.objects.count(), Job.objects.count()) == counts
 
 
-def test_op_1_send_message_agent_id_is_the_recipients_own_or_refused(team, open_session):
-    """SPEC §4 ``send_message(message, to, agent_id="main")`` (issue 14 item 6): a message runs
+def test_send_message_agent_id_is_the_recipients_own_or_refused(team, open_session):
+    """SPEC §4 ``send_message(message, to, agent_id="main")``: a message runs
     with the recipient's own saved configuration (``agent_id`` never addresses a branch or
     changes who answers, OP §1). The default, or the recipient's own ``agent_id``, delivers;
     another one is refused (``agent_id_mismatch``) and nothing is delivered."""
@@ -271,7 +271,7 @@ def test_op_1_send_message_agent_id_is_the_recipients_own_or_refused(team, open_
     assert not call(a.api, a.address, "send_message", message="hi by default", to="helper")["is_error"]
 
 
-def test_op_2_6_archived_targets_are_refused_by_the_resolver(team, open_session):
+def test_archived_targets_are_refused_by_the_resolver(team, open_session):
     """SPEC §3 / OP §2.6: deliveries to an archived branch are refused (code ``archived``)."""
     a = open_session()
     helper = spawn(a, "some work", description="helper")
@@ -285,7 +285,7 @@ def test_op_2_6_archived_targets_are_refused_by_the_resolver(team, open_session)
     assert Job.objects.count() == jobs
 
 
-def test_op_2_6_an_archived_branch_answers_to_its_name_only_when_no_live_branch_does(team, open_session):
+def test_an_archived_branch_answers_to_its_name_only_when_no_live_branch_does(team, open_session):
     """SPEC §3/§4, OP §2.6: by name, an archived branch stays readable and re-archivable
     (idempotent) and deliveries to it hear "archived"; a live branch of the same name wins."""
     a = open_session()
@@ -302,7 +302,7 @@ def test_op_2_6_an_archived_branch_answers_to_its_name_only_when_no_live_branch_
     assert call(a.api, a.address, "read_conversation", session_id="helper")["details"]["branch"] == new.pk
 
 
-def test_spec_4_schemas_reject_unknown_fields_and_unknown_tools(team, open_session):
+def test_schemas_reject_unknown_fields_and_unknown_tools(team, open_session):
     """SPEC §4: schemas reject unknown fields (``invalid_arguments``); an unknown tool answers
     ``unknown_tool``; no tool named job_stop/task_stop exists (OP §1). Errors are results."""
     a = open_session()
@@ -320,7 +320,7 @@ def test_spec_4_schemas_reject_unknown_fields_and_unknown_tools(team, open_sessi
     assert r.status_code in (400, 422), r.content
 
 
-def test_op_2_1_agent_with_to_refuses_creation_only_arguments(team, open_session):
+def test_agent_with_to_refuses_creation_only_arguments(team, open_session):
     """SPEC §4 / OP §2.1: with ``to``, a real ``start_from`` and ``archive_when_done=True`` are errors."""
     a = open_session()
     helper = spawn(a, "x", description="helper")
@@ -341,7 +341,7 @@ def rows_of(text):
     return [m.groupdict() for line in text.splitlines() if (m := ROW.match(line))]
 
 
-def test_op_2_3_list_agents_session_scope_rows_addresses_sizes_and_previews(team, open_session):
+def test_list_agents_session_scope_rows_addresses_sizes_and_previews(team, open_session):
     """OP §2.3: ``scope="session"`` lists this session's branches, each with a ready-to-use
     ``to="SID:HEAD"`` (the tip), ``— N turns, ~Nk chars`` (``<1k chars`` under 1000) and a tail preview."""
     a = open_session(title="Lister")
@@ -371,7 +371,7 @@ def test_op_2_3_list_agents_session_scope_rows_addresses_sizes_and_previews(team
                               "busy": False, "archived": False}
 
 
-def test_op_2_6_list_agents_archived_scope_shows_only_archived_branches(team, open_session):
+def test_list_agents_archived_scope_shows_only_archived_branches(team, open_session):
     """OP §2.3/§2.6: ``scope="archived"`` lists this session's archived branches, which the
     other views hide for every caller."""
     a = open_session()
@@ -390,7 +390,7 @@ def test_op_2_6_list_agents_archived_scope_shows_only_archived_branches(team, op
     assert "gone" not in names and keep.name in names
 
 
-def test_op_2_3_list_agents_all_scope_groups_visible_sessions_recent_first_without_previews(team, open_session):
+def test_list_agents_all_scope_groups_visible_sessions_recent_first_without_previews(team, open_session):
     """OP §2.3: ``scope="all"`` covers every session the caller may see, grouped by session, most
     recently active first, with no previews; other projects' sessions never appear."""
     old = open_session(title="Older")
@@ -420,7 +420,7 @@ def test_op_2_3_list_agents_all_scope_groups_visible_sessions_recent_first_witho
     assert [s["session_id"] for s in got["details"]["sessions"]] == [mine.sid, new.sid, old.sid]
 
 
-def test_op_2_3_list_agents_marks_busy_and_idle(team, open_session):
+def test_list_agents_marks_busy_and_idle(team, open_session):
     """OP §2.3: session rows carry busy/idle; a branch with a running turn is marked busy."""
     a = open_session(title="Busy one")
     worker_branch = spawn(a, "long job", description="runner")
@@ -454,7 +454,7 @@ def _add_branches(sid, n):
 
 
 @pytest.mark.parametrize("scope", ["session", "all", "archived"])
-def test_spec_13_list_agents_costs_a_constant_number_of_queries(team, open_session, django_assert_max_num_queries, scope):
+def test_list_agents_costs_a_constant_number_of_queries(team, open_session, django_assert_max_num_queries, scope):
     """SPEC §4/§13: ``list_agents`` takes a constant number of queries regardless of the number of
     branches (here 5 vs 200), through the gateway; the selector itself stays within 5 queries."""
     from collab.selectors.agents import list_agents, render_agents
@@ -499,7 +499,7 @@ def turn_indices(result):
     return [t["index"] for t in result["details"]["turns"]]
 
 
-def test_op_read_conversation_turn_windows_count_from_the_end_when_negative(four_turns):
+def test_read_conversation_turn_windows_count_from_the_end_when_negative(four_turns):
     """SPEC §4: turns count from 0; negative ``start_turn``/``end_turn`` count from the end."""
     a = four_turns
     whole = call(a.api, a.address, "read_conversation", session_id=a.address)
@@ -517,7 +517,7 @@ def test_op_read_conversation_turn_windows_count_from_the_end_when_negative(four
     assert not empty["is_error"] and turn_indices(empty) == [] and "4 turns" in empty["text"]
 
 
-def test_op_read_conversation_can_hide_function_calls(four_turns):
+def test_read_conversation_can_hide_function_calls(four_turns):
     """SPEC §4: ``include_function_calls=False`` hides tool calls and tool results."""
     a = four_turns
     shown = call(a.api, a.address, "read_conversation", session_id=a.address)
@@ -527,7 +527,7 @@ def test_op_read_conversation_can_hide_function_calls(four_turns):
     assert "answer to question 2" in hidden["text"] and "question 3" in hidden["text"]
 
 
-def test_op_read_conversation_max_chars_drops_later_turns_and_says_how_to_read_on(four_turns):
+def test_read_conversation_max_chars_drops_later_turns_and_says_how_to_read_on(four_turns):
     """SPEC §4: turns beyond ``max_chars`` are dropped (later ones first) with a note on where to continue."""
     a = four_turns
     whole = call(a.api, a.address, "read_conversation", session_id=a.address)
@@ -541,7 +541,7 @@ def test_op_read_conversation_max_chars_drops_later_turns_and_says_how_to_read_o
     assert turn_indices(rest)[0] == 1
 
 
-def test_op_2_6_archived_branches_stay_readable_and_reading_never_runs_anything(four_turns, open_session):
+def test_archived_branches_stay_readable_and_reading_never_runs_anything(four_turns, open_session):
     """SPEC §4 / OP §2.6: archived branches are readable; ``read_conversation`` never triggers a run."""
     a = four_turns
     other = open_session()
@@ -553,7 +553,7 @@ def test_op_2_6_archived_branches_stay_readable_and_reading_never_runs_anything(
     assert (Job.objects.count(), Message.objects.count()) == (jobs, messages)
 
 
-def test_op_read_conversation_of_a_session_id_reads_its_selected_branch(team, open_session):
+def test_read_conversation_of_a_session_id_reads_its_selected_branch(team, open_session):
     """SPEC §4: a session id (no colon) reads that session's selected branch."""
     a = open_session(prompt="the main question")
     spawn(a, "a side quest", description="side")
@@ -571,7 +571,7 @@ def test_op_read_conversation_of_a_session_id_reads_its_selected_branch(team, op
     assert got["details"]["branch"] == side.pk and "side quest" in got["text"]
 
 
-def test_op_5_9_read_conversation_of_an_invisible_target_is_not_found(team, open_session, api_as):
+def test_read_conversation_of_an_invisible_target_is_not_found(team, open_session, api_as):
     """OP §5.9: reading another project's branch or session answers "not found" like a missing one,
     with no title or preview; the transcript API answers 404 identically."""
     a = open_session()
@@ -589,7 +589,7 @@ def test_op_5_9_read_conversation_of_an_invisible_target_is_not_found(team, open
     assert "Secret" not in hidden.content.decode() and "classified" not in hidden.content.decode()
 
 
-def test_op_transcript_api_returns_the_read_conversation_rendering(four_turns, team, api_as):
+def test_transcript_api_returns_the_read_conversation_rendering(four_turns, team, api_as):
     """SPEC §11.1: ``GET /api/branches/{address}/transcript`` returns the ``read_conversation``
     rendering (same text and turns, same parameters), to any member including a viewer."""
     a = four_turns
@@ -609,7 +609,7 @@ def test_op_transcript_api_returns_the_read_conversation_rendering(four_turns, t
 # === 4. archive_agent (SPEC §4, OP §2.6, SPEC §8) =================================================
 
 
-def test_op_2_6_archive_agent_is_idempotent_and_keeps_the_first_time_and_manual_reason(team, open_session):
+def test_archive_agent_is_idempotent_and_keeps_the_first_time_and_manual_reason(team, open_session):
     """OP §2.6: repeated archiving is a no-op that keeps the first ``archived_at``; the first
     manual reason is kept (a later call only fills a reason that was never given)."""
     a = open_session()
@@ -633,7 +633,7 @@ def test_op_2_6_archive_agent_is_idempotent_and_keeps_the_first_time_and_manual_
     assert not branch(a.branch.pk).archived  # archiving one branch touches nothing else
 
 
-def test_op_5_9_archive_permissions_member_own_only_maintainer_any_viewer_none(team, open_session, api_as):
+def test_archive_permissions_member_own_only_maintainer_any_viewer_none(team, open_session, api_as):
     """SPEC §8 / OP §5.9: a member archives only branches they started (``forbidden`` otherwise);
     a maintainer archives any; a viewer cannot archive (nor act through the gateway); an outsider
     gets "not found"."""
@@ -668,7 +668,7 @@ def test_op_5_9_archive_permissions_member_own_only_maintainer_any_viewer_none(t
     assert not branch(theirs.pk).archived
 
 
-def test_op_2_6_archive_api_is_idempotent_and_enforces_the_same_rules(team, open_session, api_as):
+def test_archive_api_is_idempotent_and_enforces_the_same_rules(team, open_session, api_as):
     """SPEC §11.1: ``POST /api/branches/{address}/archive`` archives idempotently (200, first
     values kept) under the same permission rules as ``archive_agent``."""
     m = open_session(team.maintainer)
@@ -708,7 +708,7 @@ def test_op_2_6_archive_api_is_idempotent_and_enforces_the_same_rules(team, open
 # === 5. todos (SPEC §4, OP §1) =====================================================================
 
 
-def test_op_1_todos_record_plans_with_blockers_and_never_start_anything(team, open_session):
+def test_todos_record_plans_with_blockers_and_never_start_anything(team, open_session):
     """SPEC §4: ``todo_create``/``todo_update``/``todo_list`` keep plan items with ``blocked_by``;
     unknown blockers and bad statuses are errors; nothing ever starts running."""
     a, b = open_session(), open_session()
@@ -765,7 +765,7 @@ def three_sessions(team, open_session):
     return SimpleNamespace(A=A, B=B, C=C, D=D, ja=ja, jb=jb, jc=jc)
 
 
-def test_op_5_10_job_output_ownership_caller_executor_and_ancestors(three_sessions, open_session):
+def test_job_output_ownership_caller_executor_and_ancestors(three_sessions, open_session):
     """OP §5.10: ``job_output`` is allowed for the executing session, the caller session and an
     ancestor caller (A may read the job B's job dispatched to D); any other session of the same
     project gets "not found", exactly like a missing job id. ``details.job_id`` carries the id."""
@@ -786,7 +786,7 @@ def test_op_5_10_job_output_ownership_caller_executor_and_ancestors(three_sessio
         assert got["text"] == missing["text"] and "result of" not in got["text"]
 
 
-def test_op_5_10_job_output_is_not_found_for_another_project_member(three_sessions, team, open_session):
+def test_job_output_is_not_found_for_another_project_member(three_sessions, team, open_session):
     """OP §5.9/§5.10: knowing an execution id grants nothing across projects."""
     w = three_sessions
     theirs = open_session(team.outsider, project="beta")
@@ -795,7 +795,7 @@ def test_op_5_10_job_output_is_not_found_for_another_project_member(three_sessio
     assert got == call(theirs.api, theirs.address, "job_output", job_id="000000000000")
 
 
-def test_op_5_10_job_output_ownership_walk_is_cycle_safe_and_bounded(team, open_session):
+def test_job_output_ownership_walk_is_cycle_safe_and_bounded(team, open_session):
     """OP §5.10: the ancestor walk stops on a ``parent_job`` cycle (no hang) and at 64 levels."""
     A, B = open_session(title="A"), open_session(title="B")
     j1 = make_job(B.sid, B.branch, caller_session=B.sid)
@@ -821,7 +821,7 @@ def test_op_5_10_job_output_ownership_walk_is_cycle_safe_and_bounded(team, open_
     assert not listed["is_error"] and j1.pk in listed["text"]
 
 
-def test_op_job_output_block_false_and_timeout_bounds(team, open_session, monkeypatch):
+def test_job_output_block_false_and_timeout_bounds(team, open_session, monkeypatch):
     """SPEC §4: ``block=False`` on a running job answers at once that it is still running (it
     never waits); ``block=True`` waits at most ``timeout`` ms (one wait of exactly that long,
     which ends by timing out while the job runs); ``timeout`` above 600000 is rejected."""
@@ -853,7 +853,7 @@ def test_op_job_output_block_false_and_timeout_bounds(team, open_session, monkey
     assert not ok["is_error"]
 
 
-def test_op_job_output_reports_failures_with_is_error(team, open_session):
+def test_job_output_reports_failures_with_is_error(team, open_session):
     """OP §5.5: a failed job's output says how it ended."""
     a = open_session()
     failed = make_job(a.sid, a.branch, caller_session=a.sid, status="failed", result="boom")
@@ -863,7 +863,7 @@ def test_op_job_output_reports_failures_with_is_error(team, open_session):
     assert "failed" in got["text"] and "model exploded" in got["text"]
 
 
-def test_op_list_jobs_lists_dispatched_jobs_and_their_descendants_only(three_sessions, open_session):
+def test_list_jobs_lists_dispatched_jobs_and_their_descendants_only(three_sessions, open_session):
     """SPEC §4: ``list_jobs`` lists the jobs this session dispatched and their descendants, with
     status, filterable by status; other sessions' jobs are not listed."""
     w = three_sessions
@@ -884,7 +884,7 @@ def test_op_list_jobs_lists_dispatched_jobs_and_their_descendants_only(three_ses
 
 
 @pytest.mark.slow
-def test_op_5_10_job_output_waits_for_a_real_background_run(team, scripted_session, worker):
+def test_job_output_waits_for_a_real_background_run(team, scripted_session, worker):
     """OP §5.10 / SPEC §4: a turn starts a background agent, then ``job_output(block=True)`` waits
     for its real run on the worker and returns its result; ``details.job_id`` carries the id, and
     ``list_jobs`` shows it succeeded."""
@@ -913,7 +913,7 @@ def test_op_5_10_job_output_waits_for_a_real_background_run(team, scripted_sessi
 # === 7. branch naming (OP §2.4, SPEC §10) ===========================================================
 
 
-def test_op_2_4_stage_1_description_names_the_branch_else_a_short_label(team, open_session):
+def test_a_spawn_is_named_by_its_description_else_a_short_label(team, open_session):
     """OP §2.4 stage 1: a spawn with ``description`` is named exactly that (name_stage 3,
     explicit); without it the branch gets a label of at most 24 characters from the prompt
     (name_stage 1), at once, before any model call."""
@@ -938,7 +938,7 @@ def test_op_2_4_stage_1_description_names_the_branch_else_a_short_label(team, op
     assert b.name_stage == 1 and b.name == background["details"]["name"] and len(b.name) <= 24
 
 
-def test_op_2_4_auto_naming_never_touches_explicit_names(team, open_session):
+def test_auto_naming_never_touches_explicit_names(team, open_session):
     """OP §2.4 / SPEC §10: the stage-2 renamer replaces only prompt labels; explicit names stay."""
     from collab.runtime.naming import auto_name_branch
 
@@ -955,7 +955,7 @@ def test_op_2_4_auto_naming_never_touches_explicit_names(team, open_session):
 
 
 @pytest.mark.slow
-def test_op_2_4_stage_2_renames_label_named_branches_after_the_first_turn(team, scripted_session, worker):
+def test_auto_naming_renames_label_named_branches_after_the_first_turn(team, scripted_session, worker):
     """OP §2.4 stage 2: after a branch's first turn completes, a background task retitles a
     label-named branch with the model's title (the scripted provider: the first words of its
     first prompt); a description-named branch keeps its name (and stays addressable by it)."""
@@ -1014,7 +1014,7 @@ def test_op_2_4_stage_2_renames_label_named_branches_after_the_first_turn(team, 
 # === 8. foreground agent runs inline (SPEC §10, OP §2.1) ==========================================
 
 
-def test_op_2_1_foreground_agent_returns_the_final_text_and_is_an_admitted_job(team, open_session):
+def test_foreground_agent_returns_the_final_text_and_is_an_admitted_job(team, open_session):
     """OP §2.1: a foreground ``agent`` call waits and returns the child's final text (no
     background receipt), and the child ran as an admitted Job (kind spawn). Made through the
     gateway, outside any turn, the child is a worker's job that answers the call: no follow-up
@@ -1031,7 +1031,7 @@ def test_op_2_1_foreground_agent_returns_the_final_text_and_is_an_admitted_job(t
 
 
 @pytest.mark.slow
-def test_p_spec_10_nested_foreground_agents_run_inline_without_deadlock(team, api_as, scripted_session, run_queued):
+def test_nested_foreground_agents_run_inline_without_deadlock(team, api_as, scripted_session, run_queued):
     """SPEC §10 / OP §2.1: a foreground ``agent`` runs its child inline in the calling worker,
     still admitted as a Job. A chain user turn → child → grandchild → great-grandchild, all
     foreground, completes on the default 2-worker pool (it would deadlock if every level needed
@@ -1071,7 +1071,7 @@ def test_p_spec_10_nested_foreground_agents_run_inline_without_deadlock(team, ap
     assert [j.agent_spec.agent_id for j in chain[1:]] == ["lvl1", "lvl2", "lvl3"]
 
 
-def test_op_c4_a_manual_reason_fills_in_after_an_automatic_archive_but_never_replaces_a_manual_one(team):
+def test_a_manual_reason_fills_in_after_an_automatic_archive_but_never_replaces_a_manual_one(team):
     """OP §2.6/C4: automatic archiving only fills unset fields; the first manual reason is kept,
     and the first archived_at never changes."""
     from collab.models import Branch
@@ -1089,7 +1089,7 @@ def test_op_c4_a_manual_reason_fills_in_after_an_automatic_archive_but_never_rep
     assert branch.archive_reason == "done with it" and branch.archived_at == first_at
 
 
-def test_spec_9_a_small_context_window_lowers_the_result_bound(team, api_as):
+def test_a_small_context_window_lowers_the_result_bound(team, api_as):
     """SPEC §9: results are bounded at 30,000 characters, lower when the reading model's context
     is small (AgentSpec.limits.context_window): job_output through the gateway is cut to it."""
     from collab.models import Job

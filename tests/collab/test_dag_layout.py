@@ -1,4 +1,4 @@
-"""The DAG's geometry, without a database (issue 13 item 1): lanes for life, forks, edges, the fold."""
+"""The DAG's geometry, without a database: lanes for life, forks, edges, the fold."""
 
 from collab.dag_layout import (
     LANE_CAP,
@@ -14,7 +14,7 @@ from collab.dag_layout import (
 )
 
 
-def test_issue_13_item_1_a_new_lane_is_the_free_one_nearest_its_parents():
+def test_a_new_lane_is_the_free_one_nearest_its_parents():
     assert pick_lane(set(), None) == 0
     assert pick_lane({0}, None) == 1
     assert pick_lane({0}, 0) == 1  # beside its parent, to the right
@@ -29,7 +29,7 @@ def _rows(*specs):
     return [Row(id=i, branch=b, role=r, label=f"{r}: text") for i, b, r in specs]
 
 
-def test_issue_13_item_1_one_row_per_message_each_branch_in_its_own_column_oldest_on_top():
+def test_one_row_per_message_each_branch_in_its_own_column_oldest_on_top():
     rows = _rows(("m1", "main", "user"), ("m2", "main", "assistant"), ("f1", "fork", "user"), ("m3", "main", "user"))
     lanes = [Lane("main", 0, "main"), Lane("fork", 1, "fork")]
     g = layout(rows, lanes, [Link("fork", End("m1", "main"), End("f1", "fork"))])
@@ -48,7 +48,7 @@ def test_issue_13_item_1_one_row_per_message_each_branch_in_its_own_column_oldes
     assert "fork" not in segs
 
 
-def test_issue_13_item_1_rows_appended_below_never_move_the_rows_above():
+def test_rows_appended_below_never_move_the_rows_above():
     lanes = [Lane("main", 0, "main"), Lane("b", 2, "b")]
     before = layout(_rows(("m1", "main", "user"), ("b1", "b", "user")), lanes, [])
     after = layout(_rows(("m1", "main", "user"), ("b1", "b", "user"), ("m2", "main", "assistant"),
@@ -57,7 +57,7 @@ def test_issue_13_item_1_rows_appended_below_never_move_the_rows_above():
     assert {i: xy for i, xy in ((n["id"], (n["x"], n["y"])) for n in after.nodes) if i in first} == first
 
 
-def test_issue_13_item_1_open_lanes_run_off_the_page_and_off_page_ends_become_stubs():
+def test_open_lanes_run_off_the_page_and_off_page_ends_become_stubs():
     rows = _rows(("a", "main", "user"), ("b", "kid", "user"))
     lanes = [Lane("main", 0, "main", open_above=True, open_below=True), Lane("kid", 1, "kid", open_below=True),
              Lane("through", 2, "through", open_above=True, open_below=True), Lane("gone", 3, "gone")]
@@ -74,7 +74,7 @@ def test_issue_13_item_1_open_lanes_run_off_the_page_and_off_page_ends_become_st
     assert g.edges[0]["from_where"] == "above" and g.edges[1]["to_where"] == "below"
 
 
-def test_issue_13_item_1_archived_lanes_carry_their_reason_and_live_lanes_mark_their_last_row():
+def test_archived_lanes_carry_their_reason_and_live_lanes_mark_their_last_row():
     rows = _rows(("a1", "a", "user"), ("b1", "b", "user"), ("b2", "b", "assistant"), ("a2", "a", "assistant"))
     lanes = [Lane("a", 0, "a", archived=True, reason="done with it"), Lane("b", 1, "b", live="running")]
     g = layout(rows, lanes, [])
@@ -85,7 +85,7 @@ def test_issue_13_item_1_archived_lanes_carry_their_reason_and_live_lanes_mark_t
     assert segs["a"]["archived"] and segs["a"]["reason"] == "done with it" and segs["b"]["live"] == "running"
 
 
-def test_issue_13_item_1_lanes_past_the_cap_fold_into_one_column_counted_as_plus_n():
+def test_lanes_past_the_cap_fold_into_one_column_counted_as_plus_n():
     n = LANE_CAP + 3
     rows = _rows(*[(f"m{i}", f"b{i}", "user") for i in range(n)])
     lanes = [Lane(f"b{i}", i, f"b{i}") for i in range(n)]
@@ -98,7 +98,7 @@ def test_issue_13_item_1_lanes_past_the_cap_fold_into_one_column_counted_as_plus
     assert g.lanes_width < x_of(LANE_CAP + 2)
 
 
-def test_issue_13_item_1_an_external_end_is_a_card_beside_its_row():
+def test_an_external_end_is_a_card_beside_its_row():
     rows = _rows(("a", "main", "assistant"), ("r", "main", "user"))
     links = [Link("spawn", End("a", "main"), End(where="external"), detail="spawn", card="→ spawn 'x' in Other",
                   card_href="/s/other/?branch=b", ref="other"),

@@ -1,4 +1,4 @@
-"""The session DAG from stored rows (issue 13 items 1, 4, 6), in process: lanes chosen when a
+"""The session DAG from stored rows, in process: lanes chosen when a
 branch opens, the fork / spawn / delegation / result edges of a real scripted session, keyset
 pages with a constant number of queries, visibility of other sessions, and replay."""
 
@@ -67,7 +67,7 @@ def _edges(graph):
     return {(e["kind"], e["detail"], e["from"], e["to"]) for e in graph.edges}
 
 
-def test_issue_13_item_1_every_branch_gets_the_free_lane_nearest_its_parent_when_it_opens(story, team):
+def test_every_branch_gets_the_free_lane_nearest_its_parent_when_it_opens(story, team):
     from collab.services.turns import do_fork_and_start
 
     lanes = dict(Branch.objects.filter(session_id=story.sid).values_list("name", "lane"))
@@ -90,7 +90,7 @@ def test_issue_13_item_1_every_branch_gets_the_free_lane_nearest_its_parent_when
     assert Branch.objects.get(session_id=story.sid, name="helper").lane == 4
 
 
-def test_issue_13_item_1_the_graph_has_forks_spawns_delegations_results_and_an_archived_lane(story, team):
+def test_the_graph_has_forks_spawns_delegations_results_and_an_archived_lane(story, team):
     graph = dag_page(Session.objects.get(pk=story.sid), team.member)["graph"]
     nodes = {n["id"]: n for n in graph.nodes}
     rows = list(Message.objects.filter(session_id=story.sid).exclude(kind="attach").order_by("created_at", "id"))
@@ -114,7 +114,7 @@ def test_issue_13_item_1_the_graph_has_forks_spawns_delegations_results_and_an_a
     assert nodes[story.a1.pk]["href"] == f"/s/{story.sid}/?branch={story.main.pk}&head={story.a1.pk}"
 
 
-def test_issue_13_item_1_the_page_renders_the_svg_with_data_attributes(story, team):
+def test_the_page_renders_the_svg_with_data_attributes(story, team):
     client = Client()
     client.force_login(team.viewer)
     html = client.get(f"/s/{story.sid}/").content.decode()
@@ -125,7 +125,7 @@ def test_issue_13_item_1_the_page_renders_the_svg_with_data_attributes(story, te
     assert part.lstrip().startswith('<div class="dag-page" id="dag-live"') and "<svg" in part
 
 
-def test_issue_13_item_1_a_running_branch_is_marked_live(story, team):
+def test_a_running_branch_is_marked_live(story, team):
     r = story.api.post(f"/api/sessions/{story.sid}/turns", {"prompt": "more", "branch": "scout"})
     assert r.status_code == 202, r.content
     graph = dag_page(Session.objects.get(pk=story.sid), team.member)["graph"]
@@ -171,8 +171,8 @@ def _big_session(team, n_messages, n_branches, *, title="big"):
 
 
 @pytest.mark.parametrize("sizes", [(2 * PAGE_ROWS + 10, 6, 3000, 60)])
-def test_issue_13_item_4_a_page_costs_the_same_queries_at_any_session_size(team, sizes):
-    """Issue 13 item 4: constant queries per page (newest and older), measured at two sizes."""
+def test_a_page_costs_the_same_queries_at_any_session_size(team, sizes):
+    """Constant queries per page (newest and older), measured at two sizes."""
     small_n, small_b, big_n, big_b = sizes
     small = _big_session(team, small_n, small_b, title="small")
     big = _big_session(team, big_n, big_b, title="big")
@@ -199,7 +199,7 @@ def test_issue_13_item_4_a_page_costs_the_same_queries_at_any_session_size(team,
     assert routes["small"] == routes["big"], routes
 
 
-def test_issue_13_item_4_keyset_pages_walk_the_whole_session_without_gaps_or_overlaps(team):
+def test_keyset_pages_walk_the_whole_session_without_gaps_or_overlaps(team):
     session = _big_session(team, 2 * PAGE_ROWS + 17, 9)
     pages, page = [], dag_page(session, team.member)
     pages.append([n["id"] for n in page["graph"].nodes])
@@ -220,8 +220,8 @@ def test_issue_13_item_4_keyset_pages_walk_the_whole_session_without_gaps_or_ove
         assert client.get(f"/s/{session.pk}/", {"at": bad}).status_code == 400, bad
 
 
-def test_issue_13_item_1_a_call_into_a_session_the_viewer_cannot_see_names_nothing(team):
-    """Issue 17 via issue 13: the card of a spawn into a private session shows neither its id nor
+def test_a_call_into_a_session_the_viewer_cannot_see_names_nothing(team):
+    """Private sessions on the graph: the card of a spawn into a private session shows neither its id nor
     its title to a member who may not see it; a maintainer sees both."""
     from collab.services.sessions import do_create_session
     from collab.services.visibility import do_set_visibility
@@ -244,7 +244,7 @@ def test_issue_13_item_1_a_call_into_a_session_the_viewer_cannot_see_names_nothi
     assert "Secret plans" in html and f'data-to="{secret.pk}"' in html
 
 
-def test_issue_13_item_6_replay_at_event_n_shows_the_graph_as_it_was(story, team):
+def test_replay_at_event_n_shows_the_graph_as_it_was(story, team):
     from collab.models import Event
 
     session = Session.objects.get(pk=story.sid)
@@ -267,7 +267,7 @@ def test_issue_13_item_6_replay_at_event_n_shows_the_graph_as_it_was(story, team
     assert 'data-at="3"' in html and "?at=4" in html and "?at=2" in html and 'id="dag-live"' not in html
 
 
-def test_issue_13_item_1_text_in_the_graph_is_escaped(team):
+def test_text_in_the_graph_is_escaped(team):
     """Model and user text reach the SVG only escaped (threat model: all model output is untrusted)."""
     session = _big_session(team, 3, 1, title="xss")
     Message.objects.filter(session=session).update(text='<script>alert(1)</script>"><img src=x onerror=alert(2)>')
@@ -281,7 +281,7 @@ def test_issue_13_item_1_text_in_the_graph_is_escaped(team):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;i&gt;why&lt;/i&gt;" in html
 
 
-def test_issue_13_item_1_a_result_from_another_session_is_a_card_on_both_sides(team):
+def test_a_result_from_another_session_is_a_card_on_both_sides(team):
     """A child in another session (an explorer, a spawn into another session): its result arrives in
     the caller's mailbox (an ``agent_message`` row); the caller's graph shows a result card from the
     child's session, the child's graph a result card to the caller's."""
@@ -311,7 +311,7 @@ def test_issue_13_item_1_a_result_from_another_session_is_a_card_on_both_sides(t
     assert ("result", answer.pk, parent.pk, "→ result to parent") in child_cards
 
 
-def test_issue_13_item_4_the_live_block_refreshes_from_its_first_row_and_stays_bounded(team, monkeypatch):
+def test_the_live_block_refreshes_from_its_first_row_and_stays_bounded(team, monkeypatch):
     """The live block (the newest page) re-fetches every row from its own first one, so rows never
     move between blocks; past ``SINCE_MAX_ROWS`` it becomes the newest page again, with the link to
     the rows before it (no row lost)."""
@@ -329,7 +329,7 @@ def test_issue_13_item_4_the_live_block_refreshes_from_its_first_row_and_stays_b
     assert html.count("data-node=") == 8 and f"before={ids[12]}" in html and f"since={ids[12]}" in html
 
 
-def test_issue_13_item_1_the_migration_places_existing_branches_as_if_each_had_opened_then(team):
+def test_the_migration_places_existing_branches_as_if_each_had_opened_then(team):
     """0015_branch_lane gives rows written before lanes existed the lanes ``open_lane`` would have:
     in creation order, nearest the parent's, a lane reused once its branch was archived."""
     import importlib

@@ -1,4 +1,4 @@
-"""The web processes' PostgreSQL connection pool (``DB_POOL_MAX_SIZE``, issue 15 item 1): a
+"""The web processes' PostgreSQL connection pool (``DB_POOL_MAX_SIZE``): a
 ``?wait=`` request gives its pooled connection back before it parks, so a pool far smaller than
 the number of waiting clients serves them all, and the process still answers other requests."""
 
@@ -32,7 +32,7 @@ def pooled_server(transactional_db, process_env, tmp_path):
         _stop(proc)
 
 
-def test_issue_15_1_waiting_clients_hold_no_pooled_connection(team, scripted_session, pooled_server):
+def test_waiting_clients_hold_no_pooled_connection(team, scripted_session, pooled_server):
     """Ten clients wait on an execution that does not end (no worker takes it) through a web
     process whose pool has two connections and lets a request wait 2 s for one: plain GETs and
     new turns still answer while they all wait (a waiter holding a connection, or a request holding
@@ -61,7 +61,7 @@ def test_issue_15_1_waiting_clients_hold_no_pooled_connection(team, scripted_ses
     assert "PoolTimeout" not in pooled_server.log.read_text()
 
 
-def test_issue_15_1_an_exhausted_pool_answers_503_to_retry_never_500(team, scripted_session, pooled_server):
+def test_an_exhausted_pool_answers_503_to_retry_never_500(team, scripted_session, pooled_server):
     """Both pooled connections held by admissions waiting on a lock (another client holds the
     session's row): a third request that cannot get a connection within DB_POOL_TIMEOUT is told
     503 ``database_busy`` with Retry-After — overload, not a failure — and once the lock goes the

@@ -1,4 +1,4 @@
-"""Double-texting (issue 16 item 2): a person's turn posted while the branch is busy follows
+"""Double-texting: a person's turn posted while the branch is busy follows
 ``multitask_strategy`` — ``enqueue`` (the default), ``reject`` (409 ``branch_busy``),
 ``interrupt`` (the running turn is cancelled through the cancel command, every tool call
 it left gets a result, the new input runs on the same branch) or ``rollback`` (a fork from
@@ -114,7 +114,7 @@ def branch_history(branch_id):
 # --- input checks (no worker needed) -------------------------------------------------------------------------
 
 
-def test_issue16_a_bad_strategy_is_a_400_with_the_choices(team, scripted_session):
+def test_a_bad_strategy_is_a_400_with_the_choices(team, scripted_session):
     api, sid = scripted_session(team.member, [{"text": "hi"}])
     for bad in ("queue", "INTERRUPT", 3, ["reject"]):
         r = post_turn(api, sid, "hello", bad)
@@ -127,7 +127,7 @@ def test_issue16_a_bad_strategy_is_a_400_with_the_choices(team, scripted_session
     assert Job.objects.filter(session_id=sid).count() == 0
 
 
-def test_issue16_a_spec_default_strategy_is_checked_when_the_spec_is_saved(team, api_as):
+def test_a_spec_default_strategy_is_checked_when_the_spec_is_saved(team, api_as):
     r = api_as(team.owner).post("/api/projects/alpha/agent-specs", {
         "agent_id": "odd", "provider": "scripted", "limits": {"multitask_strategy": "sometimes"}})
     assert r.status_code == 400 and r.json()["code"] == "invalid_multitask_strategy", r.content
@@ -136,7 +136,7 @@ def test_issue16_a_spec_default_strategy_is_checked_when_the_spec_is_saved(team,
     assert r.status_code == 201, r.content
 
 
-def test_issue16_on_an_idle_branch_every_strategy_just_admits_the_turn(team, scripted_session):
+def test_on_an_idle_branch_every_strategy_just_admits_the_turn(team, scripted_session):
     api, sid = scripted_session(team.member, [{"text": "hi"}])
     for strategy in ("enqueue", "reject", "interrupt", "rollback"):
         r = post_turn(api, sid, f"hello {strategy}", strategy)
@@ -146,7 +146,7 @@ def test_issue16_on_an_idle_branch_every_strategy_just_admits_the_turn(team, scr
     assert not ExecutionCommand.objects.exists() and not Branch.objects.filter(archived=True).exists()
 
 
-def test_issue16_a_turn_that_ends_with_tool_calls_unanswered_answers_them_at_completion(team, scripted_session):
+def test_a_turn_that_ends_with_tool_calls_unanswered_answers_them_at_completion(team, scripted_session):
     """Whatever ended the turn (here a worker lost mid-step: ``interrupted``), its completion
     gives each tool call without a result a synthetic one, once, at the branch's tip; the next
     request to a provider then needs no patching."""
@@ -181,7 +181,7 @@ def test_issue16_a_turn_that_ends_with_tool_calls_unanswered_answers_them_at_com
     assert MISSING_RESULT not in str(wire)
 
 
-def test_issue16_the_page_accepts_the_strategy_field(team, scripted_session, client):
+def test_the_page_accepts_the_strategy_field(team, scripted_session, client):
     """The session page's composer posts ``multitask_strategy`` like the API (a bad value is a
     400 with the reason, never a 500)."""
     _, sid = scripted_session(team.member, [{"text": "hi"}])
@@ -197,7 +197,7 @@ def test_issue16_the_page_accepts_the_strategy_field(team, scripted_session, cli
 
 
 @pytest.mark.slow
-def test_issue16_reject_refuses_with_branch_busy_while_a_turn_runs(team, scripted_session, worker):
+def test_reject_refuses_with_branch_busy_while_a_turn_runs(team, scripted_session, worker):
     api, sid = scripted_session(team.member, SLOW)
     running = started(api, sid, "take your time")
     wait_running(api, running)
@@ -210,7 +210,7 @@ def test_issue16_reject_refuses_with_branch_busy_while_a_turn_runs(team, scripte
 
 
 @pytest.mark.slow
-def test_issue16_the_spec_default_applies_and_the_request_overrides_it(team, scripted_session, worker):
+def test_the_spec_default_applies_and_the_request_overrides_it(team, scripted_session, worker):
     api, sid = scripted_session(team.member, SLOW, limits={"multitask_strategy": "reject"})
     running = started(api, sid, "take your time")
     wait_running(api, running)
@@ -222,7 +222,7 @@ def test_issue16_the_spec_default_applies_and_the_request_overrides_it(team, scr
 
 
 @pytest.mark.slow
-def test_issue16_enqueue_runs_the_new_input_after_the_running_turn(team, scripted_session, worker):
+def test_enqueue_runs_the_new_input_after_the_running_turn(team, scripted_session, worker):
     # the first turn must still be running when the poll below looks (every 50 ms): 400 ms was
     # missed on a loaded machine (the poll saw it only once it had succeeded)
     api, sid = scripted_session(team.member, [{"sleep_ms": 2500}, {"text": "done: {{prompt}}"}])
@@ -237,7 +237,7 @@ def test_issue16_enqueue_runs_the_new_input_after_the_running_turn(team, scripte
 
 
 @pytest.mark.slow
-def test_issue16_interrupt_cancels_through_the_command_and_runs_the_input_on_the_same_branch(
+def test_interrupt_cancels_through_the_command_and_runs_the_input_on_the_same_branch(
     team, scripted_session, api_as, worker
 ):
     api, sid = scripted_session(team.member, {"user": [{"text": "done: {{prompt}}"}]})
@@ -260,7 +260,7 @@ def test_issue16_interrupt_cancels_through_the_command_and_runs_the_input_on_the
 
 
 @pytest.mark.slow
-def test_issue16_interrupt_and_rollback_need_the_right_to_cancel_and_archive(team, scripted_session, api_as, worker):
+def test_interrupt_and_rollback_need_the_right_to_cancel_and_archive(team, scripted_session, api_as, worker):
     """A member may cancel only the executions they started (SPEC §8): interrupting someone
     else's turn is refused, and nothing is admitted."""
     owner_api, sid = scripted_session(team.owner, SLOW)
@@ -279,7 +279,7 @@ def test_issue16_interrupt_and_rollback_need_the_right_to_cancel_and_archive(tea
 
 
 @pytest.mark.slow
-def test_issue16_rollback_forks_before_the_running_prompt_and_archives_the_old_branch(
+def test_rollback_forks_before_the_running_prompt_and_archives_the_old_branch(
     team, scripted_session, api_as, worker
 ):
     api, sid = scripted_session(team.member, {"user": [{"text": "done: {{prompt}}"}]})
@@ -310,7 +310,7 @@ def test_issue16_rollback_forks_before_the_running_prompt_and_archives_the_old_b
 
 
 @pytest.mark.slow
-def test_issue16_interrupt_racing_the_turns_completion_runs_the_new_input_exactly_once(team, scripted_session, worker):
+def test_interrupt_racing_the_turns_completion_runs_the_new_input_exactly_once(team, scripted_session, worker):
     """Bounded race: the interrupt lands before, during or after the running turn's end.
     Whatever wins, the running turn ends once (succeeded or cancelled), the new input runs
     exactly once, and no job changes state illegally."""
@@ -335,7 +335,7 @@ def test_issue16_interrupt_racing_the_turns_completion_runs_the_new_input_exactl
 
 
 @pytest.mark.slow
-def test_issue16_two_interrupts_at_once_cancel_the_running_turn_once_and_lose_no_input(
+def test_two_interrupts_at_once_cancel_the_running_turn_once_and_lose_no_input(
     team, scripted_session, api_as, worker
 ):
     api, sid = scripted_session(team.member, {"user": [{"sleep_ms": 2000}, {"text": "done: {{prompt}}"}]})
@@ -395,7 +395,7 @@ def well_formed(wire, request) -> None:
 
 
 @pytest.mark.slow
-def test_issue16_interrupt_after_tool_calls_sends_the_model_a_well_formed_history(team, api_as, fake, dialect, worker):  # noqa: F811
+def test_interrupt_after_tool_calls_sends_the_model_a_well_formed_history(team, api_as, fake, dialect, worker):  # noqa: F811
     """The model asks for two tools; the first (a foreground sub-agent) is still working when the
     person interrupts, the second never runs. The turn ends cancelled; both calls have results
     ("cancelled"), and the next turn's request — OpenAI Chat Completions and Anthropic Messages

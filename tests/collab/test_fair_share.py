@@ -1,4 +1,4 @@
-"""Fair share (issue 11 item 6, P-SEC-6): the operator's ceilings bound every project's limits,
+"""Fair share (P-SEC-6): the operator's ceilings bound every project's limits,
 and a per-project cap on running jobs keeps one project's queue from starving the others."""
 
 import io
@@ -35,7 +35,7 @@ def session(api, project, agent_id):
     return r.json()["id"]
 
 
-def test_p_sec_6_a_limit_above_the_operators_ceiling_is_refused_naming_it(team, api_as, settings):
+def test_a_limit_above_the_operators_ceiling_is_refused_naming_it(team, api_as, settings):
     """P-SEC-6: above a ceiling, or 0 ("unlimited") under a finite one, is a 400 ``invalid_limit``
     naming the ceiling's variable; nothing changes. Null inherits the ceiling."""
     with_ceilings(settings, max_messages=4, max_live_per_session=2, max_cost_per_job=Decimal("1.5"), max_running_jobs=2)
@@ -67,7 +67,7 @@ def test_p_sec_6_a_limit_above_the_operators_ceiling_is_refused_naming_it(team, 
         call_command("limits", "alpha", "max_messages=0", stdout=io.StringIO())
 
 
-def test_p_sec_6_a_row_set_before_the_ceiling_was_lowered_is_capped_at_admission(team, api_as, settings, scripted_session):
+def test_a_row_set_before_the_ceiling_was_lowered_is_capped_at_admission(team, api_as, settings, scripted_session):
     """P-SEC-6: the value in force is min(project, ceiling), whatever the row says."""
     api, sid = scripted_session(team.member, [{"text": "ok"}])
     Project.objects.filter(slug="alpha").update(max_jobs_per_session=50)  # allowed when it was set
@@ -81,7 +81,7 @@ def test_p_sec_6_a_row_set_before_the_ceiling_was_lowered_is_capped_at_admission
 
 
 @pytest.mark.slow
-def test_p_sec_6_a_sleep_ms_step_ends_at_the_runtime_ceiling(team, api_as, settings, run_queued):
+def test_a_sleep_ms_step_ends_at_the_runtime_ceiling(team, api_as, settings, run_queued):
     """P-SEC-6: a scripted ``sleep_ms`` of ten minutes, in a project with no runtime limit of its
     own, ends at the operator's runtime ceiling. The child of a gateway ``agent`` call runs as a
     worker runs it, here in this process (``run_queued``), whose settings carry the ceiling."""
@@ -103,7 +103,7 @@ def test_p_sec_6_a_sleep_ms_step_ends_at_the_runtime_ceiling(team, api_as, setti
 
 
 @pytest.mark.slow
-def test_p_sec_6_one_projects_queue_does_not_keep_another_projects_turn_from_starting(team, api_as, worker):
+def test_one_projects_queue_does_not_keep_another_projects_turn_from_starting(team, api_as, worker):
     """P-SEC-6: with a running cap of 1 in project alpha and a worker of 2 slots, alpha's three long
     turns run one at a time; beta's turns start and finish while two of alpha's wait queued (a free
     slot does not go to a capped project), and a queued alpha turn starts when the running one ends."""
@@ -133,7 +133,7 @@ def test_p_sec_6_one_projects_queue_does_not_keep_another_projects_turn_from_sta
     poll(lambda: alpha_states() == ["cancelled", "queued", "running"], what="the next alpha turn running")
 
 
-# --- waking a job declined for the cap (issue 15: one hand-off per decline) -------------------
+# --- waking a job declined for the cap (one hand-off per decline) -----------------------------
 #
 # What Trellis hands to django-q2 is counted where it lands: the broker, on a list of this test's
 # own that no worker process serves (``handed_out``). The test takes the tasks off that list and
@@ -182,9 +182,9 @@ def capped_sessions(team, n: int, cap: int) -> list:
     return [do_create_session(team.member, team.alpha, title=f"s{i}", agent_id="echo") for i in range(n)]
 
 
-def test_p_sec_6_a_job_declined_for_the_cap_is_handed_out_again_once_when_a_slot_frees(
+def test_a_job_declined_for_the_cap_is_handed_out_again_once_when_a_slot_frees(
         team, handed_out, django_capture_on_commit_callbacks):
-    """P-SEC-6 / issue 15: with a cap of 2 and two turns running, a third turn whose claim is
+    """P-SEC-6: with a cap of 2 and two turns running, a third turn whose claim is
     declined is handed back to the queue once, by the first completion; the second completion
     hands out nothing — neither the declined turn again, nor a turn that was never declined
     (still queued with its own task on the way, though older than the declined one)."""
@@ -220,8 +220,8 @@ def test_p_sec_6_a_job_declined_for_the_cap_is_handed_out_again_once_when_a_slot
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks (SQLite runs one write transaction at a time)")
 @pytest.mark.django_db(transaction=True)
-def test_p_sec_6_a_claim_declined_while_a_completion_commits_hands_the_job_out_itself(team, handed_out):
-    """P-SEC-6 / issue 15, the race: a completion has ended a job of the project and looked for
+def test_a_claim_declined_while_a_completion_commits_hands_the_job_out_itself(team, handed_out):
+    """P-SEC-6, the race: a completion has ended a job of the project and looked for
     waiting jobs (none yet) but not committed; a claim counts that job as running and is declined.
     The completion cannot see the claim's mark, so the claim waits for it (it locks the jobs it
     counted), then sees the slot free and hands the job back to the queue itself, unmarked — the
@@ -271,8 +271,8 @@ def test_p_sec_6_a_claim_declined_while_a_completion_commits_hands_the_job_out_i
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks (SQLite runs one write transaction at a time)")
 @pytest.mark.django_db(transaction=True)
-def test_p_sec_6_a_declined_claim_waits_for_a_running_job_holding_no_lock(team, handed_out):
-    """P-SEC-6 / issue 15: a declined claim looks at the project's running jobs only after its
+def test_a_declined_claim_waits_for_a_running_job_holding_no_lock(team, handed_out):
+    """P-SEC-6: a declined claim looks at the project's running jobs only after its
     own transaction has committed, one row at a time — while it waits for a running job's row (here
     held by another transaction, as a cancel's cascade holds it while it goes on to lock that
     job's session), it holds none of the locks it took to claim. Waiting for the job while holding
@@ -333,9 +333,9 @@ def test_p_sec_6_a_declined_claim_waits_for_a_running_job_holding_no_lock(team, 
     assert Job.objects.get(pk=declined.pk).waiting_since is not None
 
 
-def test_p_sec_6_a_woken_job_that_ends_before_it_starts_passes_its_slot_on(
+def test_a_woken_job_that_ends_before_it_starts_passes_its_slot_on(
         team, handed_out, django_capture_on_commit_callbacks):
-    """P-SEC-6 / issue 15: a completion wakes the oldest job waiting for a slot; if that job is
+    """P-SEC-6: a completion wakes the oldest job waiting for a slot; if that job is
     cancelled before a worker claims it, the slot it never took goes to the next job waiting —
     not to the reconciler, a lease later."""
     from collab.services.cancel import do_execution_command
@@ -361,8 +361,8 @@ def test_p_sec_6_a_woken_job_that_ends_before_it_starts_passes_its_slot_on(
     assert Job.objects.get(pk=second.pk).waiting_since is None
 
 
-def test_p_sec_6_a_completion_wakes_by_the_cap_as_it_is_now(team, handed_out, django_capture_on_commit_callbacks):
-    """P-SEC-6 / issue 15: the cap raised while a turn runs: its completion wakes as many waiting
+def test_a_completion_wakes_by_the_cap_as_it_is_now(team, handed_out, django_capture_on_commit_callbacks):
+    """P-SEC-6: the cap raised while a turn runs: its completion wakes as many waiting
     jobs as the new cap leaves slots for (it reads the project's cap again, not the one the claim saw)."""
     from collab.services.execution import claim_job, finish_job
     from collab.services.turns import do_start_user_turn
@@ -381,7 +381,7 @@ def test_p_sec_6_a_completion_wakes_by_the_cap_as_it_is_now(team, handed_out, dj
 
 
 @pytest.mark.django_db(transaction=True)
-def test_p_sec_6_the_migration_marks_queued_background_jobs_as_waiting(team, handed_out):
+def test_the_migration_marks_queued_background_jobs_as_waiting(team, handed_out):
     """Before migration 0021 a completion handed out every queued background job of its project;
     after it, only marked ones. A job queued across the upgrade (declined before it, unmarked) is
     marked by the migration, so the next completion in its project wakes it."""
@@ -452,8 +452,8 @@ def run_as_workers(broker, job_ids, *, slots: int, timeout: float = 120) -> dict
 
 
 @pytest.mark.django_db(transaction=True)
-def test_p_sec_6_a_burst_in_one_project_hands_out_one_task_per_turn(team, handed_out):
-    """P-SEC-6 / issue 15: forty turns submitted at once in one project with a cap of 2, drained by
+def test_a_burst_in_one_project_hands_out_one_task_per_turn(team, handed_out):
+    """P-SEC-6: forty turns submitted at once in one project with a cap of 2, drained by
     two worker slots (``bench/turns.py``'s concurrent run): no claim is declined, so each turn is
     handed to the queue once, by its admission — a completion no longer hands out the project's
     oldest queued turns, whose own tasks are on the way (1.99 tasks a turn before)."""
@@ -466,8 +466,8 @@ def test_p_sec_6_a_burst_in_one_project_hands_out_one_task_per_turn(team, handed
 
 
 @pytest.mark.django_db(transaction=True)
-def test_p_sec_6_nothing_is_lost_and_nothing_handed_out_twice_when_slots_are_contended(team, handed_out):
-    """P-SEC-6 / issue 15, a race loop: more worker slots than the cap (4 slots, caps 1 and 2), so
+def test_nothing_is_lost_and_nothing_handed_out_twice_when_slots_are_contended(team, handed_out):
+    """P-SEC-6, a race loop: more worker slots than the cap (4 slots, caps 1 and 2), so
     claims are declined while completions free slots, over many rounds of a burst of turns in one
     project. With no reconciler, every turn ends; every task beyond a turn's first met a claim
     declined for the cap and none found its job gone (``stale``): at most N + declines tasks,
@@ -494,8 +494,8 @@ ANY_JOIN = re.compile(r"Join|Nested Loop")
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's plans")
-def test_p_sec_6_the_wake_ups_plan_does_not_depend_on_the_tables_statistics(team):
-    """P-SEC-6 / issue 15: with 400 turns queued in the project and three of them declined for the
+def test_the_wake_ups_plan_does_not_depend_on_the_tables_statistics(team):
+    """P-SEC-6: with 400 turns queued in the project and three of them declined for the
     cap, the wake-up finds its candidates through the partial index ``job_waiting_for_slot`` and
     checks each one's branch in a SubPlan — never a join over the project's queued jobs (the NOT
     EXISTS it replaced was planned, without statistics, as a nested loop scanning every queued job

@@ -1,5 +1,5 @@
 """A new database's turn tables are analyzed by the reconciler once they hold a few pages
-(collab/services/statistics.py, issue 15): the generic plans prepared on their first rows are
+(collab/services/statistics.py): the generic plans prepared on their first rows are
 made again with real proportions instead of reading more rows at every turn as the tables grow."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""P-SEC-7 (issue 11 item 7, gateway part): through the tool gateway a member acts only as
+"""P-SEC-7 (gateway part): through the tool gateway a member acts only as
 branches they started, maintainers and owners as any; gateway calls continue the branch's
 chain counters, so topology budgets bind across them as they do across turns."""
 
@@ -25,7 +25,7 @@ def second_member(team, make_user):
     return other
 
 
-def test_p_sec_7_a_member_acts_only_as_branches_they_started(team, scripted_session, api_as, second_member):
+def test_a_member_acts_only_as_branches_they_started(team, scripted_session, api_as, second_member):
     """A member's session's main branch: the member and the project's maintainer and owner may
     act as it; another member is refused (403, code), a viewer too, an outsider sees nothing (404)."""
     api, sid = scripted_session(team.member, [{"text": "ok"}])
@@ -42,7 +42,7 @@ def test_p_sec_7_a_member_acts_only_as_branches_they_started(team, scripted_sess
     }
 
 
-def test_p_sec_7_a_branch_spawned_by_a_members_agent_is_theirs_not_another_members(team, scripted_session, api_as, second_member):
+def test_a_branch_spawned_by_a_members_agent_is_theirs_not_another_members(team, scripted_session, api_as, second_member):
     """A branch created by a job the member started (a background ``agent`` call through the
     gateway) is the member's own: they act as it; another member does not, a maintainer does."""
     api, sid = scripted_session(team.member, [{"text": "ok"}])
@@ -57,7 +57,7 @@ def test_p_sec_7_a_branch_spawned_by_a_members_agent_is_theirs_not_another_membe
     assert call(api_as(team.maintainer), child, "todo_list").status_code == 200
 
 
-def test_p_sec_7_max_messages_binds_across_consecutive_gateway_calls(team, scripted_session, api_as):
+def test_max_messages_binds_across_consecutive_gateway_calls(team, scripted_session, api_as):
     """OP §5.1 through the gateway: each call continues the acting branch's chain (its running,
     else latest, job), so a ping-pong of deliveries made from outside stops at ``max_messages``
     exactly as one made by turns does — with the budget's code, and nothing admitted."""

@@ -1,5 +1,5 @@
 """The hot statements' generic plans read what they are about, however long the queue (SPEC §13
-turn overhead, issue 15: "it holds" at volume). PostgreSQL plans a prepared statement once for all values, on the
+turn overhead, which must hold at volume). PostgreSQL plans a prepared statement once for all values, on the
 statistics of the moment; a job queue's statistics are taken when the queue is short (a quiet
 moment, a fresh database) and the plan is kept while it is long. With the queue's status in the
 SQL, such a plan read every queued job to find one: the claim scanned ``job_status_lease`` for

@@ -127,7 +127,7 @@ def event_types(api, sid) -> list[tuple[str, dict]]:
 # --- OP C1: both agent modes admit Jobs; cancel is the versioned execution command -------------
 
 
-def test_op_c1_background_and_foreground_agent_calls_both_admit_jobs(team, api_as, run_queued):
+def test_background_and_foreground_agent_calls_both_admit_jobs(team, api_as, run_queued):
     owner = api_as(team.owner)
     make_spec(owner, "child", [{"text": "child says {{prompt}}"}])
     make_spec(owner, "boss", {"user": [
@@ -174,7 +174,7 @@ def test_op_c1_background_and_foreground_agent_calls_both_admit_jobs(team, api_a
 # --- OP §5.3, §5.10: execution.cancel ------------------------------------------------------------
 
 
-def test_op_c1_cancel_is_versioned_idempotent_and_handles_queued_running_terminal(team, api_as, worker):
+def test_cancel_is_versioned_idempotent_and_handles_queued_running_terminal(team, api_as, worker):
     owner = api_as(team.owner)
     make_spec(owner, "slow", [{"sleep_ms": UNENDING_MS}, {"text": "slept"}])
     api = api_as(team.member)
@@ -235,7 +235,7 @@ def test_op_c1_cancel_is_versioned_idempotent_and_handles_queued_running_termina
     assert execution(api, first)["version"] == done["version"]
 
 
-def test_op_c1_cancel_cascades_through_a_three_level_tree(team, api_as, worker):
+def test_cancel_cascades_through_a_three_level_tree(team, api_as, worker):
     owner = api_as(team.owner)
     set_limits(owner, max_spawn_depth=3)
     make_spec(owner, "leaf", [{"sleep_ms": UNENDING_MS}, {"text": "leaf done"}])
@@ -276,7 +276,7 @@ def test_op_c1_cancel_cascades_through_a_three_level_tree(team, api_as, worker):
     assert [j for j in jobs if j["kind"] == "followup"] == [], jobs
 
 
-def test_op_c1_cancel_reaches_a_foreground_child_running_inline(team, api_as, worker):
+def test_cancel_reaches_a_foreground_child_running_inline(team, api_as, worker):
     """A foreground ``agent`` call runs its child inside the caller's worker; cancelling the
     caller stops both, promptly (the child's unending model call ends by the cancel), and
     neither leaves an answer behind."""
@@ -299,7 +299,7 @@ def test_op_c1_cancel_reaches_a_foreground_child_running_inline(team, api_as, wo
             if m["role"] == "assistant" and not m["tool_calls"]] == []
 
 
-def test_op_c1_cancel_needs_runtime_control_or_ownership(team, api_as, make_user, worker):
+def test_cancel_needs_runtime_control_or_ownership(team, api_as, make_user, worker):
     from accounts.models import Membership
 
     colleague = make_user("member2")
@@ -334,7 +334,7 @@ def test_op_c1_cancel_needs_runtime_control_or_ownership(team, api_as, make_user
     assert api.wait(eid)["status"] == "cancelled"
 
 
-def test_op_c1_racing_cancels_leave_every_job_terminal_once(team, api_as, worker):
+def test_racing_cancels_leave_every_job_terminal_once(team, api_as, worker):
     owner = api_as(team.owner)
     make_spec(owner, "brief", [{"sleep_ms": 150}, {"text": "done"}])
     api = api_as(team.member)
@@ -386,7 +386,7 @@ def test_op_c1_racing_cancels_leave_every_job_terminal_once(team, api_as, worker
     settle(api, sid)
 
 
-def test_op_c1_database_refuses_illegal_job_transitions(team, api_as, worker):
+def test_database_refuses_illegal_job_transitions(team, api_as, worker):
     from collab.models import Job
 
     owner = api_as(team.owner)
@@ -435,7 +435,7 @@ def _is_qcluster(pid: int) -> bool:
         return False
 
 
-def test_op_p_rel_1_killed_worker_job_is_interrupted_never_rerun_and_followed_up_once(
+def test_killed_worker_job_is_interrupted_never_rerun_and_followed_up_once(
     transactional_db, team, api_as, process_env, tmp_path
 ):
     """SIGKILL the worker process running a background child mid-turn. After its lease runs out
@@ -531,7 +531,7 @@ def _target_branch(api, owner):
     return tsid, address_of(execution(api, first))
 
 
-def test_op_c5_messages_exhausted_refuses_delegation_but_not_reads_or_running_work(team, api_as, worker):
+def test_messages_exhausted_refuses_delegation_but_not_reads_or_running_work(team, api_as, worker):
     from collab.models import InboxEntry
 
     owner = api_as(team.owner)
@@ -576,7 +576,7 @@ def test_op_c5_messages_exhausted_refuses_delegation_but_not_reads_or_running_wo
     assert api.wait(sleeper.pk)["status"] == "cancelled"
 
 
-def test_op_c5_depth_exhausted_refuses_spawning_but_not_delivering(team, api_as, run_queued):
+def test_depth_exhausted_refuses_spawning_but_not_delivering(team, api_as, run_queued):
     owner = api_as(team.owner)
     set_limits(owner, max_spawn_depth=1)
     api = api_as(team.member)
@@ -604,7 +604,7 @@ def test_op_c5_depth_exhausted_refuses_spawning_but_not_delivering(team, api_as,
     assert kinds == ["message", "task"]
 
 
-def test_op_c5_fanout_exhausted_refuses_the_extra_spawn_and_zero_means_unlimited(team, api_as, worker):
+def test_fanout_exhausted_refuses_the_extra_spawn_and_zero_means_unlimited(team, api_as, worker):
     owner = api_as(team.owner)
     set_limits(owner, max_spawn_fanout=2)
     make_spec(owner, "leafq", [{"text": "leaf ok"}])
@@ -650,7 +650,7 @@ def test_op_c5_fanout_exhausted_refuses_the_extra_spawn_and_zero_means_unlimited
 # --- OP C6: resource quotas --------------------------------------------------------------------
 
 
-def test_op_c6_queue_full_and_jobs_exhausted_are_distinct_and_counted_on_the_executing_session(
+def test_queue_full_and_jobs_exhausted_are_distinct_and_counted_on_the_executing_session(
     team, api_as, worker
 ):
     owner = api_as(team.owner)
@@ -724,7 +724,7 @@ def _flood(api_as, user, sid, n):
     return answers
 
 
-def test_op_c6_concurrent_admissions_never_exceed_the_quotas(team, api_as, worker):
+def test_concurrent_admissions_never_exceed_the_quotas(team, api_as, worker):
     owner = api_as(team.owner)
     make_spec(owner, "slow", [{"sleep_ms": LONG_MS}, {"text": "slept"}])
     make_spec(owner, "fast", [{"text": "fast"}])
@@ -752,7 +752,7 @@ def test_op_c6_concurrent_admissions_never_exceed_the_quotas(team, api_as, worke
     assert len(jobs) == 5 and all(j["status"] == "succeeded" for j in jobs)
 
 
-def test_op_c6_max_live_per_session_runs_background_children_one_at_a_time(team, api_as, worker):
+def test_max_live_per_session_runs_background_children_one_at_a_time(team, api_as, worker):
     owner = api_as(team.owner)
     set_limits(owner, max_live_per_session=1)
     make_spec(owner, "nap", [{"sleep_ms": 700}, {"text": "rested"}])
@@ -801,7 +801,7 @@ def _assert_one_running_at_a_time(api, sid):
     assert running is None
 
 
-def test_op_c6_runtime_and_idle_limits_end_a_turn_as_failed(team, api_as, worker):
+def test_runtime_and_idle_limits_end_a_turn_as_failed(team, api_as, worker):
     owner = api_as(team.owner)
     make_spec(owner, "slow", [{"sleep_ms": UNENDING_MS}, {"text": "slept"}])
     api = api_as(team.member)
@@ -821,7 +821,7 @@ def test_op_c6_runtime_and_idle_limits_end_a_turn_as_failed(team, api_as, worker
 BIG = "HEAD<" + "".join(f"{n:06d}." for n in range(8_000))[: 50_000 - 10] + ">TAIL"
 
 
-def test_op_c9_long_results_are_bounded_and_the_full_text_is_an_authorized_artifact(team, api_as, worker):
+def test_long_results_are_bounded_and_the_full_text_is_an_authorized_artifact(team, api_as, worker):
     from collab.models import Artifact
 
     assert len(BIG) == 50_000
@@ -884,7 +884,7 @@ def test_op_c9_long_results_are_bounded_and_the_full_text_is_an_authorized_artif
     assert "deleted 0 " in out.getvalue()
 
 
-def test_op_c9_a_failed_artifact_write_never_yields_a_reference(team, api_as, run_queued, monkeypatch):
+def test_a_failed_artifact_write_never_yields_a_reference(team, api_as, run_queued, monkeypatch):
     """The foreground gateway call runs its child in this process, where the write is made to fail."""
     import collab.services.artifacts as artifacts
 
@@ -915,7 +915,7 @@ def test_op_c9_a_failed_artifact_write_never_yields_a_reference(team, api_as, ru
 # --- OP C4: archive_when_done -----------------------------------------------------------------
 
 
-def test_op_c4_archive_when_done_applies_to_background_and_foreground_runs(team, api_as, run_queued):
+def test_archive_when_done_applies_to_background_and_foreground_runs(team, api_as, run_queued):
     owner = api_as(team.owner)
     make_spec(owner, "quick", [{"text": "finished"}])
     make_spec(owner, "boss", {"user": [
@@ -944,7 +944,7 @@ def test_op_c4_archive_when_done_applies_to_background_and_foreground_runs(team,
     assert r["is_error"] and r["details"]["code"] == "invalid_arguments"
 
 
-def test_op_c4_manual_archive_first_keeps_its_time_and_reason_and_never_cancels(team, api_as, worker):
+def test_manual_archive_first_keeps_its_time_and_reason_and_never_cancels(team, api_as, worker):
     # the child runs until this test cancels it (never a timed period): the manual archive
     # certainly comes first, and the automatic one (archive_when_done) when the child ends
     owner = api_as(team.owner)
@@ -972,7 +972,7 @@ def test_op_c4_manual_archive_first_keeps_its_time_and_reason_and_never_cancels(
     assert r.json()["archived_at"] == first["archived_at"] and r.json()["archive_reason"] == "manual: enough"
 
 
-def test_op_c4_delivery_accepted_before_archive_but_not_started_fails_archived(team, api_as, worker):
+def test_delivery_accepted_before_archive_but_not_started_fails_archived(team, api_as, worker):
     # the target stays busy until this test cancels its turn (never a timed busy period)
     api, ssid, sender, tsid, busy, target = sender_and_busy_target(team, api_as, UNENDING_MS)
 
@@ -1003,7 +1003,7 @@ def test_op_c4_delivery_accepted_before_archive_but_not_started_fails_archived(t
 # --- limits: API and command --------------------------------------------------------------------
 
 
-def test_op_c5_an_amount_that_rounds_to_nothing_or_past_the_bound_is_refused_not_stored(team, api_as):
+def test_an_amount_that_rounds_to_nothing_or_past_the_bound_is_refused_not_stored(team, api_as):
     """max_cost_per_job is kept at 6 places: one that rounds to 0 (the CHECK cost > 0) or to
     1000000 (past numeric(12,6)) is the 400 of any bad amount, never a 500."""
     owner = api_as(team.owner)
@@ -1016,9 +1016,9 @@ def test_op_c5_an_amount_that_rounds_to_nothing_or_past_the_bound_is_refused_not
 
 @pytest.mark.parametrize("field", ["max_spawn_depth", "max_live_per_session", "max_cost_per_job", "max_active_turns",
                                    "max_running_jobs", "max_runtime_seconds"])
-def test_op_c5_the_published_limit_schema_says_what_check_limits_accepts(field):
-    """``PATCH /api/projects/{slug}/limits`` publishes each field as ``limit_schema`` (issue 15
-    item 3): a value it allows is accepted, one it refuses is refused (ceilings included)."""
+def test_the_published_limit_schema_says_what_check_limits_accepts(field):
+    """``PATCH /api/projects/{slug}/limits`` publishes each field as ``limit_schema``: a value it
+    allows is accepted, one it refuses is refused (ceilings included)."""
     import jsonschema_rs
 
     from accounts.limits import LimitError, check_limits, limit_schema
@@ -1037,7 +1037,7 @@ def test_op_c5_the_published_limit_schema_says_what_check_limits_accepts(field):
             assert accepted, (field, value)
 
 
-def test_op_c5_c6_limits_api_and_command(team, api_as):
+def test_owners_set_validated_limits_through_the_api_and_the_limits_command(team, api_as):
     owner = api_as(team.owner)
     r = owner.get("/api/projects/alpha/limits")
     assert r.status_code == 200

@@ -1,4 +1,4 @@
-"""Internal branches (issue 14 item 6): ``Branch.internal`` hides a branch from agents — absent from
+"""Internal branches: ``Branch.internal`` hides a branch from agents — absent from
 ``list_agents`` in every scope and not found by name (an explicit ``SID:HEAD`` still works) —
 shows it dimmed with a badge to people, and is toggled by maintainers (API) and operators
 (admin), audited as ``branch.internal_changed``.
@@ -43,8 +43,8 @@ def hidden(team, open_session):
     return a, helper, gone, shown, elsewhere
 
 
-def test_issue_14_item_6_internal_branches_are_absent_from_list_agents_in_every_scope(hidden):
-    """issue 14 item 6: ``list_agents`` lists no internal branch in the ``session``, ``archived``
+def test_internal_branches_are_absent_from_list_agents_in_every_scope(hidden):
+    """``list_agents`` lists no internal branch in the ``session``, ``archived``
     and ``all`` scopes, while the other branches stay listed."""
     a, helper, gone, shown, elsewhere = hidden
     assert listed(a, "session") >= {"main", "shown"} and "helper" not in listed(a, "session")
@@ -57,8 +57,8 @@ def test_issue_14_item_6_internal_branches_are_absent_from_list_agents_in_every_
     assert "helper" in listed(a, "session")
 
 
-def test_issue_14_item_6_agents_do_not_resolve_an_internal_branch_by_name_but_do_by_address(hidden):
-    """issue 14 item 6: an agent naming an internal branch (``send_message``, ``agent``,
+def test_agents_do_not_resolve_an_internal_branch_by_name_but_do_by_address(hidden):
+    """An agent naming an internal branch (``send_message``, ``agent``,
     ``read_conversation``) gets ``not_found``, exactly like a missing name; its ``SID:HEAD``
     address still resolves for an agent acting for someone who may see the session."""
     a, helper, gone, shown, elsewhere = hidden
@@ -76,8 +76,8 @@ def test_issue_14_item_6_agents_do_not_resolve_an_internal_branch_by_name_but_do
     assert a.api.get("/api/branches/helper/transcript").status_code == 200
 
 
-def test_issue_14_item_6_maintainers_toggle_internal_through_the_api_audited(team, open_session, api_as):
-    """issue 14 item 6: ``PATCH /api/branches/{address} {"internal": …}`` — a maintainer (or
+def test_maintainers_toggle_internal_through_the_api_audited(team, open_session, api_as):
+    """``PATCH /api/branches/{address} {"internal": …}`` — a maintainer (or
     owner) sets and clears it, each change a ``branch.internal_changed`` Event with its actor; a
     member and a viewer get 403, an outsider 404 (like a missing branch); bad input is a 4xx."""
     a = open_session()
@@ -109,9 +109,9 @@ def test_issue_14_item_6_maintainers_toggle_internal_through_the_api_audited(tea
     assert Event.objects.filter(type="branch.internal_changed").count() == 2
 
 
-def test_issue_14_item_6_the_admin_action_sets_internal_through_the_audited_service(team, open_session,
+def test_the_admin_action_sets_internal_through_the_audited_service(team, open_session,
                                                                                     django_user_model):
-    """issue 14 item 6: the admin's "mark internal" / "clear" actions go through the service, so
+    """The admin's "mark internal" / "clear" actions go through the service, so
     each change is a ``branch.internal_changed`` Event with the operator as actor."""
     a = open_session()
     root = django_user_model.objects.create_superuser("root", "root@example.invalid", PASSWORD)
@@ -125,9 +125,9 @@ def test_issue_14_item_6_the_admin_action_sets_internal_through_the_audited_serv
         assert event.actor == root and event.payload == {"branch": a.branch.pk, "internal": value}
 
 
-def test_issue_14_item_6_the_session_page_shows_an_internal_branch_dimmed_with_a_badge(team, open_session,
+def test_the_session_page_shows_an_internal_branch_dimmed_with_a_badge(team, open_session,
                                                                                      browser_of):
-    """issue 14 item 6: people still see an internal branch in the session page's branch list,
+    """People still see an internal branch in the session page's branch list,
     marked (class ``internal``) with a "hidden from agents" badge; other branches carry neither."""
     a = open_session()
     helper = spawn(a, "first task", description="helper")
@@ -143,8 +143,8 @@ def test_issue_14_item_6_the_session_page_shows_an_internal_branch_dimmed_with_a
     assert "internal" not in main_row and "hidden from agents" not in main_row
 
 
-def test_issue_14_item_6_an_internal_openwork_child_is_not_listed_nor_found_by_task_name(team, scripted_session):
-    """issue 14 item 6 (OW §5): the parent's OpenWork ``list_agents`` leaves out an internal
+def test_an_internal_openwork_child_is_not_listed_nor_found_by_task_name(team, scripted_session):
+    """OW §5: the parent's OpenWork ``list_agents`` leaves out an internal
     child, and ``followup_task`` / ``interrupt_agent`` by its task_name answer ``unknown_agent``
     exactly like a name that does not exist; cleared, the child is listed again."""
     api, ow_sid, child = ow_child(scripted_session, team)

@@ -489,7 +489,7 @@ def test_server_refuses_non_members_and_foreign_origins(team, session_of, server
 
 
 def test_a_commits_events_travel_as_one_message_and_arrive_in_order(transactional_db, team, session_of):
-    """OP §3 (live), issue 15 item 1 ``live``: the events one transaction commits for a session
+    """OP §3 (live): the events one transaction commits for a session
     go to its listeners as one message of the channel layer (one ``group_send`` per commit, not
     one per event), carrying them in ``seq`` order with ``event`` the last of them (what a reader
     of single events takes; it reads the rest from the log); a socket gets every one of them,

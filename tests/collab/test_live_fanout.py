@@ -1,8 +1,8 @@
-"""The live fan-out (issue 15 item 1 ``live``, SPEC §13): a process reads each event once for all
+"""The live fan-out (SPEC §13): a process reads each event once for all
 its sockets on a session and redacts it once per viewer (``collab/realtime/fanout.py``).
 
 What must not change with it: every socket gets every event once, in ``seq`` order (SPEC
-§11.1), each as *its* viewer may see it (issue 17, P-SEC-9) — two people on one session can be
+§11.1), each as *its* viewer may see it (P-SEC-9) — two people on one session can be
 sent different frames of one event — and the database work per event does not grow with the
 number of sockets. Through the real ASGI application with channels' ``WebsocketCommunicator``.
 """
@@ -42,7 +42,7 @@ def private_beside_open(team, scripted_session):
 
 def test_two_viewers_on_one_session_get_each_their_own_frame_of_one_event(transactional_db, team,
                                                                          private_beside_open):
-    """Issue 17 through the shared fan-out: one event of S that names P reaches the creator's two
+    """Session visibility through the shared fan-out: one event of S that names P reaches the creator's two
     sockets naming P, and the other reader's socket with P blanked — same ``seq``s for all,
     nothing of P (id or title) in the reader's frames, before and after it."""
     open_sid, private_sid = private_beside_open

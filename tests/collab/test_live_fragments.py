@@ -1,4 +1,4 @@
-"""Issue 13 item 3: the session page's live fragments, through the real URL stack.
+"""The session page's live fragments, through the real URL stack.
 
 The page's script asks for exactly what one event changed — the rows of the shown branch after
 the last one it shows, one job row, one branch row, the running indicator — and each answer
@@ -37,7 +37,7 @@ def main_of(sid) -> Branch:
     return Branch.objects.get(session_id=sid, name="main")
 
 
-def test_issue_13_3_rows_after_a_message_are_exactly_the_new_rows_with_the_running_indicator(
+def test_rows_after_a_message_are_exactly_the_new_rows_with_the_running_indicator(
         team, scripted_session, browser_of):
     """``GET /s/{sid}/rows?branch=B&after=M``: the rows of B's lineage after M, oldest first, and the
     running indicator out of band; nothing after the tip is nothing."""
@@ -59,7 +59,7 @@ def test_issue_13_3_rows_after_a_message_are_exactly_the_new_rows_with_the_runni
     assert row_ids(viewer) == ids[4:] and '<details class="fork">' not in viewer
 
 
-def test_issue_13_3_rows_cost_the_same_queries_on_a_short_and_a_long_session(team, scripted_session, browser_of):
+def test_rows_cost_the_same_queries_on_a_short_and_a_long_session(team, scripted_session, browser_of):
     """Bounded work per event: two new rows cost the same queries after 5 messages as after 60."""
     page = browser_of(team.member)
     counts = []
@@ -74,7 +74,7 @@ def test_issue_13_3_rows_cost_the_same_queries_on_a_short_and_a_long_session(tea
     assert counts[0] == counts[1], counts
 
 
-def test_issue_13_3_a_page_too_far_behind_or_off_the_lineage_is_told_to_reload(team, scripted_session, browser_of):
+def test_a_page_too_far_behind_or_off_the_lineage_is_told_to_reload(team, scripted_session, browser_of):
     """More rows than one live fetch carries, or an ``after`` that is not on the branch's lineage
     (409: the page reloads its transcript); a branch or message not in the session is a 404, a
     missing ``branch`` means the branch this viewer reads, an outsider a 404."""
@@ -106,7 +106,7 @@ def test_issue_13_3_a_page_too_far_behind_or_off_the_lineage_is_told_to_reload(t
     assert browser_of(team.outsider).get(f"/s/{sid}/rows", {"branch": main.pk}).status_code == 404
 
 
-def test_issue_13_3_a_job_row_carries_usage_its_branch_row_and_the_running_indicator(team, scripted_session, browser_of):
+def test_a_job_row_carries_usage_its_branch_row_and_the_running_indicator(team, scripted_session, browser_of):
     """``GET /s/{sid}/jobs/{job}``: that job's row; out of band the usage line and its branch's row,
     and — for a page showing the job's branch — the running indicator."""
     from collab.services.execution import claim_job
@@ -148,7 +148,7 @@ def test_issue_13_3_a_job_row_carries_usage_its_branch_row_and_the_running_indic
     assert Job.objects.get(pk=job).status == "running"
 
 
-def test_issue_13_3_one_row_is_re_rendered_with_the_attach_pointer_hung_off_it(team, scripted_session, browser_of):
+def test_one_row_is_re_rendered_with_the_attach_pointer_hung_off_it(team, scripted_session, browser_of):
     """``GET /s/{sid}/m/{mid}/row``: the row of one message, now with the attach card of an agent
     spawned from it (the page patches that row alone); an attach pointer is no row of its own."""
     from collab.models import MessageKind

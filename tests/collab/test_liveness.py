@@ -1,4 +1,4 @@
-"""Liveness is the worker's, not the loop's (SPEC §7 P-REL-1, OW §8; issue 12 items 1 and 5).
+"""Liveness is the worker's, not the loop's (SPEC §7 P-REL-1, OW §8).
 
 End to end through the REST API on real ``qcluster`` processes started here with a SHORT
 lease (``TRELLIS_LEASE_SECONDS=3``, ``TRELLIS_RECONCILE_SECONDS=1``), so every worker
@@ -197,7 +197,7 @@ def blocked_turn_survives(api, sid, root_id, cluster, **behind) -> dict:
 # --- P-REL-1: a blocked turn outlives its lease -----------------------------------------------------
 
 
-def test_p_rel_1_turn_blocked_in_job_output_outlives_the_lease(team, api_as, live_cluster):
+def test_turn_blocked_in_job_output_outlives_the_lease(team, api_as, live_cluster):
     """P-REL-1 / OW-§8: a turn blocked in ``job_output(block=true)`` on a background child that
     sleeps five leases stays running and succeeds; so does the child."""
     owner = api_as(team.owner)
@@ -221,7 +221,7 @@ def test_p_rel_1_turn_blocked_in_job_output_outlives_the_lease(team, api_as, liv
     assert ended["result"] == "the child said: slept", ended
 
 
-def test_p_rel_1_turn_blocked_in_a_sleep_step_outlives_the_lease(team, api_as, live_cluster):
+def test_turn_blocked_in_a_sleep_step_outlives_the_lease(team, api_as, live_cluster):
     """P-REL-1 / OW-§8: a scripted ``sleep_ms`` step of five leases (the turn loop only reads the
     job's status meanwhile; the worker process renews the lease) stays running and succeeds."""
     owner = api_as(team.owner)
@@ -243,7 +243,7 @@ def fake_server():
     server.stop()
 
 
-def test_p_rel_1_slow_non_streaming_model_call_outlives_the_lease(team, api_as, live_cluster, fake_server):
+def test_slow_non_streaming_model_call_outlives_the_lease(team, api_as, live_cluster, fake_server):
     """P-REL-1 / OW-§8: a non-streaming model call that the (fake, local) OpenAI server answers
     only after five leases stays running and succeeds."""
     fake_server.reset()
@@ -267,7 +267,7 @@ def test_p_rel_1_slow_non_streaming_model_call_outlives_the_lease(team, api_as, 
 # --- P-REL-1: a dead worker's jobs are recovered ----------------------------------------------------
 
 
-def test_p_rel_1_killed_worker_jobs_are_recovered_by_a_new_worker(team, api_as, short_lease_env, queue_name,
+def test_killed_worker_jobs_are_recovered_by_a_new_worker(team, api_as, short_lease_env, queue_name,
                                                                   tmp_path, monkeypatch):
     """P-REL-1 / OW-§8: SIGKILL a whole worker machine (its qcluster process group) while it runs
     two turns, one of which is then cancelled (``stopping`` with nobody to confirm it), and a
@@ -342,7 +342,7 @@ def test_p_rel_1_killed_worker_jobs_are_recovered_by_a_new_worker(team, api_as, 
     ({"TRELLIS_RECONCILE_SECONDS": "0"}, "TRELLIS_RECONCILE_SECONDS must be >= 1"),
     ({"TRELLIS_LEASE_SECONDS": "10", "TRELLIS_RECONCILE_SECONDS": "11"}, "must not exceed TRELLIS_LEASE_SECONDS"),
 ])
-def test_p_rel_1_lease_and_reconcile_interval_are_validated_loudly(tmp_path, env, message):
+def test_lease_and_reconcile_interval_are_validated_loudly(tmp_path, env, message):
     """P-REL-1: recovery takes up to lease + reconcile interval, so a reconcile interval longer than
     the lease (a bound over 2 x lease) or a value that is not a positive integer stops start-up."""
     from tests.test_settings import load_settings
@@ -353,7 +353,7 @@ def test_p_rel_1_lease_and_reconcile_interval_are_validated_loudly(tmp_path, env
 
 @pytest.mark.parametrize(("env", "expected"), [({}, (30, 10)), ({"TRELLIS_LEASE_SECONDS": "5"}, (5, 1)),
                                                ({"TRELLIS_LEASE_SECONDS": "3", "TRELLIS_RECONCILE_SECONDS": "3"}, (3, 3))])
-def test_p_rel_1_defaults_state_a_bound_within_two_leases(tmp_path, env, expected):
+def test_defaults_state_a_bound_within_two_leases(tmp_path, env, expected):
     """P-REL-1: the defaults are a 30 s lease and a reconcile every lease/3 (bound 40 s <= 60 s)."""
     code = "import config.settings as s; print(s.TRELLIS_LEASE_SECONDS, s.TRELLIS_RECONCILE_SECONDS)"
     from tests.test_settings import CLEAN

@@ -1,4 +1,4 @@
-"""Locks without stale reads (SPEC §7; STYLE §12; OP C1, OP §5.3, §5.4; issue 12 item 3).
+"""Locks without stale reads (SPEC §7; STYLE §12; OP C1, OP §5.3, §5.4).
 
 Every row read under a lock is read after the lock is held, in one order (session → branch →
 job, collab/services/locking.py), and a transaction that can still deadlock runs again whole.
@@ -15,8 +15,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.django_db(transaction=True)
-def test_op_5_3_a_stopping_job_ends_only_cancelled_and_the_database_agrees(team, api_as):
-    """SPEC §7 / issue 12 item 3: ``stopping`` → ``succeeded``/``failed``/``interrupted`` is refused
+def test_a_stopping_job_ends_only_cancelled_and_the_database_agrees(team, api_as):
+    """SPEC §7: ``stopping`` → ``succeeded``/``failed``/``interrupted`` is refused
     by the database guard (migration 0012), ``stopping`` → ``cancelled`` is accepted; and
     ``finish_job`` asked to end a stopping job as succeeded ends it cancelled, without its answer."""
     from django.db import DatabaseError, transaction

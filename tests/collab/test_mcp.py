@@ -1,4 +1,4 @@
-"""Issue 16 item 1: Trellis as an MCP server at ``/mcp`` (``collab.mcp_server``).
+"""Trellis as an MCP server at ``/mcp`` (``collab.mcp_server``).
 
 Everything here goes through the official ``mcp`` SDK's own client (Streamable HTTP +
 ``ClientSession``) or plain HTTP against a real daphne process — which sends no ASGI lifespan
@@ -82,7 +82,7 @@ def raw_mcp(server, headers: dict, body=INITIALIZE) -> httpx.Response:
         "Accept": "application/json, text/event-stream", **headers}, timeout=30)
 
 
-def test_issue_16_1_tools_are_listed_with_the_registrys_schemas_and_descriptions(team, scripted_session, server):
+def test_tools_are_listed_with_the_registrys_schemas_and_descriptions(team, scripted_session, server):
     """``tools/list`` is the acting branch's surface from the registry: a collab branch gets the
     whole collab toolset, an OpenWork branch its own; each tool with its JSON Schema and
     description. Calls answer like the REST gateway's, errors as ``isError`` with the code."""
@@ -122,7 +122,7 @@ def test_issue_16_1_tools_are_listed_with_the_registrys_schemas_and_descriptions
         (t.name, t.description, t.json_schema()) for t in surface]
 
 
-def test_issue_16_1_a_background_agent_spawned_over_mcp_returns_its_result(team, scripted_session, server, worker):
+def test_a_background_agent_spawned_over_mcp_returns_its_result(team, scripted_session, server, worker):
     """``agent(run_in_background=true)`` over MCP starts a child on a real worker; ``job_output``
     (blocking, on the gateway's pool) receives its final answer."""
     script = {"user": [{"text": "ready"}], "spawn": [{"text": "scout report: {{prompt}}"}],
@@ -149,7 +149,7 @@ def test_issue_16_1_a_background_agent_spawned_over_mcp_returns_its_result(team,
     assert (child.project_id, child.started_by_id) == (team.alpha.pk, team.member.pk)
 
 
-def test_issue_16_1_other_projects_are_refused_as_the_gateway_refuses_them(team, scripted_session, server):
+def test_other_projects_are_refused_as_the_gateway_refuses_them(team, scripted_session, server):
     """Acting as another project's branch is refused before MCP answers (404 ``not_found``, the
     REST gateway's answer); from one's own branch, another project's job and branch are not
     found: ``isError`` with the gateway's code and text."""
@@ -182,7 +182,7 @@ def test_issue_16_1_other_projects_are_refused_as_the_gateway_refuses_them(team,
         assert answer.content[0].text == gateway["text"]
 
 
-def test_issue_16_1_foreign_hosts_and_origins_are_refused(team, scripted_session, server):
+def test_foreign_hosts_and_origins_are_refused(team, scripted_session, server):
     """DNS-rebinding protection (the SDK's, fed from ALLOWED_HOSTS): with a valid token, a
     ``Host`` the deployment does not serve is 421 and a foreign browser ``Origin`` 403; the
     deployment's own host and origin are served."""
@@ -196,7 +196,7 @@ def test_issue_16_1_foreign_hosts_and_origins_are_refused(team, scripted_session
     assert raw_mcp(server, {**headers, "Host": own, "Origin": server.url}).status_code == 200
 
 
-def test_issue_16_1_transport_security_follows_allowed_hosts(settings):
+def test_transport_security_follows_allowed_hosts(settings):
     """Each allowed host on any port, its http(s) origins and the trusted origins; ``*`` turns
     the check off; ``.example.com`` admits the bare name; an IPv6 literal is bracketed."""
     from collab.mcp_server import transport_security
@@ -215,7 +215,7 @@ def test_issue_16_1_transport_security_follows_allowed_hosts(settings):
     assert not transport_security().enable_dns_rebinding_protection
 
 
-def test_issue_16_1_a_bad_missing_revoked_or_narrow_token_is_refused(team, scripted_session, server):
+def test_a_bad_missing_revoked_or_narrow_token_is_refused(team, scripted_session, server):
     """No MCP session without a valid token that has the ``tools`` scope: 401 ``unauthenticated``
     (missing, unknown, revoked — with ``WWW-Authenticate: Bearer``), 403 ``token_scope``; a
     token without a branch to act as: 400 ``invalid_address``. The SDK's client fails too."""
@@ -241,7 +241,7 @@ def test_issue_16_1_a_bad_missing_revoked_or_narrow_token_is_refused(team, scrip
     assert "401" in repr(failed.value) or any("401" in repr(e) for e in getattr(failed.value, "exceptions", ()))
 
 
-def test_issue_16_1_mcp_and_rest_share_the_users_bound_on_blocking_calls(team, scripted_session, server):
+def test_mcp_and_rest_share_the_users_bound_on_blocking_calls(team, scripted_session, server):
     """Blocking calls over MCP count against the same per-user bound as the REST gateway's (the
     one pool, TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER = 4): with four REST waits admitted, an MCP
     ``job_output(block=true)`` is refused at once (``isError``, ``too_many_blocking_calls``), a
@@ -281,7 +281,7 @@ def test_issue_16_1_mcp_and_rest_share_the_users_bound_on_blocking_calls(team, s
             assert status == 200 and body["details"]["status"] == "cancelled", body
 
 
-def test_issue_16_1_first_requests_on_a_fresh_daphne_start_the_session_manager(transactional_db, team, scripted_session,
+def test_first_requests_on_a_fresh_daphne_start_the_session_manager(transactional_db, team, scripted_session,
                                                                              process_env, tmp_path):
     """Daphne sends no ASGI lifespan events: on a freshly started daphne process, five clients
     whose first requests arrive together all get their tools (the manager starts once, lazily)."""

@@ -1,4 +1,4 @@
-"""Model connections belong to the operator (issue 11 item 1; SPEC §8 P-SEC-0, §10, §11.1).
+"""Model connections belong to the operator (SPEC §8 P-SEC-0, §10, §11.1).
 
 Two local servers record every request they receive (tests/collab/fake_llm.py): ``listed``
 is the endpoint of the operator's connections, ``elsewhere`` a host no connection of the
@@ -153,7 +153,7 @@ REFUSED_SPECS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("make", list(REFUSED_SPECS.values()), ids=list(REFUSED_SPECS))
-def test_p_sec_1_no_spec_a_tenant_can_type_names_a_host_or_variable_the_operator_did_not_list(
+def test_no_spec_a_tenant_can_type_names_a_host_or_variable_the_operator_did_not_list(
         team, api_as, worker, connections, listed, elsewhere, make):
     """P-SEC-0 / P-SEC-1: every way of naming an endpoint or a key variable that is not a
     connection bound to the project is a 400 ``provider_config``; nothing is saved; no
@@ -168,7 +168,7 @@ def test_p_sec_1_no_spec_a_tenant_can_type_names_a_host_or_variable_the_operator
 
 @pytest.mark.slow
 @pytest.mark.parametrize("change", ["unbound", "model-no-longer-allowed", "disabled", "moved-to-other-provider"])
-def test_p_sec_1_a_connection_taken_away_later_fails_the_turn_before_any_request(
+def test_a_connection_taken_away_later_fails_the_turn_before_any_request(
         team, api_as, run_queued, connections, listed, elsewhere, change):
     """P-SEC-1: the worker checks the binding again at call time; a spec whose connection was
     unbound, narrowed or disabled after it was saved fails with ``provider_config`` and sends
@@ -197,7 +197,7 @@ def test_p_sec_1_a_connection_taken_away_later_fails_the_turn_before_any_request
 @pytest.mark.slow
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 @pytest.mark.parametrize("how", ["connection", "legacy-fields"])
-def test_p_sec_0_a_listed_connection_receives_only_its_own_key(team, api_as, run_queued, connections, listed, elsewhere,
+def test_a_listed_connection_receives_only_its_own_key(team, api_as, run_queued, connections, listed, elsewhere,
                                                                provider, how):
     """P-SEC-0: the connection's host gets the connection's key and nothing of the operator's
     other variables (default keys, auth tokens, admin keys, organisation ids, custom headers);
@@ -228,7 +228,7 @@ def test_p_sec_0_a_listed_connection_receives_only_its_own_key(team, api_as, run
 
 
 @pytest.mark.slow
-def test_p_sec_0_a_keyless_connection_sends_no_key_at_all(team, api_as, worker, connections, listed):
+def test_a_keyless_connection_sends_no_key_at_all(team, api_as, worker, connections, listed):
     """P-SEC-0: a connection without a key variable (a local server) never falls back to the
     SDK's OPENAI_API_KEY: its requests carry no Authorization or x-api-key header."""
     assert save_spec(api_as(team.owner), provider="openai", connection="keyless").status_code == 201
@@ -243,7 +243,7 @@ def test_p_sec_0_a_keyless_connection_sends_no_key_at_all(team, api_as, worker, 
 @pytest.mark.slow
 @pytest.mark.parametrize("status", [302, 307])
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
-def test_p_sec_0_a_redirect_from_the_listed_host_is_not_followed(team, api_as, worker, connections, listed, elsewhere,
+def test_a_redirect_from_the_listed_host_is_not_followed(team, api_as, worker, connections, listed, elsewhere,
                                                                   provider, status):
     """P-SEC-0: a redirect from the connection's host to a second server ends the call with a
     provider error code; the second server sees no request of any method (so never the key)."""
@@ -260,7 +260,7 @@ def test_p_sec_0_a_redirect_from_the_listed_host_is_not_followed(team, api_as, w
 
 @pytest.mark.slow
 @pytest.mark.parametrize("status", [400, 401, 404, 429, 500])
-def test_p_sec_0_a_provider_error_never_echoes_the_remote_hosts_text(team, api_as, run_queued, connections, listed, status):
+def test_a_provider_error_never_echoes_the_remote_hosts_text(team, api_as, run_queued, connections, listed, status):
     """P-SEC-0: the job's reason, its events (retries too) and every API answer show a code,
     the connection's name and the HTTP status, never the body the remote host sent."""
     dialect = DIALECTS["openai"]
@@ -279,7 +279,7 @@ def test_p_sec_0_a_provider_error_never_echoes_the_remote_hosts_text(team, api_a
 # --- operator configuration ------------------------------------------------------------------------------
 
 
-def test_p_sec_0_the_connections_prices_override_the_defaults_in_cost_accounting(team, api_as, listed, connections,
+def test_the_connections_prices_override_the_defaults_in_cost_accounting(team, api_as, listed, connections,
                                                                                    settings):
     """A connection's ``prices`` is what its turns cost (11 in + 7 out tokens at 1000/2000 $/Mtok)."""
     settings.TRELLIS_MODEL_RETRY_BASE_MS = 1
@@ -296,7 +296,7 @@ def test_p_sec_0_the_connections_prices_override_the_defaults_in_cost_accounting
     assert str(Job.objects.get(pk=execution).cost.normalize()) == "0.025"
 
 
-def test_p_sec_0_connections_from_the_settings_variable_are_used_and_withdrawn(team, api_as, listed, settings):
+def test_connections_from_the_settings_variable_are_used_and_withdrawn(team, api_as, listed, settings):
     """TRELLIS_MODEL_CONNECTIONS: synced into the table on use, bound by project slug, read-only
     in the admin; removed from the setting, its specs fail with ``provider_config``."""
     os.environ["TRELLIS_TEST_SETTINGS_CONNECTIONS"] = json.dumps([{

@@ -1,4 +1,4 @@
-"""Nothing accepted is lost or silent (issue 12 item 5; SPEC §6–§7, OP §5.4, OP C4, C10).
+"""Nothing accepted is lost or silent (SPEC §6–§7, OP §5.4, OP C4, C10).
 
 Through the API and the tool gateway, with real worker processes: an inbox drains whenever
 its branch becomes idle, by whatever path (a turn ending, the cancel of a queued turn,
@@ -73,7 +73,7 @@ def _message_turns(target_branch_id):
             for job in Job.objects.filter(branch_id=target_branch_id, kind="message").select_related("prompt_msg")]
 
 
-def test_op_5_4_a_message_whose_targets_only_queued_turn_is_cancelled_is_still_delivered(team, api_as, worker):
+def test_a_message_whose_targets_only_queued_turn_is_cancelled_is_still_delivered(team, api_as, worker):
     """OP §5.4: cancelling the target's only queued turn makes it idle, and its inbox drains then —
     the message's own turn runs with no later turn on the target."""
     api, tsid, root, queued, target, _ = _target_behind_a_queued_turn(team, api_as)
@@ -93,7 +93,7 @@ def test_op_5_4_a_message_whose_targets_only_queued_turn_is_cancelled_is_still_d
     assert "please read this" in transcript_messages(api, target)[-2]["text"]
 
 
-def test_op_5_4_reconcile_drains_an_idle_branch_with_waiting_messages(team, api_as, worker, process_env):
+def test_reconcile_drains_an_idle_branch_with_waiting_messages(team, api_as, worker, process_env):
     """OP §5.4, P-REL-1: ``manage.py reconcile`` drains any branch with no running job whose inbox
     still holds messages, whatever left them there — here the state an earlier release left
     when it cancelled a target's only queued turn without draining (the row is ended directly,
@@ -121,7 +121,7 @@ def test_op_5_4_reconcile_drains_an_idle_branch_with_waiting_messages(team, api_
     assert not InboxEntry.objects.filter(target_branch_id=target_id).exists()
 
 
-def test_op_5_4_a_message_to_a_target_archived_meanwhile_reaches_the_sender_as_a_failed_result_once(
+def test_a_message_to_a_target_archived_meanwhile_reaches_the_sender_as_a_failed_result_once(
     team, api_as, worker
 ):
     """OP §5.4, C4: the inbox of a branch archived while the message waited goes back to each
@@ -148,7 +148,7 @@ def test_op_5_4_a_message_to_a_target_archived_meanwhile_reaches_the_sender_as_a
     assert len(notices) == 1 and "archived" in notices[0]["text"] and "is_error=true" in notices[0]["text"]
 
 
-def test_op_c10_a_result_to_a_caller_archived_meanwhile_reaches_the_sender_as_a_failed_result_once(
+def test_a_result_to_a_caller_archived_meanwhile_reaches_the_sender_as_a_failed_result_once(
     team, api_as, worker
 ):
     """SPEC §6, OP C10: a background child's result whose caller branch was archived meanwhile is
@@ -184,7 +184,7 @@ def test_op_c10_a_result_to_a_caller_archived_meanwhile_reaches_the_sender_as_a_
     assert len(heard) == 1 and f"the result of execution {child_job} could not be delivered" in heard[0]["text"]
 
 
-def test_op_c4_a_start_refused_on_an_archived_branch_writes_nothing_there(team, api_as, worker):
+def test_a_start_refused_on_an_archived_branch_writes_nothing_there(team, api_as, worker):
     """OP C4, §5.4: a task accepted while its target was busy, refused at start because the target
     was archived meanwhile, leaves the branch as it was (no prompt node, no turn), and its
     sender hears of it once."""
@@ -214,8 +214,8 @@ def test_op_c4_a_start_refused_on_an_archived_branch_writes_nothing_there(team, 
     assert len(notices) == 1
 
 
-def test_op_5_4_fifo_claim_order_and_the_duplicate_window_use_the_database_clock(team, api_as, worker, monkeypatch):
-    """SPEC §7 (issue 12 item 7): deliveries accepted by app servers whose clocks disagree (here
+def test_fifo_claim_order_and_the_duplicate_window_use_the_database_clock(team, api_as, worker, monkeypatch):
+    """SPEC §7: deliveries accepted by app servers whose clocks disagree (here
     this process's clock set ten minutes ahead, then ten minutes behind) still wait, drain and
     run in the order they were accepted, every stored time is the database's, and the 60-s
     duplicate window holds across them."""

@@ -1,4 +1,4 @@
-"""Open waits are bounded per user (issue 15 item 2, P-SEC-4): a ``?wait=`` request or an SSE
+"""Open waits are bounded per user (P-SEC-4): a ``?wait=`` request or an SSE
 stream parks on the event loop holding no thread, but it holds a socket and a channel-layer
 subscription, so one user (or a leaked token) may keep at most
 ``TRELLIS_MAX_OPEN_WAITS_PER_USER`` open per web process. Past it: 429 ``too_many_open_waits``
@@ -20,7 +20,7 @@ def one_wait_each(settings, monkeypatch):
     monkeypatch.setattr(bounds, "OPEN_WAITS", bounds.InFlight(bounds._too_many_open_waits))
 
 
-def test_p_sec_4_a_user_at_the_open_wait_bound_is_refused_before_anything_starts(team, scripted_session, one_wait_each):
+def test_a_user_at_the_open_wait_bound_is_refused_before_anything_starts(team, scripted_session, one_wait_each):
     from collab.realtime.bounds import open_wait
     from collab.models import Job
 
@@ -44,7 +44,7 @@ def test_p_sec_4_a_user_at_the_open_wait_bound_is_refused_before_anything_starts
 
 
 @pytest.mark.slow
-def test_p_sec_4_a_finished_wait_gives_its_slot_back(team, scripted_session, server):
+def test_a_finished_wait_gives_its_slot_back(team, scripted_session, server):
     """Through a real daphne process (default bound: 32 per user): more waits than the bound, one
     after another, all answer — each ended wait (a refused one too) freed its slot."""
     from django.conf import settings

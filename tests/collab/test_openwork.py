@@ -183,7 +183,7 @@ def assert_drained_after_tool_results(messages):
 SIMPLE = {"user": [{"text": "mail=[{{mailbox}}]"}], "spawn": [{"text": "explored: {{prompt}}"}]}
 
 
-def test_ow_01_child_session_records_parent_task_name_and_role(team, api_as, run_queued):
+def test_child_session_records_parent_task_name_and_role(team, api_as, run_queued):
     """OW acc. 1 (and 5): a spawned child is a Session with parent_session and agent_role
     ``explorer`` whose one branch carries the task_name and the parent branch; the root has none
     of these. The child runs a turn whose terminal state is readable; people cannot post turns to it."""
@@ -228,7 +228,7 @@ def test_ow_01_child_session_records_parent_task_name_and_role(team, api_as, run
     assert rows(messages=True) == before
 
 
-def test_ow_02_children_are_hidden_from_the_session_list_but_listed_by_their_parent(team, api_as, run_queued, client):
+def test_children_are_hidden_from_the_session_list_but_listed_by_their_parent(team, api_as, run_queued, client):
     """OW acc. 2: the project's session list shows root sessions only, each child listed under its
     parent; the parent lists its children with list_agents, sorted by task_name."""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -256,7 +256,7 @@ def test_ow_02_children_are_hidden_from_the_session_list_but_listed_by_their_par
     assert listed["details"]["agents"] == agents
 
 
-def test_ow_03_duplicate_task_name_is_refused_under_one_parent_only(team, api_as, run_queued):
+def test_duplicate_task_name_is_refused_under_one_parent_only(team, api_as, run_queued):
     """OW acc. 3: a second child named like an existing one (idle or not) under the same parent is
     refused with duplicate_task_name and writes nothing; another parent session may use the name."""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -278,7 +278,7 @@ def test_ow_03_duplicate_task_name_is_refused_under_one_parent_only(team, api_as
     assert [a["task_name"] for a in json.loads(ok(tool(api, main_b, "list_agents"))["text"])] == ["dup"]
 
 
-def test_ow_04_malformed_task_names_and_arguments_are_refused_before_any_row(team, api_as, run_queued):
+def test_malformed_task_names_and_arguments_are_refused_before_any_row(team, api_as, run_queued):
     """OW acc. 4 (OW §5): ``^[a-z][a-z0-9_]{0,47}$`` — a bad name is invalid_task_name and no
     session, branch, job or message is written; 48 characters is the longest accepted. The schema
     rejects unknown fields and a blank message (invalid_arguments)."""
@@ -314,7 +314,7 @@ def test_ow_04_malformed_task_names_and_arguments_are_refused_before_any_row(tea
 # --- OW acc. 5, 7, 8, 12: three explorers in parallel, aggregated in the same turn -----------------
 
 
-def test_ow_05_07_08_12_three_parallel_explorers_are_aggregated_in_the_same_turn(team, api_as, worker):
+def test_three_parallel_explorers_are_aggregated_in_the_same_turn(team, api_as, worker):
     """OW acc. 5, 7, 8, 12: one parent turn spawns three explorers at once, waits, and sees each
     result as an <agent_message> before its next model call — after all tool results, never
     between an assistant's tool calls and their results — exactly once, and its final answer
@@ -385,7 +385,7 @@ def test_ow_05_07_08_12_three_parallel_explorers_are_aggregated_in_the_same_turn
 # --- OW acc. 9: a result after the parent's final answer waits for the next user turn -------------
 
 
-def test_ow_09_result_after_the_final_answer_starts_no_turn_and_reaches_the_next_user_turn(team, api_as, worker):
+def test_result_after_the_final_answer_starts_no_turn_and_reaches_the_next_user_turn(team, api_as, worker):
     """OW acc. 9 (OW §6.3, §6.4): a child that finishes after the parent's final answer creates no
     parent turn; its envelope is drained exactly once, at the start of the next user turn."""
     from collab.models import Job
@@ -426,7 +426,7 @@ def test_ow_09_result_after_the_final_answer_starts_no_turn_and_reaches_the_next
 # --- OW acc. 10: failed and interrupted children report back too -------------------------------------
 
 
-def test_ow_10_failed_and_interrupted_children_report_back_and_the_parent_never_hangs(team, api_as, worker):
+def test_failed_and_interrupted_children_report_back_and_the_parent_never_hangs(team, api_as, worker):
     """OW acc. 10 (OW §6.4): a child that fails (the explorer's doom loop: the same call three
     times; its model-call budget of 15) and one interrupted by interrupt_agent both produce an
     envelope — ``failed`` with ``<code>: <reason>``, ``interrupted`` — so waiting ends."""
@@ -485,7 +485,7 @@ def test_ow_10_failed_and_interrupted_children_report_back_and_the_parent_never_
 # --- OW acc. 13, 14: the concurrency limit ---------------------------------------------------------
 
 
-def test_ow_13_a_fourth_concurrent_spawn_is_refused_and_the_parent_turn_goes_on(team, api_as, worker):
+def test_a_fourth_concurrent_spawn_is_refused_and_the_parent_turn_goes_on(team, api_as, worker):
     """OW acc. 13 (OW §7.1): with the default max_active_turns=3, a fourth spawn while three child
     turns are open is a failed tool result ``agent_limit_reached`` that writes nothing; the parent
     turn goes on, and once a child's turn ends its slot is free again."""
@@ -528,7 +528,7 @@ def test_ow_13_a_fourth_concurrent_spawn_is_refused_and_the_parent_turn_goes_on(
     assert [j["id"] for j in jobs if j["session"] == sid] == [root["id"]]
 
 
-def test_ow_14_idle_children_hold_no_slot_and_followup_task_reuses_them(team, api_as, worker):
+def test_idle_children_hold_no_slot_and_followup_task_reuses_them(team, api_as, worker):
     """OW acc. 14 (OW §5, §7.1, §8): an idle child holds no slot; followup_task starts a new turn
     on it (agent_turn_start_failed while it runs); spawn_agent and followup_task share the limit
     (set here to 2 through the limits API); interrupt_agent needs a running turn; unknown names
@@ -602,7 +602,7 @@ def git_repo(tmp_path):
     return make_git_repo(tmp_path / "repo", "hello from the workspace\n", "first commit of the workspace")
 
 
-def test_ow_15_16_17_explorer_reads_and_runs_git_but_cannot_write_the_workspace(team, api_as, worker, git_repo):
+def test_explorer_reads_and_runs_git_but_cannot_write_the_workspace(team, api_as, worker, git_repo):
     """OW acc. 15, 16, 17 (OW §4, §5.2): in a real git workspace the explorer's bash runs
     ``git log`` directly (no approval), a write to the workspace is refused by the sandbox and no
     file appears, /tmp is writable. Its tool surface is read/grep/glob/list/bash only: no control
@@ -662,7 +662,7 @@ def test_ow_15_16_17_explorer_reads_and_runs_git_but_cannot_write_the_workspace(
 # --- OW acc. 18: wait_agent timeouts, deliveries, doom loop, cancel ----------------------------------
 
 
-def test_ow_18_wait_times_out_then_delivers_and_three_timeouts_in_a_row_are_a_doom_loop(team, api_as, worker):
+def test_wait_times_out_then_delivers_and_three_timeouts_in_a_row_are_a_doom_loop(team, api_as, worker):
     """OW acc. 18 (OW §5.1): after a timeout the model goes on and may wait again; a delivery
     resets the timeout count (T, D, T, T does not end the turn); the third timeout in a row ends
     the turn as failed ``doom_loop``. (Costs about 42 s: timeout_ms has a 10 s minimum.)"""
@@ -692,7 +692,7 @@ def test_ow_18_wait_times_out_then_delivers_and_three_timeouts_in_a_row_are_a_do
     assert_drained_after_tool_results(messages)
 
 
-def test_ow_18_cancelling_the_parent_ends_wait_agent_at_once(team, api_as, worker):
+def test_cancelling_the_parent_ends_wait_agent_at_once(team, api_as, worker):
     """OW acc. 18 (OW §5.1): a parent cancelled while in wait_agent(600000) stops at once (and its
     child with it, SPEC §7 cascade). wait_agent outside 10000..600000 is a parameter error; with a
     result already owed it answers at once."""
@@ -744,7 +744,7 @@ def one_idle_one_busy(api, owner, agent_id, script, idle, busy):
     return sid, main, first, jobs[0], jobs[1], running
 
 
-def test_ow_19_20_reconciliation_reports_interrupted_children_once_and_starts_no_parent_turn(team, api_as, worker):
+def test_reconciliation_reports_interrupted_children_once_and_starts_no_parent_turn(team, api_as, worker):
     """OW acc. 19, 20 (OW §8, SPEC §7 P-REL-1): a child turn whose worker died (its lease ran out)
     becomes ``interrupted`` through ``manage.py reconcile``; that starts no parent turn and never
     re-runs the child. The parent's next user turn receives the completed results and the
@@ -799,7 +799,7 @@ def test_ow_19_20_reconciliation_reports_interrupted_children_once_and_starts_no
 # --- OW acc. 22: deleting the parent cascades ----------------------------------------------------------
 
 
-def test_ow_22_deleting_the_parent_session_deletes_its_children(team, api_as, worker):
+def test_deleting_the_parent_session_deletes_its_children(team, api_as, worker):
     """OW acc. 22: deleting a root session deletes its child sessions with their branches, jobs,
     messages and events — an idle child and one with a running turn alike — and the running child
     turn stops without writing anything back."""
@@ -849,7 +849,7 @@ def fake_llm():
     server.stop()
 
 
-def test_ow_08_17_openai_requests_carry_the_rules_the_explorer_prompt_and_end_with_the_envelope(
+def test_openai_requests_carry_the_rules_the_explorer_prompt_and_end_with_the_envelope(
     team, api_as, worker, fake_llm
 ):
     """OW §5.3, §4, acc. 8 and 17, over the OpenAI Chat Completions wire (the seed's gap): the

@@ -16,7 +16,7 @@ def ow_child(scripted_session, team):
     return api, sid, child
 
 
-def test_ow_a_collab_agent_cannot_deliver_work_to_someone_elses_sub_agent(team, scripted_session):
+def test_a_collab_agent_cannot_deliver_work_to_someone_elses_sub_agent(team, scripted_session):
     """SPEC §5: send_message and agent(to=…) aimed at a sub-agent (by SID:HEAD or by its name)
     answer sub_agent_read_only and create nothing; reading its transcript stays possible."""
     api, ow_sid, child = ow_child(scripted_session, team)
@@ -33,7 +33,7 @@ def test_ow_a_collab_agent_cannot_deliver_work_to_someone_elses_sub_agent(team, 
     assert not body["is_error"] and "look" in body["text"]
 
 
-def test_ow_02_sub_agents_are_not_listed_at_the_top_level_but_by_their_parent(team, scripted_session, client):
+def test_sub_agents_are_not_listed_at_the_top_level_but_by_their_parent(team, scripted_session, client):
     """OW acc. 2: collab list_agents(scope="all") lists the parent session, not the child; the
     project page lists the child under its parent only; the parent's list_agents lists it."""
     api, ow_sid, child = ow_child(scripted_session, team)
@@ -51,8 +51,8 @@ def test_ow_02_sub_agents_are_not_listed_at_the_top_level_but_by_their_parent(te
     assert [(r["task_name"], r["status"]) for r in rows] == [("scout", "running")]
 
 
-def test_ow_where_bubblewrap_cannot_start_bash_is_not_offered_and_the_page_says_why(team, scripted_session, client, tmp_path, monkeypatch):
-    """Issue 7 §5: bash never runs unsandboxed — without a working bwrap it is neither offered
+def test_where_bubblewrap_cannot_start_bash_is_not_offered_and_the_page_says_why(team, scripted_session, client, tmp_path, monkeypatch):
+    """Bash never runs unsandboxed — without a working bwrap it is neither offered
     nor dispatched, and the project page shows the reason; the other workspace tools stay."""
     from io import StringIO
 
@@ -78,7 +78,7 @@ def test_ow_where_bubblewrap_cannot_start_bash_is_not_offered_and_the_page_says_
     assert out.getvalue() == f"workspace = {tmp_path}\nbash: sandboxed with bubblewrap\n"
 
 
-def test_ow_01_03_04_the_database_refuses_inconsistent_child_rows_on_its_own(team, scripted_session):
+def test_the_database_refuses_inconsistent_child_rows_on_its_own(team, scripted_session):
     """OW §3, acc. 1, 3, 4 (the gaps the seed lists): with the services bypassed, CHECKs and the
     unique index still refuse a malformed task_name, a duplicate under one parent, half-filled
     topology columns and a session that is its own parent."""
@@ -109,8 +109,8 @@ def test_ow_01_03_04_the_database_refuses_inconsistent_child_rows_on_its_own(tea
         Branch.objects.create(session=child.session, parent_branch=other, task_name="scout")
 
 
-def test_ow_a_huge_child_result_is_refused_as_agent_delivery_failed_with_its_full_text_kept(team, scripted_session):
-    """OW §6.2 (issue 12 item 9; before, issue 7 §4 bounded the body instead): an envelope of
+def test_a_huge_child_result_is_refused_as_agent_delivery_failed_with_its_full_text_kept(team, scripted_session):
+    """OW §6.2 (before, the body was bounded instead): an envelope of
     4,000 tokens or more is refused — the parent reads a failed envelope ``agent_delivery_failed``
     naming the execution and the artifact that keeps the full text, readable by the parent's
     members — no result is lost. Turns run in-process as a worker runs them."""
@@ -134,7 +134,7 @@ def test_ow_a_huge_child_result_is_refused_as_agent_delivery_failed_with_its_ful
     assert full.status_code == 200 and full.content.decode() == huge
 
 
-def test_ow_listing_children_costs_the_same_queries_for_two_or_eight(team, scripted_session, api_as):
+def test_listing_children_costs_the_same_queries_for_two_or_eight(team, scripted_session, api_as):
     """STYLE (no N+1): OpenWork's list_agents and the session page's agent rail read a constant
     number of queries however many children there are."""
     from django.db import connection

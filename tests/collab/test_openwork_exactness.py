@@ -1,4 +1,4 @@
-"""OpenWork exactness (issue 12 item 9; OW §3, §5, §6.2, SPEC §5, §7).
+"""OpenWork exactness (OW §3, §5, §6.2, SPEC §5, §7).
 
 - task names are unique per ROOT session (not per parent branch), backed by a unique index;
 - a delivered explorer message of 4,000 tokens or more is refused as ``agent_delivery_failed``
@@ -40,7 +40,7 @@ def queued_root(api, owner, agent_id="ow"):
     return sid, f"{sid}:{api.get(f'/api/sessions/{sid}').json()['head']}"
 
 
-def test_ow_03_task_names_are_unique_per_root_session_across_its_branches(team, api_as, client):
+def test_task_names_are_unique_per_root_session_across_its_branches(team, api_as, client):
     """OW §3: "task_name 在一个根会话内唯一" — a second branch of the same root session (a fork)
     cannot spawn a child under a name its sibling branch already uses; the unique index on the
     child sessions backs the check up."""
@@ -66,7 +66,7 @@ def test_ow_03_task_names_are_unique_per_root_session_across_its_branches(team, 
         Session.objects.create(project=root.project, parent_session=root, agent_role="explorer", task_name="scout")
 
 
-def test_ow_5_spawn_reports_duplicate_task_name_before_agent_limit_reached(team, api_as):
+def test_spawn_reports_duplicate_task_name_before_agent_limit_reached(team, api_as):
     """OW §5: with every slot taken, a spawn under a name already in use answers
     duplicate_task_name (the name is checked before the slot); a fresh name agent_limit_reached."""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -77,8 +77,8 @@ def test_ow_5_spawn_reports_duplicate_task_name_before_agent_limit_reached(team,
     refused(tool(api, main, "spawn_agent", task_name="two", message="no slot"), "agent_limit_reached")
 
 
-def test_ow_5_followup_on_a_running_child_is_agent_turn_start_failed_before_the_limit(team, api_as):
-    """OW §5 / issue 12: followup_task on a child whose turn is still open answers
+def test_followup_on_a_running_child_is_agent_turn_start_failed_before_the_limit(team, api_as):
+    """OW §5: followup_task on a child whose turn is still open answers
     agent_turn_start_failed even when the slots are all taken (its own turn holds one);
     an idle child with no free slot answers agent_limit_reached."""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -89,7 +89,7 @@ def test_ow_5_followup_on_a_running_child_is_agent_turn_start_failed_before_the_
     refused(tool(api, main, "followup_task", task_name="nobody", message="more"), "unknown_agent")
 
 
-def test_ow_interrupt_agent_records_a_versioned_cancel_command(team, api_as):
+def test_interrupt_agent_records_a_versioned_cancel_command(team, api_as):
     """SPEC §4/§7: interrupt_agent is the execution.cancel command — an ExecutionCommand with its
     command id and the version it expected is recorded, the cancel event names it, and the child's
     queued turn ends cancelled without starting; a second interrupt finds nothing to interrupt."""
@@ -111,7 +111,7 @@ def test_ow_interrupt_agent_records_a_versioned_cancel_command(team, api_as):
     refused(tool(api, main, "interrupt_agent", task_name="kid"), "agent_interrupt_failed")
 
 
-def test_ow_interrupt_agent_needs_the_right_to_cancel(team, api_as):
+def test_interrupt_agent_needs_the_right_to_cancel(team, api_as):
     """SPEC §8, P-SEC-7: a member who did not start the branch cannot act as it through the
     gateway at all (403), so cannot interrupt its child; no command is recorded."""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -128,7 +128,7 @@ def test_ow_interrupt_agent_needs_the_right_to_cancel(team, api_as):
 
 
 @pytest.mark.slow
-def test_ow_6_2_an_explorer_message_of_4000_tokens_is_refused_as_agent_delivery_failed(team, api_as, worker):
+def test_an_explorer_message_of_4000_tokens_is_refused_as_agent_delivery_failed(team, api_as, worker):
     """OW §6.2: an envelope estimated at 4,000 tokens or more (~4 characters a token) is not
     delivered; the parent reads a failed envelope ``agent_delivery_failed: …`` naming the
     execution instead, in the same turn (it never waits for nothing). A message just under the

@@ -35,7 +35,7 @@ CONTROL = {"spawn_agent", "wait_agent", "list_agents", "followup_task", "interru
 WORKSPACE = {"read", "grep", "glob", "list", "bash"}
 
 
-def test_ow_5_3_an_openwork_root_is_told_the_delegation_rules_with_the_projects_limit(fast, fake, llm_session, dialect, team, api_as):
+def test_an_openwork_root_is_told_the_delegation_rules_with_the_projects_limit(fast, fake, llm_session, dialect, team, api_as):
     """OW §5.3: the root's system prompt is its own prompt, then the delegation rules with the
     configured max_active_turns in place of 3; it is offered the control tools."""
     assert api_as(team.owner).patch("/api/projects/alpha/limits", {"max_active_turns": 2}).status_code == 200
@@ -52,7 +52,7 @@ def test_ow_5_3_an_openwork_root_is_told_the_delegation_rules_with_the_projects_
     assert CONTROL <= offered and not offered & WORKSPACE  # no workspace in this project
 
 
-def test_ow_4_17_an_explorer_is_told_its_role_and_offered_only_the_read_only_workspace_tools(
+def test_an_explorer_is_told_its_role_and_offered_only_the_read_only_workspace_tools(
         fast, fake, llm_session, dialect, tmp_path):
     """OW §4, acc. 17: the child's system prompt is the explorer prompt (four points); it is
     offered read/grep/glob/list/bash and nothing else: no control tools, no todo tools."""
@@ -92,7 +92,7 @@ def openwork_responder(dialect):
 
 
 @pytest.mark.slow
-def test_ow_07_08_the_same_turn_sees_the_envelope_after_all_tool_results_as_user_input(fake, llm_session, dialect, worker):
+def test_the_same_turn_sees_the_envelope_after_all_tool_results_as_user_input(fake, llm_session, dialect, worker):
     """OW acc. 7, 8: the explorer finishes while the parent waits; the parent's next request (the
     same turn) carries the <agent_message> as the last user input, after the tool results of
     spawn_agent and wait_agent; no request ends with an assistant message."""
@@ -124,7 +124,7 @@ def node(role, text, kind="normal", **extra):
     return Note(text=text, role=role, kind=kind, **extra)
 
 
-def test_ow_06_an_agent_message_is_never_the_real_user_request():
+def test_an_agent_message_is_never_the_real_user_request():
     """OW acc. 6: last_real_user skips agent_message (and other contextual kinds); a history of
     only contextual user input has no request."""
     request = node("user", "find the flaky test")
@@ -135,7 +135,7 @@ def test_ow_06_an_agent_message_is_never_the_real_user_request():
     assert last_real_user([envelope, node("user", "[result from x]", kind="followup")]) is None
 
 
-def test_ow_11_a_compacted_history_replays_the_persons_request_not_a_delivered_result():
+def test_a_compacted_history_replays_the_persons_request_not_a_delivered_result():
     """OW acc. 11: a branch too long for the context window keeps its newest messages; the
     person's request, cut away, is replayed after a note — the long agent_message after it is not
     taken for the request."""
@@ -151,7 +151,7 @@ def test_ow_11_a_compacted_history_replays_the_persons_request_not_a_delivered_r
     assert compacted(history, None) == history and compacted(history, 10**9) == history
 
 
-def test_ow_11_a_small_context_window_cuts_what_the_model_is_sent(fast, fake, llm_session, dialect):
+def test_a_small_context_window_cuts_what_the_model_is_sent(fast, fake, llm_session, dialect):
     """OW acc. 11 through a provider: with limits.context_window, a turn whose own output outgrew
     the window sends the note, the person's request replayed, and the newest messages."""
     api, sid, _ = llm_session(dialect, limits={"context_window": 1000, "stream": False})

@@ -15,7 +15,7 @@ def _session_with_a_turn(api, sid):
     return job
 
 
-def test_op_2_4_a_person_forks_from_any_visible_node_and_the_fork_gets_a_label(team, scripted_session, browser_of):
+def test_a_person_forks_from_any_visible_node_and_the_fork_gets_a_label(team, scripted_session, browser_of):
     """SPEC §11 ("a person can fork from any visible node from the page"), OP §2.4: the fork is a
     new branch at that exact node, named by a stage-1 label from its prompt, and it runs."""
     api, sid = scripted_session(team.member, [{"text": "answer"}])
@@ -41,7 +41,7 @@ def test_op_2_4_a_person_forks_from_any_visible_node_and_the_fork_gets_a_label(t
     assert viewer.post(f"/s/{sid}/m/{first_node.pk}/fork", {"prompt": "x"}).status_code == 403
 
 
-def test_op_5_3_the_jobs_panel_tells_cancel_requested_from_stopped_and_has_a_cancel_button(team, scripted_session, browser_of):
+def test_the_jobs_panel_tells_cancel_requested_from_stopped_and_has_a_cancel_button(team, scripted_session, browser_of):
     """SPEC §7: the page shows "cancel requested" (stopping) and "stopped" (cancelled) as different
     states, and each open job has a cancel button that issues the execution.cancel command."""
     api, sid = scripted_session(team.member, [{"text": "answer"}])

@@ -1,4 +1,4 @@
-"""Statements compiled once per process and shape (config.prepared; issue 15, the
+"""Statements compiled once per process and shape (config.prepared; the
 CPU of a turn): a cached statement runs the same SQL with new values bound each time,
 reads rows as the ORM reads them, and is compiled once per process, whatever the connection —
 on SQLite and PostgreSQL alike (the suite runs on both)."""

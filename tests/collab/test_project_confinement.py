@@ -1,4 +1,4 @@
-"""Agents stay in their project (SPEC §3, §8; issue 11 item 2; ``P-SEC-2``).
+"""Agents stay in their project (SPEC §3, §8; ``P-SEC-2``).
 
 Two people, two projects, every membership combination between them — none, a pending
 invitation, an accepted invitation, one way and both ways — and a person who belongs to
@@ -213,7 +213,7 @@ COMBINATIONS = [
 
 
 @pytest.mark.parametrize("ann_in_b,bob_in_a", COMBINATIONS, ids=[f"ann-in-b:{a},bob-in-a:{b}" for a, b in COMBINATIONS])
-def test_p_sec_2_no_agent_tool_reaches_the_other_project_whatever_the_memberships(tenants, ann_in_b, bob_in_a):
+def test_no_agent_tool_reaches_the_other_project_whatever_the_memberships(tenants, ann_in_b, bob_in_a):
     """P-SEC-2, SPEC §3/§8: with every membership combination between the two people (a person
     in both projects starting turns in each included), an agent of project A — through the tool
     gateway, acting as its branch — delivers to, reads, forks from, archives, lists and reads
@@ -238,7 +238,7 @@ def test_p_sec_2_no_agent_tool_reaches_the_other_project_whatever_the_membership
     assert (footprint(a_project), footprint(b_project)) == before
 
 
-def test_p_sec_2_cross_session_work_inside_the_project_keeps_working(tenants):
+def test_cross_session_work_inside_the_project_keeps_working(tenants):
     """P-SEC-2, SPEC §3: confinement takes nothing away inside the project. From session ``a``,
     a name in another session of A (``helper``) resolves and receives a message and a task,
     ``list_agents(scope="all")`` lists both of A's sessions, ``read_conversation`` reads the
@@ -261,7 +261,7 @@ def test_p_sec_2_cross_session_work_inside_the_project_keeps_working(tenants):
     assert not mine["is_error"], mine
 
 
-def test_p_sec_2_a_live_reviewer_elsewhere_never_replaces_the_callers_archived_one(tenants):
+def test_a_live_reviewer_elsewhere_never_replaces_the_callers_archived_one(tenants):
     """P-SEC-2, SPEC §3: ``reviewer`` is archived in the caller's session, live in another
     session of the same project and live in project B (whose owner invited the caller, who
     accepted). Delivering to ``reviewer`` is refused as archived — it is never silently sent to
@@ -287,7 +287,7 @@ def test_p_sec_2_a_live_reviewer_elsewhere_never_replaces_the_callers_archived_o
     assert not Job.objects.filter(branch_id=w.b_reviewer.pk).exclude(pk=w.b_reviewer.job_id).exists()
 
 
-def test_p_sec_2_held_deliveries_resolve_inside_the_project_too(tenants):
+def test_held_deliveries_resolve_inside_the_project_too(tenants):
     """P-SEC-2, SPEC §7 watch policy: with A's deliveries held for confirmation, a message to
     B's ``reviewer`` (by name or ``SID:HEAD``) is "not found" at once — no hold is written that a
     member could approve into B — while a message to A's ``helper`` is held for A's helper."""
@@ -303,7 +303,7 @@ def test_p_sec_2_held_deliveries_resolve_inside_the_project_too(tenants):
     assert (hold.target_branch_id, hold.project.slug) == (w.a_helper.pk, "proj-a")
 
 
-def test_p_sec_2_rest_routes_resolve_for_the_person_but_the_gateway_acts_as_the_branch(tenants):
+def test_rest_routes_resolve_for_the_person_but_the_gateway_acts_as_the_branch(tenants):
     """P-SEC-2, SPEC §11.1: the routes that take an address resolve it for a *person*, who may
     read any project they accepted — ann reads B's reviewer by name and by ``SID:HEAD`` — but the
     tool gateway acts as the branch, so the same read run through A's branch is "not found".
@@ -321,7 +321,7 @@ def test_p_sec_2_rest_routes_resolve_for_the_person_but_the_gateway_acts_as_the_
     assert w.bob_api.post(f"/api/branches/{w.a.address}/tools/list_agents", {"arguments": {}}).status_code == 404
 
 
-def test_p_sec_2_start_from_refuses_a_read_only_sub_agent_session(team, api_as):
+def test_start_from_refuses_a_read_only_sub_agent_session(team, api_as):
     """P-SEC-2, SPEC §3/§5, OW acc. 21: ``agent(start_from="SID:MSG")`` at a node of an OpenWork
     explorer's (child) session — same project, the caller may read it — is refused with
     ``child_session_read_only``: nothing adds branches to a read-only sub-agent session. Its
@@ -352,7 +352,7 @@ def test_p_sec_2_start_from_refuses_a_read_only_sub_agent_session(team, api_as):
 
 
 @pytest.mark.slow
-def test_p_sec_2_a_real_worker_turn_reaches_nothing_of_the_other_project(transactional_db, tenants, worker):
+def test_a_real_worker_turn_reaches_nothing_of_the_other_project(transactional_db, tenants, worker):
     """P-SEC-2: the same confinement inside a real turn run by the worker process. ann belongs
     to both projects; a scripted spec in A calls, in one step, ``send_message`` and ``agent(to=…)``
     to ``reviewer`` (archived in its own session, live in B), ``agent(to=B's SID:HEAD)``,

@@ -728,7 +728,7 @@ def test_p_sec_an_agent_spec_cannot_name_the_servers_own_secrets_as_its_key(team
 
 @pytest.mark.slow
 def test_streamed_tokens_reach_the_page_in_batches_while_the_model_generates(fake, llm_session, dialect, worker, client):
-    """Issue: real models, item 4 — tokens appear on the session page as they arrive, batched into
+    """Tokens appear on the session page as they arrive, batched into
     a few ``message.delta`` events (never one per token), under a visible "generating" state; the
     final answer replaces it."""
     words = [f"w{i}" for i in range(60)]
@@ -762,7 +762,7 @@ def team_member(api):
 
 
 def test_tokens_and_cost_are_summed_per_branch_session_and_project(fake, llm_session, dialect, fast):
-    """Issue: real models, item 6 — accounting on the Job, summed per branch/session/project in the
+    """Accounting on the Job, summed per branch/session/project in the
     API and shown on the page."""
     fake.add(dialect.text("one", stream=True, usage=(11, 7)), dialect.text("two", stream=True, usage=(5, 3)))
     api, sid, _ = llm_session(dialect)

@@ -1,5 +1,5 @@
 """A worker process opens its channel-layer connection (and its event push loop, where pushes go
-through one) as it starts (issue 15 item 1 ``live``): its first event no longer carries that
+through one) as it starts: its first event no longer carries that
 set-up to every listener."""
 
 import threading

@@ -1,4 +1,4 @@
-"""The embedded relay is woken by another process's commit (issue 15 item 1 ``live``; SPEC §13
+"""The embedded relay is woken by another process's commit (SPEC §13
 "Live"): it does not wait out a poll interval per event.
 
 The relay (``collab/realtime/relay.py``) of this process watches a session with both its poll intervals
@@ -42,7 +42,7 @@ def commit_elsewhere(env: dict, sid: str) -> int:
 @pytest.mark.slow
 @override_settings(TRELLIS_EVENT_POLL=True, TRELLIS_EVENT_NOTIFY=True, TRELLIS_EVENT_POLL_INTERVAL=3600,
                    TRELLIS_EVENT_NOTIFY_POLL_INTERVAL=3600)
-def test_spec_13_the_embedded_relay_is_woken_by_another_process_commit(transactional_db, team, process_env):
+def test_the_embedded_relay_is_woken_by_another_process_commit(transactional_db, team, process_env):
     from channels.layers import get_channel_layer
 
     from collab.realtime.push import relay_dir, session_group

@@ -1,4 +1,4 @@
-"""P-SEC-5 (issue 11 item 5): the explorers' ``bash`` is a sandbox. Through the tool gateway, on a
+"""P-SEC-5: the explorers' ``bash`` is a sandbox. Through the tool gateway, on a
 real bubblewrap: a fork bomb, a memory hog and an endless loop each end with a clear error and
 leave nothing running; the command sees only what it needs of ``/usr`` and none of Trellis's own
 files; a workspace that is ``/``, a file, or holds or lies in Trellis's files is refused by
@@ -62,7 +62,7 @@ def assert_host_unharmed(marker: str) -> None:
     assert subprocess.run(["/bin/true"]).returncode == 0  # this process can still fork
 
 
-def test_p_sec_5_a_fork_bomb_hits_the_process_limit_and_leaves_nothing_behind(bash_as):
+def test_a_fork_bomb_hits_the_process_limit_and_leaves_nothing_behind(bash_as):
     marker = f"bomb{uuid.uuid4().hex[:8]}"
     result = bash_as(f"{marker}() {{ {marker} | {marker} & }}; {marker}; sleep 4", timeout_ms=8000)
     assert result["is_error"] and result["details"]["process_limit_hit"], result
@@ -71,7 +71,7 @@ def test_p_sec_5_a_fork_bomb_hits_the_process_limit_and_leaves_nothing_behind(ba
     assert_host_unharmed(marker)
 
 
-def test_p_sec_5_a_memory_hog_fails_at_the_address_space_limit(bash_as):
+def test_a_memory_hog_fails_at_the_address_space_limit(bash_as):
     marker = f"hog{uuid.uuid4().hex[:8]}"
     result = bash_as(f"python3 -c 'bytearray(8 << 30)  # {marker}'")
     assert result["is_error"] and result["details"]["exit_code"] == 1, result
@@ -79,7 +79,7 @@ def test_p_sec_5_a_memory_hog_fails_at_the_address_space_limit(bash_as):
     assert_host_unharmed(marker)
 
 
-def test_p_sec_5_an_endless_loop_is_killed_at_the_timeout_or_the_cpu_limit(bash_as):
+def test_an_endless_loop_is_killed_at_the_timeout_or_the_cpu_limit(bash_as):
     marker = f"loop{uuid.uuid4().hex[:8]}"
     result = bash_as(f"# {marker}\nwhile :; do :; done", timeout_ms=2000)
     assert result["is_error"] and result["details"] == {"exit_code": None, "timed_out": True, "process_limit_hit": False}, result
@@ -94,7 +94,7 @@ def test_p_sec_5_an_endless_loop_is_killed_at_the_timeout_or_the_cpu_limit(bash_
     assert_host_unharmed(marker)
 
 
-def test_p_sec_5_the_limits_are_set_inside_the_sandbox(bash_as):
+def test_the_limits_are_set_inside_the_sandbox(bash_as):
     result = bash_as("ulimit -t; ulimit -v; ulimit -f; ulimit -n; ulimit -c; "
                      "head -c 300M /dev/zero > /tmp/big; echo wrote=$?")
     lines = result["text"].splitlines()
@@ -103,7 +103,7 @@ def test_p_sec_5_the_limits_are_set_inside_the_sandbox(bash_as):
     assert "wrote=0" not in result["text"]  # a file beyond the size limit cannot be written
 
 
-def test_p_sec_5_bash_sees_the_needed_parts_of_usr_and_none_of_trellis(bash_as):
+def test_bash_sees_the_needed_parts_of_usr_and_none_of_trellis(bash_as):
     own = [str(settings.BASE_DIR / "config" / "settings.py"), str(settings.VAR_DIR), str(Path(sys.prefix) / "bin")]
     db = settings.DATABASES["default"]
     if db["ENGINE"].endswith("sqlite3"):
@@ -116,7 +116,7 @@ def test_p_sec_5_bash_sees_the_needed_parts_of_usr_and_none_of_trellis(bash_as):
     assert text.count("No such file or directory") == len(own), text
 
 
-def test_p_sec_5_trellis_files_under_a_bound_system_directory_are_hidden(bash_as, settings):
+def test_trellis_files_under_a_bound_system_directory_are_hidden(bash_as, settings):
     """A deployment whose data directory lies under a directory the sandbox binds (here /usr/share/doc
     stands for it) still never shows it: an empty directory covers it."""
     assert any(Path("/usr/share/doc").iterdir())
@@ -143,7 +143,7 @@ def refused_paths(tmp_path) -> dict[str, str]:
     }
 
 
-def test_p_sec_5_manage_py_workspace_refuses_root_files_and_trellis_own_directories(team, tmp_path, repo):
+def test_manage_py_workspace_refuses_root_files_and_trellis_own_directories(team, tmp_path, repo):
     for case, path in refused_paths(tmp_path).items():
         with pytest.raises(CommandError):
             call_command("workspace", "alpha", path, stdout=io.StringIO())
@@ -155,7 +155,7 @@ def test_p_sec_5_manage_py_workspace_refuses_root_files_and_trellis_own_director
     assert [e.payload["to"] for e in changed] == [str(repo)]
 
 
-def test_p_sec_5_the_admin_refuses_the_same_workspaces_and_audits_a_good_one(team, tmp_path, repo, client, django_user_model):
+def test_the_admin_refuses_the_same_workspaces_and_audits_a_good_one(team, tmp_path, repo, client, django_user_model):
     staff = django_user_model.objects.create_superuser("operator", "op@example.com", "pw-secret-123")
     client.force_login(staff)
     url = f"/admin/accounts/project/{team.alpha.pk}/change/"
@@ -174,7 +174,7 @@ def test_p_sec_5_the_admin_refuses_the_same_workspaces_and_audits_a_good_one(tea
     assert event.payload == {"from": "", "to": str(repo)} and event.actor == staff
 
 
-def test_p_sec_5_a_workspace_set_before_the_rule_is_not_served(team, scripted_session):
+def test_a_workspace_set_before_the_rule_is_not_served(team, scripted_session):
     """A project row that already names a refused directory gets no workspace tools answers."""
     Project.objects.filter(pk=team.alpha.pk).update(workspace=str(settings.BASE_DIR))
     api, sid = scripted_session(team.member, [], agent_id="ow", toolset="openwork")

@@ -1,4 +1,4 @@
-"""The small rules written once (issue 14 items 4 and 5), tested in this process without workers:
+"""The small rules written once, tested in this process without workers:
 the branch address, the busy/occupied rules, the effective agent spec, the head+tail bound, the
 turn's policy and the one failure path."""
 

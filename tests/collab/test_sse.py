@@ -1,4 +1,4 @@
-"""Streaming runs over plain HTTP: ``GET /api/executions/{id}/stream`` (issue 16 item 3).
+"""Streaming runs over plain HTTP: ``GET /api/executions/{id}/stream``.
 
 Server-Sent Events through a real daphne process, with a real worker running the turn: the
 execution's events (status changes, the messages it wrote: tool call, tool result, the final
@@ -102,8 +102,8 @@ def job_log(api, sid, execution_id) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_issue16_3_a_turn_streams_live_in_seq_order_then_end_and_resumes(team, scripted_session, server, worker):
-    """Issue 16 item 3: a scripted turn (a tool call, then a slow answer) streams its status
+def test_a_turn_streams_live_in_seq_order_then_end_and_resumes(team, scripted_session, server, worker):
+    """A scripted turn (a tool call, then a slow answer) streams its status
     changes, its tool call and tool result, its answer and ``job.succeeded``, then ``end``, in
     seq order — exactly the execution's events in the log, no gaps, no repeats — and the stream
     was open (the job not finished) before the answer existed: the tail came live. A stream
@@ -189,8 +189,8 @@ def test_issue16_3_a_turn_streams_live_in_seq_order_then_end_and_resumes(team, s
 
 
 @pytest.mark.slow
-def test_issue16_3_stream_has_the_apis_auth_scopes_and_authorization(team, scripted_session, server):
-    """Issue 16 item 3, P-SEC-7: an outsider's stream of a job they may not see is a 404
+def test_stream_has_the_apis_auth_scopes_and_authorization(team, scripted_session, server):
+    """P-SEC-7: an outsider's stream of a job they may not see is a 404
     identical to a missing id's; a token without the ``read`` scope gets the API's 403
     (``token_scope``); no credentials is a 401; a browser's session cookie opens it (GET: no
     CSRF token), for the member, not for the outsider."""
@@ -243,8 +243,8 @@ def test_issue16_3_stream_has_the_apis_auth_scopes_and_authorization(team, scrip
 
 
 @pytest.mark.slow
-def test_issue16_3_keep_alive_and_a_revoked_token_ends_the_stream(team, scripted_session, worker, monkeypatch):
-    """Issue 16 item 3: the stream body itself (the async iterator daphne drains), heartbeat
+def test_keep_alive_and_a_revoked_token_ends_the_stream(team, scripted_session, worker, monkeypatch):
+    """The stream body itself (the async iterator daphne drains), heartbeat
     shortened: while the job sits in a long model call, a ``: keep-alive`` comment each
     heartbeat; once the token it was opened with is revoked, the next heartbeat ends the stream (no
     ``end``: the execution has not ended)."""
@@ -278,8 +278,8 @@ def test_issue16_3_keep_alive_and_a_revoked_token_ends_the_stream(team, scripted
     assert all(c.startswith("id: ") for c in after) and not any("event: end" in c for c in before + after)
 
 
-def test_issue16_3_a_closed_stream_lets_go_of_its_subscription(transactional_db, team, scripted_session):
-    """Issue 16 item 3: when the client goes away (daphne cancels the body; here: ``aclose``)
+def test_a_closed_stream_lets_go_of_its_subscription(transactional_db, team, scripted_session):
+    """When the client goes away (daphne cancels the body; here: ``aclose``)
     the stream leaves the session's group and, on the embedded default, stops being watched by
     this process's database relay — nothing is left behind per stream."""
     from asgiref.sync import async_to_sync

@@ -1,4 +1,4 @@
-"""Steering a session from its page (issue 13 item 5), in-process through the real URL stack:
+"""Steering a session from its page, in-process through the real URL stack:
 who is offered cancel, archive, hold decisions and the spec page — and who is refused when
 they send the form anyway — plus bad input answered 4xx with a reason a person can read."""
 
@@ -38,7 +38,7 @@ def _cancel_forms(html: str) -> set[str]:
 # --- the composer ---------------------------------------------------------------------------------
 
 
-def test_issue_13_item_5_the_composer_names_the_branch_and_agent_it_posts_to(team, scripted_session, browser_of):
+def test_the_composer_names_the_branch_and_agent_it_posts_to(team, scripted_session, browser_of):
     api, sid = scripted_session(team.member, [{"text": "answer"}], agent_id="helper-bot")
     _answered(api, sid)
     html = browser_of(team.member).get(f"/s/{sid}/").content.decode()
@@ -47,7 +47,7 @@ def test_issue_13_item_5_the_composer_names_the_branch_and_agent_it_posts_to(tea
     assert 'id="composer-box" class="composer-box"' in html and 'id="fork-from-here"' not in html
 
 
-def test_issue_13_item_5_on_an_archived_branch_the_composer_offers_a_named_fork_instead(team, scripted_session, browser_of):
+def test_on_an_archived_branch_the_composer_offers_a_named_fork_instead(team, scripted_session, browser_of):
     api, sid = scripted_session(team.member, [{"text": "answer"}])
     _answered(api, sid)
     main = _main(sid)
@@ -75,7 +75,7 @@ def test_issue_13_item_5_on_an_archived_branch_the_composer_offers_a_named_fork_
     assert Job.objects.get(branch=fork).prompt_text == "continue from the end"
 
 
-def test_issue_13_item_5_fork_from_any_node_keeps_the_given_name_and_refuses_a_too_long_one(team, scripted_session, browser_of):
+def test_fork_from_any_node_keeps_the_given_name_and_refuses_a_too_long_one(team, scripted_session, browser_of):
     api, sid = scripted_session(team.member, [{"text": "answer"}])
     _answered(api, sid)
     first_node = _main(sid).tip.predecessor
@@ -93,7 +93,7 @@ def test_issue_13_item_5_fork_from_any_node_keeps_the_given_name_and_refuses_a_t
 # --- cancel ---------------------------------------------------------------------------------------
 
 
-def test_issue_13_item_5_cancel_is_offered_to_members_for_their_own_turns_and_to_maintainers_for_any(
+def test_cancel_is_offered_to_members_for_their_own_turns_and_to_maintainers_for_any(
         team, scripted_session, browser_of, api_as, colleague):
     api, sid = scripted_session(team.member, [{"text": "answer"}])
     own = api.post(f"/api/sessions/{sid}/turns", {"prompt": "mine"}).json()["execution_id"]
@@ -114,7 +114,7 @@ def test_issue_13_item_5_cancel_is_offered_to_members_for_their_own_turns_and_to
     assert r.status_code == 400 and "whole number" in r.content.decode()
 
 
-def test_issue_13_item_5_a_running_turn_has_its_cancel_button_next_to_it_in_the_transcript(team, scripted_session, browser_of):
+def test_a_running_turn_has_its_cancel_button_next_to_it_in_the_transcript(team, scripted_session, browser_of):
     from collab.services.execution import claim_job
 
     api, sid = scripted_session(team.member, [{"text": "answer"}])
@@ -132,7 +132,7 @@ def test_issue_13_item_5_a_running_turn_has_its_cancel_button_next_to_it_in_the_
 # --- archive --------------------------------------------------------------------------------------
 
 
-def test_issue_13_item_5_archive_with_a_reason_is_for_the_branch_starter_and_maintainers(
+def test_archive_with_a_reason_is_for_the_branch_starter_and_maintainers(
         team, scripted_session, browser_of, colleague):
     api, sid = scripted_session(team.member, [{"text": "answer"}])
     _answered(api, sid)
@@ -166,7 +166,7 @@ def _held(sid, member) -> HeldDelivery:
                                        sender_session_id=sid, sender_branch=main, created_by=member)
 
 
-def test_issue_13_item_5_held_deliveries_are_decided_only_by_those_the_hold_rule_allows(team, scripted_session, browser_of, colleague):
+def test_held_deliveries_are_decided_only_by_those_the_hold_rule_allows(team, scripted_session, browser_of, colleague):
     api, sid = scripted_session(team.member, [{"text": "answer"}])
     _answered(api, sid)
     hold = _held(sid, team.member)
@@ -196,7 +196,7 @@ def test_issue_13_item_5_held_deliveries_are_decided_only_by_those_the_hold_rule
 # --- agent specs ----------------------------------------------------------------------------------
 
 
-def test_issue_13_item_5_the_spec_page_is_for_those_who_may_save_specs(team, browser_of):
+def test_the_spec_page_is_for_those_who_may_save_specs(team, browser_of):
     for user in (team.owner, team.maintainer):
         assert browser_of(user).get("/p/alpha/specs").status_code == 200
         assert 'id="specs-link"' in browser_of(user).get("/p/alpha/").content.decode()
@@ -208,7 +208,7 @@ def test_issue_13_item_5_the_spec_page_is_for_those_who_may_save_specs(team, bro
     assert not AgentSpec.objects.filter(agent_id="sneaky").exists()
 
 
-def test_issue_13_item_5_a_spec_created_and_changed_from_the_page_is_validated_and_audited(team, browser_of):
+def test_a_spec_created_and_changed_from_the_page_is_validated_and_audited(team, browser_of):
     page = browser_of(team.maintainer)
     script = json.dumps([{"text": "hi: {{prompt}}"}])
     r = page.post("/p/alpha/specs", {"agent_id": "writer", "connection": "", "system_prompt": "Be brief.",
@@ -242,7 +242,7 @@ def test_issue_13_item_5_a_spec_created_and_changed_from_the_page_is_validated_a
     ({"agent_id": "ok", "connection": "nowhere", "model": "m"}, "no model connection named"),
     ({"agent_id": "ok", "model": "m" * 201}, "longer than 200"),
 ])
-def test_issue_13_item_5_bad_spec_input_is_shown_inline_with_a_400(team, browser_of, fields, reason):
+def test_bad_spec_input_is_shown_inline_with_a_400(team, browser_of, fields, reason):
     r = browser_of(team.owner).post("/p/alpha/specs", fields)
     assert r.status_code == 400
     html = r.content.decode()
@@ -251,7 +251,7 @@ def test_issue_13_item_5_bad_spec_input_is_shown_inline_with_a_400(team, browser
     assert 'id="spec-form"' in html and not AgentSpec.objects.filter(project=team.alpha).exists()
 
 
-def test_issue_13_item_5_a_taken_agent_id_and_a_bad_edit_are_refused_with_the_reason(team, scripted_session, browser_of):
+def test_a_taken_agent_id_and_a_bad_edit_are_refused_with_the_reason(team, scripted_session, browser_of):
     scripted_session(team.member, [{"text": "answer"}], agent_id="bot")
     page = browser_of(team.owner)
     r = page.post("/p/alpha/specs", {"agent_id": "bot"})
@@ -263,7 +263,7 @@ def test_issue_13_item_5_a_taken_agent_id_and_a_bad_edit_are_refused_with_the_re
     assert not Event.objects.filter(project=team.alpha, type="agent_spec.changed").exists()
 
 
-def test_issue_13_item_5_connections_offered_are_the_operators_ones_this_project_may_use(team, browser_of):
+def test_connections_offered_are_the_operators_ones_this_project_may_use(team, browser_of):
     from collab.services.connections import do_register_connection
 
     do_register_connection("team-llm", provider="openai", base_url="http://127.0.0.1:9/v1", project=team.alpha,

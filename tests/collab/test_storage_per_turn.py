@@ -1,4 +1,4 @@
-"""Storage per turn (issue 15 item 1, SPEC §13 "History": storage grows linearly, ≈ the text plus
+"""Storage per turn (SPEC §13 "History": storage grows linearly, ≈ the text plus
 a small constant per message). ``bench/storage.py`` measures the bytes; these tests pin what was
 cut so the bytes cannot creep back: a ``message.created`` event stores a reference to its message,
 not a second copy of the text, while every reader still gets the whole payload (SPEC §11.1); and
@@ -114,7 +114,7 @@ def test_rows_that_hold_the_whole_payload_are_read_as_they_are(team, scripted_se
     assert api.post(f"/api/sessions/{sid}/turns", {"prompt": "hi"}).status_code == 202
     run_queued()
     message = Message.objects.get(session_id=sid, role="assistant")
-    old = {**message_event(message), "text": "as logged before issue 15"}
+    old = {**message_event(message), "text": "as logged before the payloads were cut"}
     with transaction.atomic():
         seq = send_event_on_commit(sid, "message.created", old).seq
 
@@ -457,7 +457,7 @@ TURN_ROW_BYTES_BEYOND_TEXT = 1_300
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="pg_column_size: PostgreSQL's row sizes")
 def test_a_turns_rows_hold_its_text_once_plus_a_small_constant(team, scripted_session, run_queued):
-    """SPEC §13 "storage ≈ the text plus a small constant per message" (issue 15 item 1): the rows
+    """SPEC §13 "storage ≈ the text plus a small constant per message": the rows
     a ~400-character turn writes hold its text once and a bounded constant beside it."""
     prompt = ("Storage bench: the quick brown fox jumps over the lazy dog. " * 4)[:200]
     api, sid = scripted_session(team.member, [{"text": "{{prompt}}"}])

@@ -1,4 +1,4 @@
-"""Issue 13 item 2, "Reading a branch": the session page's transcript as people read it.
+"""Reading a branch: the session page's transcript as people read it.
 
 Selection is per viewer (URL + their own web session), a node link positions the page at the
 node, inherited history is set apart with a way back, what was written for a model is shown as
@@ -101,8 +101,8 @@ def spawn_and_return(api, sid, prompt="compute", description="helper") -> Branch
 # --- selection per viewer -----------------------------------------------------------------------------
 
 
-def test_issue_13_2_a_fork_made_by_one_person_never_moves_what_others_land_on(team, scripted_session):
-    """Issue 13 item 2: A forks from the page; B (who had the session open) and a maintainer who
+def test_a_fork_made_by_one_person_never_moves_what_others_land_on(team, scripted_session):
+    """A forks from the page; B (who had the session open) and a maintainer who
     never opened it still land on main, the session's selected HEAD did not move, A lands on the
     fork (their own memory), and an agent's new branch moves nobody. Each viewer's list marks the
     branch that viewer reads."""
@@ -137,8 +137,8 @@ def test_issue_13_2_a_fork_made_by_one_person_never_moves_what_others_land_on(te
     assert shown(page(c, sid)) == main.pk
 
 
-def test_issue_13_2_the_composer_answer_shows_the_branch_the_turn_went_to(team, scripted_session):
-    """Issue 13 item 2: a person posting on a fork gets that fork's transcript back (htmx), not the
+def test_the_composer_answer_shows_the_branch_the_turn_went_to(team, scripted_session):
+    """A person posting on a fork gets that fork's transcript back (htmx), not the
     session's selected branch."""
     api, sid = scripted_session(team.member, SCRIPT)
     turn(api, sid, "first question")
@@ -157,8 +157,8 @@ def test_issue_13_2_the_composer_answer_shows_the_branch_the_turn_went_to(team, 
 # --- positioned at the node ---------------------------------------------------------------------------
 
 
-def test_issue_13_2_a_node_link_opens_its_branch_at_that_message(team, scripted_session, monkeypatch):
-    """Issue 13 item 2: ``?head=`` (alone or with ``?branch=``) shows the branch holding the node
+def test_a_node_link_opens_its_branch_at_that_message(team, scripted_session, monkeypatch):
+    """``?head=`` (alone or with ``?branch=``) shows the branch holding the node
     with that row marked (``aria-current``); a node older than the page's window still shows, with
     the newer rows counted and a link to the latest; ids that name nothing here are a 404."""
     from collab.selectors import transcript
@@ -192,8 +192,8 @@ def test_issue_13_2_a_node_link_opens_its_branch_at_that_message(team, scripted_
         assert viewer.get(f"/s/{sid}/transcript", params).status_code == 404
 
 
-def test_issue_13_2_inherited_history_is_set_apart_with_a_link_back_to_the_fork_point(team, scripted_session):
-    """Issue 13 item 2: a fork's page folds the history it inherited into a collapsed section,
+def test_inherited_history_is_set_apart_with_a_link_back_to_the_fork_point(team, scripted_session):
+    """A fork's page folds the history it inherited into a collapsed section,
     then a divider "branched from main at …" linking to main at that node; its own rows follow.
     Opened at an inherited node, the section is open. main itself has no divider."""
     api, sid = scripted_session(team.member, SCRIPT)
@@ -224,8 +224,8 @@ def test_issue_13_2_inherited_history_is_set_apart_with_a_link_back_to_the_fork_
 # --- cards, JSON, markers ------------------------------------------------------------------------------
 
 
-def test_issue_13_2_results_tasks_and_messages_are_cards_not_the_text_the_model_read(team, scripted_session):
-    """Issue 13 item 2: a background agent's result (a follow-up turn), its task prompt, a
+def test_results_tasks_and_messages_are_cards_not_the_text_the_model_read(team, scripted_session):
+    """A background agent's result (a follow-up turn), its task prompt, a
     send_message and a delegation render as cards (who, status, duration, tokens, a link to the
     other side at the node, the body) without the headers written for the model; tool calls are
     indented JSON and tool results collapsible; every piece of text is escaped."""
@@ -263,8 +263,8 @@ def test_issue_13_2_results_tasks_and_messages_are_cards_not_the_text_the_model_
         assert f'<div class="text">{text}</div>' in card and "status-succeeded" in card
 
 
-def test_issue_13_2_openwork_deliveries_are_cards_and_record_where_their_body_is(team, scripted_session):
-    """Issue 13 item 2, OW §6.2: an explorer's ``<agent_message>`` drained into its parent renders
+def test_openwork_deliveries_are_cards_and_record_where_their_body_is(team, scripted_session):
+    """OW §6.2: an explorer's ``<agent_message>`` drained into its parent renders
     as a "result from <task name>" card with the body only; the message records the body's span
     and its source in its metadata (written for people, beside the text the model reads)."""
     script = {"user": [{"text": "summary ready"}], "spawn": [{"text": "found it in auth.py"}]}
@@ -288,8 +288,8 @@ def test_issue_13_2_openwork_deliveries_are_cards_and_record_where_their_body_is
     assert '<div class="text">found it in auth.py</div>' in card and "status-succeeded" in card
 
 
-def test_issue_13_2_old_rows_without_a_body_span_still_render_as_cards(team, scripted_session):
-    """Issue 13 item 2: results delivered before the ``body`` span was recorded are read with the
+def test_old_rows_without_a_body_span_still_render_as_cards(team, scripted_session):
+    """Results delivered before the ``body`` span was recorded are read with the
     format both the writer and the reader take from collab/deliveries.py (``split_delivery``)."""
     from collab.deliveries import split_delivery
 
@@ -313,8 +313,8 @@ def test_issue_13_2_old_rows_without_a_body_span_still_render_as_cards(team, scr
     assert ">helper</a>" in card
 
 
-def test_issue_13_2_a_cancelled_or_a_failed_turn_leaves_a_marker_where_it_stopped(team, scripted_session):
-    """Issue 13 item 2: no message is written when a turn is cancelled or fails, yet the transcript
+def test_a_cancelled_or_a_failed_turn_leaves_a_marker_where_it_stopped(team, scripted_session):
+    """No message is written when a turn is cancelled or fails, yet the transcript
     shows where it stopped, with the status and the error code and reason of its job row."""
     api, sid = scripted_session(team.member, SCRIPT)
     turn(api, sid, "first question")
@@ -342,8 +342,8 @@ def test_issue_13_2_a_cancelled_or_a_failed_turn_leaves_a_marker_where_it_stoppe
 # --- visibility ----------------------------------------------------------------------------------------
 
 
-def test_issue_13_2_a_card_from_a_session_the_viewer_cannot_see_names_nothing_of_it(team, api_as, make_user, scripted_session):
-    """Issue 13 item 2, OP-§5.9: an agent of a project-wide session forks into its creator's
+def test_a_card_from_a_session_the_viewer_cannot_see_names_nothing_of_it(team, api_as, make_user, scripted_session):
+    """OP-§5.9: an agent of a project-wide session forks into its creator's
     private session; the result comes home as a card. The creator sees who and where; a member
     who may not see the private session sees the card with neither its id, its name nor a link."""
     colleague = make_user("colleague")
@@ -382,8 +382,8 @@ def _grow(api, sid, turns: int, spawns: int) -> None:
 
 
 @pytest.mark.parametrize("path", ["/s/{sid}/transcript", "/s/{sid}/"])
-def test_issue_13_2_the_transcript_costs_the_same_queries_at_any_length(team, scripted_session, django_assert_num_queries, path):
-    """Issue 13 item 2 (and item 4's constant queries per page): the page with a fork, cards,
+def test_the_transcript_costs_the_same_queries_at_any_length(team, scripted_session, django_assert_num_queries, path):
+    """Constant queries per page, as for the graph: the page with a fork, cards,
     attach pointers and a stopped turn costs the same number of queries with 1 turn and 1 result
     as with 8 turns and 4 results."""
     viewer = page_of(team.viewer)

@@ -1,4 +1,4 @@
-"""What one scripted turn costs the database (SPEC §13 "Turn overhead", issue 15 item 1): queries
+"""What one scripted turn costs the database (SPEC §13 "Turn overhead"): queries
 and commits of a session's second turn — the admission the API makes (``access_session`` for
 ``turn.start``, then ``do_start_user_turn``: the API's ``POST …/turns`` once the request's caller
 is authenticated)
@@ -12,9 +12,9 @@ from django.db import connection
 
 from collab.models import Job, Session
 
-# measured after issue 15's cuts (the two figures are what a turn costs today; lower them when
-# a cut lands, never raise them without saying why in the commit). Before issue 15 item 1's second
-# round: admission 16, worker 33 (32 + the project's webhooks read, FOR KEY SHARE, issue 16 item 4).
+# measured after the statements were cut (the two figures are what a turn costs today; lower them
+# when a cut lands, never raise them without saying why in the commit). Before the second round of
+# cuts: admission 16, worker 33 (32 + the project's webhooks read, FOR KEY SHARE, since webhooks).
 # Since: the claim's UPDATE counts the project's running jobs (fair share), returns the claimed row
 # (UPDATE … RETURNING) and whether results are owed to the branch (the first drain's question), as
 # the completion's UPDATE returns the ended row; the completion knows the session from the claim;
@@ -124,9 +124,9 @@ def second_turn(transactional_db, team, no_worker):
     return team.member, Session.objects.get(pk=session.pk)
 
 
-def test_spec_13_a_scripted_turn_costs_a_bounded_number_of_queries(second_turn):
+def test_a_scripted_turn_costs_a_bounded_number_of_queries(second_turn):
     """SPEC §13: a scripted turn's queries, admission and worker side, stay within the counts
-    measured when they were cut (issue 15); the turn's result is what it was."""
+    measured when they were cut; the turn's result is what it was."""
     from collab.access import access_session
     from collab.runtime.loop import run_job
     from collab.services.turns import do_start_user_turn

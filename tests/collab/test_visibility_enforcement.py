@@ -1,4 +1,4 @@
-"""Row-level visibility where control and history are concerned (issue 17 items 2 and 3, P-SEC-9).
+"""Row-level visibility where control and history are concerned (P-SEC-9).
 
 * Cancelling an execution is decided by the effective role in its session (``collab.access.
   require_can_cancel``), not the project role: a member whose share was narrowed to viewer
@@ -39,8 +39,8 @@ def cancel(api, job_id: str, version: int, command_id: str):
 # --- cancel -------------------------------------------------------------------------------
 
 
-def test_p_sec_9_cancel_follows_the_effective_role_in_the_session(team, api_as, make_user, scripted_session):
-    """Issue 17 (cancel by session role): ``friend`` (a project member) starts a turn in a session
+def test_cancel_follows_the_effective_role_in_the_session(team, api_as, make_user, scripted_session):
+    """Cancel by session role: ``friend`` (a project member) starts a turn in a session
     shared with them as member. Narrowed to viewer, they cannot cancel it (403) although they
     started it; a member nobody listed gets the 404 of a missing id (and the service refuses
     them the same way, without the route's lookup); with the session private, the friend too
@@ -102,9 +102,9 @@ def sessions_in(events) -> set:
     return {e.session_id for e in events}
 
 
-def test_p_sec_9_the_audit_selector_leaves_out_events_of_sessions_the_reader_cannot_see(team, make_user,
+def test_the_audit_selector_leaves_out_events_of_sessions_the_reader_cannot_see(team, make_user,
                                                                                        private_and_open):
-    """Issue 17 (audit filtered in the query), at the selector: for a member who may not see the
+    """The audit filtered in the query, at the selector: for a member who may not see the
     private session, ``project_events`` has the project-wide session's events and the
     project-level ones, none of the private session's — also when asked for it by id; its
     creator and a maintainer get all of them."""
@@ -117,9 +117,9 @@ def test_p_sec_9_the_audit_selector_leaves_out_events_of_sessions_the_reader_can
         assert sessions_in(project_events(team.alpha, viewer=user)) == {open_sid, private_sid, None}
 
 
-def test_p_sec_9_the_audit_view_and_export_leave_out_sessions_the_reader_cannot_see(team, monkeypatch,
+def test_the_audit_view_and_export_leave_out_sessions_the_reader_cannot_see(team, monkeypatch,
                                                                                    private_and_open):
-    """Issue 17 (audit view and export): with ``session.see_all`` raised to owner, the maintainer
+    """The audit view and export: with ``session.see_all`` raised to owner, the maintainer
     still reads ``/p/alpha/audit`` but no longer sees the private session (its page is 404):
     neither the audit page nor its JSON-lines export (nor the export filtered by its id)
     lists an event of it, while the owner's export has them."""
@@ -156,9 +156,9 @@ def outcome(m: Message) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("made_private", ["read", "acting"])
-def test_p_sec_9_a_running_turn_that_loses_access_is_refused_at_its_next_tool_call(
+def test_a_running_turn_that_loses_access_is_refused_at_its_next_tool_call(
         team, api_as, make_user, scripted_session, worker, made_private):
-    """Issue 17 item 3 (running turns refused at their next read), with a real worker: member
+    """Running turns refused at their next read, with a real worker: member
     M's turn in the creator's project-wide session S reads the creator's session T, then waits
     on a background agent it started (``job_output``, blocked until the test cancels that
     agent). Meanwhile the creator makes T private (``read``) — or S itself (``acting``). Once

@@ -1,4 +1,4 @@
-"""A visible session that *names* a session the viewer may not see (issue 17 item 2, P-SEC-9).
+"""A visible session that *names* a session the viewer may not see (P-SEC-9).
 
 The creator (``member``) keeps a private session P and works in a project-wide session B that
 ``colleague`` (a member of the same project, not listed on P) may read. Agents cross between
@@ -85,8 +85,8 @@ def leaked(text: str, secrets: set[str]) -> list[str]:
     return sorted(s for s in secrets if s in text)
 
 
-def test_p_sec_9_events_of_a_visible_session_name_no_session_the_viewer_cannot_see(team, api_as, crossing):
-    """Issue 17 item 2 (P-SEC-9): ``GET /api/sessions/B/events`` for the colleague has every
+def test_events_of_a_visible_session_name_no_session_the_viewer_cannot_see(team, api_as, crossing):
+    """P-SEC-9: ``GET /api/sessions/B/events`` for the colleague has every
     event of B (the same ``seq``s as the creator's) but no id, branch, job, message, title or
     branch name of P — the fields pointing there are ``null`` and the payload says
     ``"redacted": true``; the creator's log names P (the ``agent.spawned`` event into P, the
@@ -115,8 +115,8 @@ def test_p_sec_9_events_of_a_visible_session_name_no_session_the_viewer_cannot_s
     assert api_as(team.maintainer).get(f"/api/sessions/{c.open_sid}/events").json()["events"] == mine
 
 
-def test_p_sec_9_a_result_text_and_tool_calls_written_in_a_visible_session_name_nothing_hidden(team, api_as, crossing):
-    """Issue 17 item 2 (P-SEC-9): what a worker writes into B when P's agent reports back — a
+def test_a_result_text_and_tool_calls_written_in_a_visible_session_name_nothing_hidden(team, api_as, crossing):
+    """P-SEC-9: what a worker writes into B when P's agent reports back — a
     result headed ``[result from P:…] Agent 'plans-in-private' finished`` — and a model's tool call
     in B whose arguments name P (``agent(start_from=P:…, description=…)``): the colleague's events
     and socket name neither P nor its branch; the call keeps its name, not its arguments. The
@@ -148,8 +148,8 @@ def test_p_sec_9_a_result_text_and_tool_calls_written_in_a_visible_session_name_
     assert calls[1] == {"id": "call-2", "name": "todo_list", "arguments": {}}
 
 
-def test_p_sec_9_the_events_route_redacts_with_a_constant_number_of_queries(team, api_as, crossing):
-    """Issue 17 item 2: the redaction costs the same number of queries for one crossing as for
+def test_the_events_route_redacts_with_a_constant_number_of_queries(team, api_as, crossing):
+    """The redaction costs the same number of queries for one crossing as for
     four (the referenced sessions are collected per page and asked about at once)."""
     c = crossing
     api = api_as(c.colleague)
@@ -168,8 +168,8 @@ def test_p_sec_9_the_events_route_redacts_with_a_constant_number_of_queries(team
     assert count() == once
 
 
-def test_p_sec_9_the_session_page_and_transcripts_name_no_session_the_viewer_cannot_see(team, api_as, crossing):
-    """Issue 17 item 2: the colleague's session page of B (activity panel, transcript of the
+def test_the_session_page_and_transcripts_name_no_session_the_viewer_cannot_see(team, api_as, crossing):
+    """The colleague's session page of B (activity panel, transcript of the
     branch P's agent spawned in B, with its ``spawn_remote`` badge), the transcript route,
     ``read_conversation`` by the colleague's own agent and ``GET /api/executions`` show nothing
     of P: the prompt header reads ``[task from another session]``, ``caller_session`` is
@@ -182,7 +182,7 @@ def test_p_sec_9_the_session_page_and_transcripts_name_no_session_the_viewer_can
     theirs = logged_in(c.colleague).get(page_url)
     assert theirs.status_code == 200
     body = theirs.content.decode()
-    # the prompt is a card (issue 13 item 2): who started the agent stays, unnamed and unlinked
+    # the prompt is a card: who started the agent stays, unnamed and unlinked
     assert "an agent you cannot see" in body and "from the private side" in body
     assert leaked(body, secrets) == []
     mine = logged_in(team.member).get(page_url).content.decode()
@@ -209,8 +209,8 @@ def test_p_sec_9_the_session_page_and_transcripts_name_no_session_the_viewer_can
     assert leaked(json.dumps(read), secrets) == []
 
 
-def test_p_sec_9_a_held_delivery_to_a_hidden_session_is_shown_without_its_name(team, api_as, crossing):
-    """Issue 17 item 2: under the ``confirm_deliveries`` watch policy, B's agent sends a branch of
+def test_a_held_delivery_to_a_hidden_session_is_shown_without_its_name(team, api_as, crossing):
+    """Under the ``confirm_deliveries`` watch policy, B's agent sends a branch of
     P a message; the hold listed on B's page names the target for the creator and says "another
     session" to the colleague; ``GET /api/sessions/B/holds`` gives the colleague ``"to": null``
     and the creator the address; the ``delivery.held`` event is blanked the same way."""
@@ -239,8 +239,8 @@ def test_p_sec_9_a_held_delivery_to_a_hidden_session_is_shown_without_its_name(t
     assert held and held[0]["payload"]["to"] is None and held[0]["payload"]["target_branch"] is None
 
 
-def test_p_sec_9_the_socket_names_no_session_the_viewer_cannot_see(transactional_db, team, crossing):
-    """Issue 17 item 2 (P-SEC-9): the colleague's socket on B, caught up from ``after=0`` and
+def test_the_socket_names_no_session_the_viewer_cannot_see(transactional_db, team, crossing):
+    """P-SEC-9: the colleague's socket on B, caught up from ``after=0`` and
     then live while the agents cross, carries every ``seq`` of B without a gap and nothing of
     P; the creator's socket, over the same events, names P."""
     c = crossing
@@ -269,9 +269,9 @@ def test_p_sec_9_the_socket_names_no_session_the_viewer_cannot_see(transactional
 
 
 @pytest.mark.slow
-def test_p_sec_9_a_listing_written_into_a_visible_session_names_no_hidden_session(team, api_as, make_user,
+def test_a_listing_written_into_a_visible_session_names_no_hidden_session(team, api_as, make_user,
                                                                                   scripted_session, worker):
-    """Issue 17 item 2, with a real worker: the creator's agent in project-wide B lists every
+    """With a real worker: the creator's agent in project-wide B lists every
     agent (``list_agents(scope="all")``), which names the creator's private session P by id and
     title in B's transcript. The colleague's session page of B and the transcript route show the
     listing with "another session" in place of P's id and title; the creator's show P. The

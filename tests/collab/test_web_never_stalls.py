@@ -1,4 +1,4 @@
-"""P-SEC-4 (issue 11 item 4): no request can stall the web process. On a real daphne process:
+"""P-SEC-4: no request can stall the web process. On a real daphne process:
 a pathological ``grep`` pattern answers and a plain read goes on meanwhile; 50 concurrent
 blocking gateway calls are bounded per user (the excess 429 with a code) and a plain read
 answers while the admitted ones wait; a socket's huge ``?after=`` silences no one. In process:
@@ -86,7 +86,7 @@ def openwork_root(team, scripted_session, tmp_path):
     return api, address
 
 
-def test_p_sec_4_grep_refuses_what_re2_cannot_match_in_linear_time(openwork_root):
+def test_grep_refuses_what_re2_cannot_match_in_linear_time(openwork_root):
     """Backreferences and lookaround are refused with a code; there is no fallback to ``re``."""
     api, address = openwork_root
     for pattern in (r"(wo)rd \1", r"word(?= )", r"(?<=w)ord"):
@@ -98,7 +98,7 @@ def test_p_sec_4_grep_refuses_what_re2_cannot_match_in_linear_time(openwork_root
 
 
 @pytest.mark.slow
-def test_p_sec_4_a_pathological_grep_answers_and_a_plain_read_completes_meanwhile(team, openwork_root, server):
+def test_a_pathological_grep_answers_and_a_plain_read_completes_meanwhile(team, openwork_root, server):
     _, address = openwork_root
     with http(server, team.member) as client, ThreadPoolExecutor(2) as pool:
         grep = pool.submit(client.post, f"/api/branches/{address}/tools/grep",
@@ -111,7 +111,7 @@ def test_p_sec_4_a_pathological_grep_answers_and_a_plain_read_completes_meanwhil
 
 
 @pytest.mark.slow
-def test_p_sec_4_blocking_gateway_calls_are_bounded_per_user_and_reads_go_on(team, scripted_session, server):
+def test_blocking_gateway_calls_are_bounded_per_user_and_reads_go_on(team, scripted_session, server):
     """50 concurrent ``job_output(block=true)`` calls on a job that does not finish (no worker):
     the user's bound (TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER, 4 by default) are admitted and wait,
     the other 46 get 429 ``too_many_blocking_calls`` at once; while the 4 wait, plain API reads
@@ -152,7 +152,7 @@ def test_p_sec_4_blocking_gateway_calls_are_bounded_per_user_and_reads_go_on(tea
 
 
 @pytest.mark.slow
-def test_p_sec_4_a_socket_with_a_huge_after_silences_no_one(team, scripted_session, server):
+def test_a_socket_with_a_huge_after_silences_no_one(team, scripted_session, server):
     """A viewer's socket asking for events after 10^12 is served from the log's end: it and every
     other socket on the session in that web process receive the next events live."""
     _, sid = scripted_session(team.member, [{"text": "ok"}])
@@ -185,7 +185,7 @@ def test_p_sec_4_a_socket_with_a_huge_after_silences_no_one(team, scripted_sessi
     assert [f["seq"] for f in got_greedy] == seqs
 
 
-def test_p_sec_4_unbounded_parameters_are_clamped_or_refused_never_500(team, scripted_session):
+def test_unbounded_parameters_are_clamped_or_refused_never_500(team, scripted_session):
     api, sid = scripted_session(team.member, [{"text": "ok"}])
     address, job_id = head_address(api, sid)
     huge = 10**30

@@ -1,4 +1,4 @@
-"""The reliability suite's shared parts (issue 15 item 3).
+"""The reliability suite's shared parts.
 
 Sizes: each test runs a bounded size in CI and its full size with ``TRELLIS_RELIABILITY_FULL=1``
 (``size(ci, full)``). Each test reports its figure (``figure("R1: …")``): printed, and listed

@@ -46,7 +46,7 @@ def pid_of(worker: str) -> int:
 
 @pytest.mark.timeout(300)  # a hang guard, not a latency bound (about 20 s each in CI)
 @pytest.mark.parametrize("dies", ["machine", "worker process"])
-def test_r1_a_killed_worker_process_holding_many_turns_has_each_recovered_once(team, api_as, machines, figure, dies):
+def test_a_killed_worker_process_holding_many_turns_has_each_recovered_once(team, api_as, machines, figure, dies):
     from collab.models import Job, Message
     from collab.services.admission import PROMPT_KIND
 

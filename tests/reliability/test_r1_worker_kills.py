@@ -1,4 +1,4 @@
-"""R1 (issue 15 item 3; SPEC §7 P-REL-1, P-FLW-1): SIGKILL the workers at random moments across
+"""R1 (SPEC §7 P-REL-1, P-FLW-1): SIGKILL the workers at random moments across
 many background jobs → 0 lost, 0 doubled results, every job terminal, every caller's transcript
 well-formed.
 
@@ -37,7 +37,7 @@ SEED = int(os.environ.get("TRELLIS_RELIABILITY_SEED", "20261201"))
 
 
 @pytest.mark.timeout(600 + 30 * KILLS)  # a hang guard, not a latency bound
-def test_r1_sigkilled_workers_lose_and_double_nothing(team, api_as, machines, figure):
+def test_sigkilled_workers_lose_and_double_nothing(team, api_as, machines, figure):
     from collab.models import Job, Message
     from collab.services.admission import PROMPT_KIND
 

@@ -1,4 +1,4 @@
-"""R2 (issue 15 item 3; SPEC §6–§7, OP §5.4, P-REL-1): a worker dies at the seams where a
+"""R2 (SPEC §6–§7, OP §5.4, P-REL-1): a worker dies at the seams where a
 delivery could be lost or doubled → each delivery arrives exactly once.
 
 The seams are real code paths, reached by real turns on real worker machines; the fault is a
@@ -40,7 +40,7 @@ def _copies_of_result(job_id: str) -> int:
 
 
 @pytest.mark.timeout(240 + 60 * ITERATIONS)
-def test_r2_a_worker_dying_between_inbox_delivery_and_delete_delivers_the_message_once(
+def test_a_worker_dying_between_inbox_delivery_and_delete_delivers_the_message_once(
     team, api_as, machines, faults, figure
 ):
     from collab.models import InboxEntry, Job
@@ -84,7 +84,7 @@ def test_r2_a_worker_dying_between_inbox_delivery_and_delete_delivers_the_messag
 
 @pytest.mark.timeout(240 + 60 * ITERATIONS)
 @pytest.mark.parametrize("seam", ["followup.owed", "followup.admitted"])
-def test_r2_a_worker_dying_between_a_jobs_completion_and_its_followup_delivers_the_result_once(
+def test_a_worker_dying_between_a_jobs_completion_and_its_followup_delivers_the_result_once(
     team, api_as, machines, faults, figure, seam
 ):
     from collab.models import Job

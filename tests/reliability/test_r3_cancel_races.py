@@ -1,4 +1,4 @@
-"""R3 (issue 15 item 3; SPEC §7, OP §5.3, OP C1; issue 12 item 2): cancel racing admission and
+"""R3 (SPEC §7, OP §5.3, OP C1): cancel racing admission and
 execution, many iterations → 0 illegal transitions, 0 children running after a confirmed cancel.
 
 Each iteration starts a turn whose one model step calls ``agent(run_in_background=true)`` five
@@ -70,7 +70,7 @@ def _notices(job_id) -> list[dict]:
 
 
 @pytest.mark.timeout(120 + 20 * ITERATIONS)  # a hang guard that grows with the iterations, not a latency bound
-def test_r3_op_5_3_cancel_racing_admission_and_a_five_spawn_step_lets_no_child_start_after_it(
+def test_cancel_racing_admission_and_a_five_spawn_step_lets_no_child_start_after_it(
     team, api_as, worker, figure
 ):
     from collab.models import Job

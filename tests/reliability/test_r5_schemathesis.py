@@ -1,4 +1,4 @@
-"""R5 (issue 15 item 3; SPEC §11.1): schemathesis against ``/api/openapi.json`` with two users and
+"""R5 (SPEC §11.1): schemathesis against ``/api/openapi.json`` with two users and
 every check → 0 answers 5xx, 0 conformance failures.
 
 The schema is the one the server publishes; schemathesis generates requests for every operation
@@ -109,7 +109,7 @@ def ids(transactional_db, team, api_as):
 
 
 @pytest.mark.timeout(180 + 12 * EXAMPLES)  # a hang guard: the full size (100 examples) runs ~11 minutes
-def test_r5_schemathesis_every_check_two_users_no_5xx_no_conformance_failure(ids, figure):
+def test_schemathesis_every_check_two_users_no_5xx_no_conformance_failure(ids, figure):
     import schemathesis
     from django.core.wsgi import get_wsgi_application
     from schemathesis.specs.openapi.checks import positive_data_acceptance

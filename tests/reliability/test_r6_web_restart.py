@@ -1,4 +1,4 @@
-"""R6 (issue 15 item 3; SPEC §11.1 live events, P-RUN-2): a web process restarted under many
+"""R6 (SPEC §11.1 live events, P-RUN-2): a web process restarted under many
 WebSocket clients → after resync every client's last ``seq`` equals the server's, none received
 twice, none skipped.
 
@@ -44,7 +44,7 @@ def last_seq(sid) -> int:
 
 
 @pytest.mark.timeout(300)
-def test_r6_a_restarted_web_process_leaves_every_client_resynced_without_gaps_or_duplicates(
+def test_a_restarted_web_process_leaves_every_client_resynced_without_gaps_or_duplicates(
     team, scripted_session, process_env, tmp_path, transactional_db, figure
 ):
     _, sid = scripted_session(team.member, [{"text": "unused"}])

@@ -1,4 +1,4 @@
-"""R7 (issue 15 item 3; SPEC §7, STYLE §12, OP C1; issue 12 item 3): concurrent clients forking
+"""R7 (SPEC §7, STYLE §12, OP C1): concurrent clients forking
 one session at one node and posting → 0 cycles, 0 orphans, 0 shared tips; answers 202/409/429
 (and the page's 302), never a 500.
 
@@ -94,7 +94,7 @@ def dag_faults(sid) -> dict[str, list]:
 
 
 @pytest.mark.timeout(300 + CLIENTS)
-def test_r7_op_c1_concurrent_forks_turns_deliveries_and_cancels_at_one_node_keep_the_dag_whole(
+def test_concurrent_forks_turns_deliveries_and_cancels_at_one_node_keep_the_dag_whole(
     team, api_as, worker, figure
 ):
     from collab.models import Branch
