@@ -232,6 +232,9 @@ def daphne(env: dict, port: int, log):
 
 
 def run_layout(env: dict, args) -> dict:
+    # the clients are one user standing in for as many people: their sockets are above one
+    # person's bound on long-lived connections (TRELLIS_MAX_OPEN_STREAMS_PER_USER, 32)
+    env = {**env, "TRELLIS_MAX_OPEN_STREAMS_PER_USER": str(max(32, args.clients))}
     setup = _common.child("live.py", "setup", env)
     port = free_port()
     with tempfile.TemporaryFile("w+") as log:

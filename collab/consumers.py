@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from collab.access import access_session
 from collab.errors import DomainError
+from collab.realtime.bounds import WEBSOCKET_REFUSED, open_wait
 from collab.realtime.fanout import fanout
 from collab.text import loads_bounded
 
@@ -37,6 +38,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
     channel_layer_alias = "trellis.none"
     subscription = None
     _expiry = None  # the timer that closes a socket opened with an expiring token
+    _stream = None  # its slot among the user's long-lived connections (collab.realtime.bounds)
 
     async def __call__(self, scope, receive, send):
         try:
@@ -55,6 +57,11 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             return
         self.project_id = session.project_id
         await self.accept()
+        try:  # one of the user's long-lived connections in this process
+            self._stream = open_wait(self.scope["user"])
+        except DomainError:
+            await self.close(code=WEBSOCKET_REFUSED)  # after accept: the client sees why
+            return
         # Never past the log's end: a client's ?after= beyond it would make this socket (and the
         # process's feed and relay, which start from it) skip every event up to that number.
         after = min(_after(self.scope), session.last_event_seq)
@@ -80,6 +87,9 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         await self.unsubscribe()
 
     async def unsubscribe(self):
+        if self._stream is not None:
+            self._stream.free()
+            self._stream = None
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None

@@ -42,6 +42,7 @@ from accounts.models import TokenScope
 from accounts.policy import token_for
 from collab.errors import DomainError, Forbidden, Invalid
 from collab.gateway import acting_branch, call_tool_as, surface_of
+from collab.realtime.bounds import Slot, open_wait
 from collab.text import clean_text, loads_bounded
 from collab.tools.registry import ToolResult
 
@@ -226,8 +227,18 @@ class McpApp:
                 await _answer(send, 400, f"the request body is not JSON Trellis accepts: {str(exc)[:200]}", "invalid_json")
                 return
             receive = _replaying(body, receive)
-        manager = await self._running_manager()
-        await manager.handle_request({**scope, "trellis.user": admitted, "trellis.branch": address}, receive, send)
+        stream = Slot()
+        if scope.get("method") == "GET":  # the server's event stream: a long-lived connection
+            try:
+                stream = open_wait(admitted)
+            except DomainError as exc:
+                await _answer(send, exc.status, exc.detail, exc.code)
+                return
+        try:
+            manager = await self._running_manager()
+            await manager.handle_request({**scope, "trellis.user": admitted, "trellis.branch": address}, receive, send)
+        finally:
+            stream.free()
 
 
 mcp_app = McpApp()

@@ -363,8 +363,12 @@ TRELLIS_FAULT_DIR = env_str("TRELLIS_FAULT_DIR", "")
 # Blocking tool-gateway calls (job_output with block, wait_agent, bash, a foreground agent)
 # one user may have in flight in one web process; past it 429 too_many_blocking_calls.
 TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER = env_int("TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER", 4, minimum=1)
-# ``?wait=`` requests and SSE streams one user may hold open per web process (collab.realtime.bounds)
-TRELLIS_MAX_OPEN_WAITS_PER_USER = env_int("TRELLIS_MAX_OPEN_WAITS_PER_USER", 32, minimum=1)
+# Long-lived connections — ``?wait=`` requests, SSE streams, foreground gateway calls, MCP streams,
+# WebSockets — one user may hold open per web process, and all users together
+# (collab.realtime.bounds). TRELLIS_MAX_OPEN_WAITS_PER_USER is the per-user setting's older name.
+TRELLIS_MAX_OPEN_STREAMS_PER_USER = env_int(
+    "TRELLIS_MAX_OPEN_STREAMS_PER_USER", env_int("TRELLIS_MAX_OPEN_WAITS_PER_USER", 32, minimum=1), minimum=1)
+TRELLIS_MAX_OPEN_STREAMS = env_int("TRELLIS_MAX_OPEN_STREAMS", 2048, minimum=1)
 # Projects one person may own (staff are exempt; 0 = no limit): every project brings its own
 # running cap and quotas, so without it one account could claim any share of the workers.
 TRELLIS_MAX_PROJECTS_PER_USER = env_int("TRELLIS_MAX_PROJECTS_PER_USER", 20, minimum=0)

@@ -11,8 +11,9 @@ user may hold open.
 - an SSE stream: a keep-alive (and a re-check of the viewer's access) every ``SSE_HEARTBEAT_SECONDS``;
 - a wait on the event log (``collab.realtime.changes``) asks its condition again at least every
   ``CHANGE_BACKSTOP_SECONDS``, whatever the log says;
-- open waits (``?wait=`` requests, SSE streams, foreground gateway calls) one user holds in one
-  web process: ``TRELLIS_MAX_OPEN_WAITS_PER_USER`` (``open_wait``); the gateway's blocking tool
+- long-lived connections (``?wait=`` requests, SSE streams, foreground gateway calls, MCP
+  streams, WebSockets) one user holds in one web process: ``TRELLIS_MAX_OPEN_STREAMS_PER_USER``,
+  and all users together: ``TRELLIS_MAX_OPEN_STREAMS`` (``open_wait``); the gateway's blocking tool
   calls: ``TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER`` (``collab.gateway``, an ``InFlight`` of its own).
 """
 
@@ -43,18 +44,25 @@ class InFlight:
 
     def __init__(self, refusal):
         self._counts: Counter = Counter()
+        self._total = 0
         self._lock = threading.Lock()
         self._refusal = refusal
 
-    def take(self, user_id: int, limit: int) -> "Slot":
+    def take(self, user_id: int, limit: int, process_limit: int = 0, busy=None) -> "Slot":
+        """A slot of ``user_id``'s; past ``limit`` of theirs ``refusal(limit)``, past
+        ``process_limit`` (0: none) of everyone's in this process ``busy(process_limit)``."""
         with self._lock:
             if self._counts[user_id] >= limit:
                 raise self._refusal(limit)
+            if process_limit and self._total >= process_limit:
+                raise busy(process_limit)
             self._counts[user_id] += 1
+            self._total += 1
         return Slot(self, user_id)
 
     def _give_back(self, user_id: int) -> None:
         with self._lock:
+            self._total -= 1
             self._counts[user_id] -= 1
             if self._counts[user_id] <= 0:
                 del self._counts[user_id]
@@ -99,24 +107,41 @@ class TooManyOpenWaits(DomainError):
     code = "too_many_open_waits"
 
 
+class TooManyOpenStreams(DomainError):
+    status = 429
+    code = "too_many_open_streams"
+
+
 def _too_many_open_waits(limit: int) -> DomainError:
     return TooManyOpenWaits(
-        f"you already have {limit} waits and event streams open in this web process "
-        "(TRELLIS_MAX_OPEN_WAITS_PER_USER); close one or retry when one has answered",
+        f"you already have {limit} waits, event streams, MCP streams and sockets open in this web "
+        "process (TRELLIS_MAX_OPEN_STREAMS_PER_USER); close one or retry when one has answered",
         retryable=True,
     )
 
 
-# What a parked request costs is a socket and a channel-layer subscription, not a thread; still,
-# one user (or one leaked token) opening thousands would exhaust the process's file descriptors
-# and the layer's groups for everyone, so each user holds a bounded number at once.
+def _too_many_open_streams(limit: int) -> DomainError:
+    return TooManyOpenStreams(
+        f"this web process holds the most long-lived connections it takes ({limit}, "
+        "TRELLIS_MAX_OPEN_STREAMS); retry in a moment", retryable=True,
+    )
+
+
+# What a parked request or an open stream costs is a socket and a channel-layer subscription,
+# not a thread; still, one user (or one leaked token) opening thousands would exhaust the
+# process's file descriptors and the layer's groups for everyone. So every long-lived connection
+# — a ``?wait=`` request, an SSE stream, a foreground gateway call's wait, an MCP stream, a
+# WebSocket — takes one of its user's slots in this process, and one of the process's.
 OPEN_WAITS = InFlight(_too_many_open_waits)
+WEBSOCKET_REFUSED = 4429  # the close code of a socket past either bound (accepted, then closed)
 
 
 def open_wait(user) -> Slot:
-    """A slot for one ``?wait=`` request or event stream of ``user`` (free it when it ends);
-    past ``TRELLIS_MAX_OPEN_WAITS_PER_USER`` a 429 ``too_many_open_waits``."""
-    return OPEN_WAITS.take(user.pk, settings.TRELLIS_MAX_OPEN_WAITS_PER_USER)
+    """A slot for one long-lived connection of ``user`` (free it when it ends); past
+    ``TRELLIS_MAX_OPEN_STREAMS_PER_USER`` a 429 ``too_many_open_waits``, past
+    ``TRELLIS_MAX_OPEN_STREAMS`` in this process a 429 ``too_many_open_streams``."""
+    return OPEN_WAITS.take(user.pk, settings.TRELLIS_MAX_OPEN_STREAMS_PER_USER, settings.TRELLIS_MAX_OPEN_STREAMS,
+                           _too_many_open_streams)
 
 
 def parse_wait(raw: float | str | None) -> float | None:

@@ -1,7 +1,7 @@
 """Open waits are bounded per user (P-SEC-4): a ``?wait=`` request or an SSE
 stream parks on the event loop holding no thread, but it holds a socket and a channel-layer
 subscription, so one user (or a leaked token) may keep at most
-``TRELLIS_MAX_OPEN_WAITS_PER_USER`` open per web process. Past it: 429 ``too_many_open_waits``
+``TRELLIS_MAX_OPEN_STREAMS_PER_USER`` open per web process. Past it: 429 ``too_many_open_waits``
 — before anything is admitted — and other people are not affected. In-process, through the API."""
 
 import pytest
@@ -16,7 +16,7 @@ def one_wait_each(settings, monkeypatch):
     ids repeat across tests on a flushed database)."""
     from collab.realtime import bounds
 
-    settings.TRELLIS_MAX_OPEN_WAITS_PER_USER = 1
+    settings.TRELLIS_MAX_OPEN_STREAMS_PER_USER = 1
     monkeypatch.setattr(bounds, "OPEN_WAITS", bounds.InFlight(bounds._too_many_open_waits))
 
 
@@ -30,7 +30,7 @@ def test_a_user_at_the_open_wait_bound_is_refused_before_anything_starts(team, s
     try:
         r = api.post(f"/api/sessions/{sid}/turns?wait=5", {"prompt": "and wait"})
         assert r.status_code == 429, r.content
-        assert r.json()["code"] == "too_many_open_waits" and "TRELLIS_MAX_OPEN_WAITS_PER_USER" in r.json()["detail"]
+        assert r.json()["code"] == "too_many_open_waits" and "TRELLIS_MAX_OPEN_STREAMS_PER_USER" in r.json()["detail"]
         assert Job.objects.filter(session_id=sid).count() == 1  # refused before admission: nothing started
         r = api.get(f"/api/executions/{eid}", wait=5)
         assert (r.status_code, r.json()["code"]) == (429, "too_many_open_waits")
@@ -52,10 +52,98 @@ def test_a_finished_wait_gives_its_slot_back(team, scripted_session, server):
     api, sid = scripted_session(team.member, [{"sleep_ms": 600_000}, {"text": "never"}])
     with http(server, team.member) as client:
         eid = client.post(f"/api/sessions/{sid}/turns", json={"prompt": "no worker takes it"}).json()["execution_id"]
-        for n in range(settings.TRELLIS_MAX_OPEN_WAITS_PER_USER + 1):
+        for n in range(settings.TRELLIS_MAX_OPEN_STREAMS_PER_USER + 1):
             r = client.get(f"/api/executions/{eid}?wait=0.05")
             assert r.status_code == 200 and r.json()["waited"] is True, (n, r.text)
         r = client.post(f"/api/sessions/{sid}/turns?wait=0.05", json={"prompt": ""})  # refused after its slot
         assert r.status_code == 400, r.text
         r = client.post(f"/api/sessions/{sid}/turns?wait=0.05", json={"prompt": "and wait a little"})
         assert r.status_code == 202 and r.json()["waited"] is True, r.text
+
+
+def test_a_socket_past_its_users_bound_is_closed_with_4429_and_others_are_not(transactional_db, team, scripted_session,
+                                                                              one_wait_each):
+    """Sockets are long-lived connections too: with a bound of one, a member's second socket is
+    accepted and closed at once with 4429 (the client sees why); another member's socket opens;
+    once the first socket closes, its slot serves a new one."""
+    from tests.collab.test_live_events import ORIGIN, RECV_TIMEOUT, bearer, communicator, run
+
+    _api, sid = scripted_session(team.member, [{"text": "ok"}])
+    mine, theirs = bearer(team.member), bearer(team.owner)
+
+    async def body():
+        first = communicator(sid, None, [ORIGIN, mine])
+        assert (await first.connect(timeout=RECV_TIMEOUT))[0]
+        second = communicator(sid, None, [ORIGIN, mine])
+        assert (await second.connect(timeout=RECV_TIMEOUT))[0]
+        refused = await second.receive_output(timeout=RECV_TIMEOUT)
+        other = communicator(sid, None, [ORIGIN, theirs])
+        assert (await other.connect(timeout=RECV_TIMEOUT))[0]
+        other_first = await other.receive_json_from(timeout=RECV_TIMEOUT)
+        await first.disconnect()
+        again = communicator(sid, None, [ORIGIN, mine])
+        assert (await again.connect(timeout=RECV_TIMEOUT))[0]
+        again_first = await again.receive_json_from(timeout=RECV_TIMEOUT)
+        await other.disconnect()
+        await again.disconnect()
+        return refused, other_first, again_first
+
+    refused, other_first, again_first = run(body)
+    assert refused == {"type": "websocket.close", "code": 4429}
+    assert other_first["type"] == again_first["type"] == "session.created"
+
+
+def test_past_the_process_bound_every_user_is_refused_until_a_connection_ends(team, scripted_session, settings,
+                                                                               monkeypatch):
+    from collab.realtime import bounds
+
+    settings.TRELLIS_MAX_OPEN_STREAMS_PER_USER, settings.TRELLIS_MAX_OPEN_STREAMS = 5, 3
+    monkeypatch.setattr(bounds, "OPEN_WAITS", bounds.InFlight(bounds._too_many_open_waits))
+    held = [bounds.open_wait(team.member), bounds.open_wait(team.member), bounds.open_wait(team.owner)]
+    with pytest.raises(bounds.TooManyOpenStreams) as refused:
+        bounds.open_wait(team.viewer)
+    assert refused.value.status == 429 and "TRELLIS_MAX_OPEN_STREAMS" in refused.value.detail
+    held.pop().free()
+    bounds.open_wait(team.viewer).free()
+    api, sid = scripted_session(team.member, [{"text": "hi"}])
+    eid = turn(api, sid, "queued, no worker here")
+    held.append(bounds.open_wait(team.owner))
+    r = api.get(f"/api/executions/{eid}?wait=1")
+    assert r.status_code == 429 and r.json()["code"] == "too_many_open_streams", r.content
+    for slot in held:
+        slot.free()
+
+
+@pytest.mark.slow
+def test_an_mcp_stream_past_its_users_bound_is_refused_with_a_429(team, scripted_session, server):
+    """MCP's event stream (``GET /mcp``) is a long-lived connection like a ``?wait=``: with the
+    member's 32 slots of the server process held by parked waits, their MCP stream is a 429; once
+    the waits have answered it opens."""
+    import asyncio
+
+    import httpx
+    from django.conf import settings
+
+    from tests.collab.test_mcp import head_address, token
+
+    api, sid = scripted_session(team.member, [{"sleep_ms": 600_000}, {"text": "never"}])
+    address, _ = head_address(api, sid)
+    eid = turn(api, sid, "no worker takes it")
+    raw = token(team.member)
+    auth = {"Authorization": f"Bearer {raw}"}
+    mcp = {**auth, "X-Trellis-Branch": address, "Accept": "text/event-stream"}
+
+    async def main():
+        async with httpx.AsyncClient(timeout=30) as client:
+            parked = [asyncio.create_task(client.get(f"{server.url}/api/executions/{eid}?wait=3", headers=auth))
+                      for _ in range(settings.TRELLIS_MAX_OPEN_STREAMS_PER_USER)]
+            await asyncio.sleep(1.5)  # every wait parked, none answered yet
+            refused = await client.get(f"{server.url}/mcp", headers=mcp)
+            answered = [r.status_code for r in await asyncio.gather(*parked)]
+            async with client.stream("GET", f"{server.url}/mcp", headers=mcp) as opened:
+                return refused, answered, opened.status_code
+
+    refused, answered, opened = asyncio.run(main())
+    assert answered == [200] * len(answered)
+    assert refused.status_code == 429 and refused.json()["code"] == "too_many_open_waits", refused.text
+    assert opened == 200

@@ -52,6 +52,9 @@ def test_a_restarted_web_process_leaves_every_client_resynced_without_gaps_or_du
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "daphne.log"
+    # the clients are one member standing in for as many people: more sockets than one person's
+    # bound on long-lived connections (TRELLIS_MAX_OPEN_STREAMS_PER_USER) allows
+    process_env = {**process_env, "TRELLIS_MAX_OPEN_STREAMS_PER_USER": str(CLIENTS + 8)}
     web = start_daphne(process_env, port, log)
     received: list[list[int]] = [[] for _ in range(CLIENTS)]
     reconnects = [0] * CLIENTS
