@@ -13,7 +13,7 @@ No agent turn runs here. A foreground ``agent`` call (no ``to``, not in the back
 its child as a job like any other — a worker runs it, within the project's running cap and
 the session's live cap — and the call then waits for that job to end as ``?wait=`` does: a
 coroutine parked on the channel layer, holding no thread and no database connection (an open
-wait of the user's, ``TRELLIS_MAX_OPEN_WAITS_PER_USER``). Its answer is the child's final reply,
+wait of the user's, ``TRELLIS_MAX_OPEN_STREAMS_PER_USER``). Its answer is the child's final reply,
 as before; no follow-up carries it again (``Job.answers_call``).
 """
 

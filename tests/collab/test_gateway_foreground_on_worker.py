@@ -120,11 +120,11 @@ def test_foreground_agents_through_the_gateway_wait_for_the_projects_running_cap
 
 def test_a_foreground_agent_past_the_users_open_waits_is_refused_with_nothing_started(team, scripted_session, server):
     """The web side's wait for a foreground child is one of the person's open waits: with the
-    bound (``TRELLIS_MAX_OPEN_WAITS_PER_USER``, 32) taken by ``?wait=`` reads on a job that does
+    bound (``TRELLIS_MAX_OPEN_STREAMS_PER_USER``, 32) taken by ``?wait=`` reads on a job that does
     not end, a foreground ``agent`` call is refused 429 ``too_many_open_waits`` and no child is
     admitted."""
     bound = 32
-    assert os.environ.get("TRELLIS_MAX_OPEN_WAITS_PER_USER") in (None, str(bound))  # daphne's bound too
+    assert os.environ.get("TRELLIS_MAX_OPEN_STREAMS_PER_USER") in (None, str(bound))  # daphne's bound too
     api, sid = scripted_session(team.member, [{"sleep_ms": 600_000}, {"text": "ok"}])
     address, job_id = head_address(api, sid)
     raw = token(team.member)
