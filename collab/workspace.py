@@ -3,11 +3,11 @@
 ``Workspace`` confines read / list / glob / grep to one directory on the worker
 machine: every path is resolved (symlinks included) and refused unless it stays
 inside the root. ``grep`` patterns are untrusted: they run on RE2, a linear-time
-engine, never on Python's backtracking ``re`` (P-SEC-4). ``run_bash`` runs a shell
+engine, never on Python's backtracking ``re``. ``run_bash`` runs a shell
 command under bubblewrap with the workspace mounted read-only, a private ``/tmp``,
 no network, an empty environment, no capabilities, the parts of ``/usr`` programs
 need and none of Trellis's own files, and with limits on processes, CPU seconds,
-address space, file size and open files (P-SEC-5); it never runs a command
+address space, file size and open files (docs/contract.md#the-openwork-toolset); it never runs a command
 unsandboxed. ``check_workspace_path`` decides which directories may be a workspace.
 
 Errors are ``WorkspaceError(code, detail)``; the tool adapters render them.
@@ -211,7 +211,7 @@ class Workspace:
 
 def compile_pattern(pattern: str, *, ignore_case: bool = False):
     """An untrusted regular expression compiled by RE2: matching takes time linear in the text,
-    whatever the pattern, so no pattern can hold a process (P-SEC-4). What RE2 cannot do in
+    whatever the pattern, so no pattern can hold a process. What RE2 cannot do in
     linear time (backreferences, lookaround) is refused with ``invalid_pattern``; there is no
     fallback to Python's backtracking ``re``."""
     options = re2.Options()
@@ -243,7 +243,7 @@ def protected_paths() -> list[Path]:
 
 
 def check_workspace_path(path: str | os.PathLike) -> Path:
-    """The real path of a directory that may be a project's workspace (P-SEC-5), else
+    """The real path of a directory that may be a project's workspace, else
     ``WorkspaceError("invalid_workspace")``: it must exist and be a directory, not be the
     filesystem root, and neither contain nor lie inside one of ``protected_paths()``."""
     raw = os.fspath(path).strip()
@@ -328,13 +328,31 @@ class BashResult:
         return clean_text(f"{status}\n{self.output}")
 
 
-# What a sandboxed command may use (P-SEC-5). Processes count every task of the command;
+# What a sandboxed command may use. Processes count every task of the command;
 # the others are per process rlimits.
 MAX_PROCESSES = 128
 CPU_SECONDS = 60
-MEMORY_BYTES = 2 * 1024 * 1024 * 1024  # address space
-TMP_BYTES = 256 * 1024 * 1024  # the private /tmp, and the largest file a command may write
+MEMORY_BYTES = 2 * 1024 * 1024 * 1024  # address space, per process
 OPEN_FILES = 256
+# The whole writable space of a command: after set-up its root and /dev are read-only (SEALED),
+# and what it may write is two sized tmpfs — /tmp (three quarters of the operator's ceiling,
+# TRELLIS_SANDBOX_MEMORY_MB, also the largest file it may write) and /dev/shm (the rest). tmpfs
+# pages are memory that no process limit counts; where the pids cgroup is a cgroup v2 one with
+# the memory controller, the command's cgroup is also held to the ceiling (``memory.max``).
+SEALED = ("--remount-ro", "/dev", "--remount-ro", "/")
+
+
+def memory_bytes() -> int:
+    return settings.TRELLIS_SANDBOX_MEMORY_MB * 1024 * 1024
+
+
+def tmp_bytes() -> int:
+    """The private /tmp's size, and the largest file a command may write."""
+    return memory_bytes() * 3 // 4
+
+
+def shm_bytes() -> int:
+    return memory_bytes() - tmp_bytes()
 CGROUP_V1_PIDS = "/sys/fs/cgroup/pids"
 
 
@@ -346,7 +364,7 @@ def limit_note(exit_code: int | None) -> str:
     if number == signal.SIGXCPU:
         return f"killed: CPU time limit reached (the sandbox allows {CPU_SECONDS} s per process)"
     if number == signal.SIGXFSZ:
-        return f"killed: file size limit reached (the sandbox allows {TMP_BYTES // (1024 * 1024)} MiB per file)"
+        return f"killed: file size limit reached (the sandbox allows {tmp_bytes() // (1024 * 1024)} MiB per file)"
     try:
         return f"killed by {signal.Signals(number).name}"
     except ValueError:
@@ -384,7 +402,8 @@ def _probe() -> _Sandbox:
         argv = _sandbox_argv(bwrap, unshare)
         try:
             probe = subprocess.run(
-                [*argv, "--", "/bin/true"], stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT_S
+                [*argv, *SEALED, "--", "/bin/true"], stdin=subprocess.DEVNULL, capture_output=True,
+                timeout=PROBE_TIMEOUT_S
             )
         except (OSError, subprocess.TimeoutExpired) as error:
             reason = f"bubblewrap could not start a sandbox: {error}"
@@ -426,7 +445,8 @@ USR_ALLOWED = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "libexec", "sha
 
 
 def _sandbox_argv(bwrap: str, unshare: tuple[str, ...]) -> list[str]:
-    """bwrap options for a minimal read-only system: parts of /usr and /etc, private /tmp, nothing else."""
+    """bwrap options for a minimal system: parts of /usr and /etc read-only, a private sized /tmp
+    and /dev/shm, nothing else (the command's own options end with ``SEALED``)."""
     argv = [bwrap, *unshare, "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
     for name, value in SANDBOX_ENV.items():
         argv += ["--setenv", name, value]
@@ -440,7 +460,8 @@ def _sandbox_argv(bwrap: str, unshare: tuple[str, ...]) -> list[str]:
             argv += ["--ro-bind", str(top), str(top)]
     for entry in ETC_ALLOWED:  # not /etc wholesale: no shadow files, no service credentials
         argv += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(shm_bytes()), "--tmpfs", "/dev/shm",
+             "--size", str(tmp_bytes()), "--tmpfs", "/tmp"]
     return argv
 
 
@@ -482,7 +503,7 @@ def _limit_resources(cgroup: str, nproc: int) -> None:
     # SIGXCPU (a named death) at the soft limit; SIGKILL a little later if it is ignored
     resource.setrlimit(resource.RLIMIT_CPU, (CPU_SECONDS, CPU_SECONDS + 5))
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (TMP_BYTES, TMP_BYTES))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (tmp_bytes(), tmp_bytes()))
     resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
@@ -492,6 +513,10 @@ def _new_cgroup(parent: str) -> str:
     os.mkdir(path)
     with open(os.path.join(path, "pids.max"), "w") as limit:
         limit.write(str(MAX_PROCESSES))
+    memory = os.path.join(path, "memory.max")  # cgroup v2 with the memory controller delegated
+    if os.path.exists(memory):
+        with open(memory, "w") as limit:
+            limit.write(str(memory_bytes()))
     return path
 
 
@@ -545,7 +570,7 @@ def run_bash(workspace: Workspace, command: str, timeout_ms: int = 30_000) -> Ba
     if not sandbox.available:
         raise WorkspaceError("sandbox_unavailable", sandbox.reason)
     root = str(workspace.root)
-    argv = [*sandbox.argv, *_hide_protected(), "--ro-bind", root, root, "--chdir", root,
+    argv = [*sandbox.argv, *_hide_protected(), "--ro-bind", root, root, "--chdir", root, *SEALED,
             "--", "/bin/bash", "-c", command]
     cgroup = _new_cgroup(sandbox.cgroup_parent) if sandbox.cgroup_parent else ""
     # Without a cgroup RLIMIT_NPROC counts every task of this user: leave room for what runs already.

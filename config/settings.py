@@ -380,6 +380,9 @@ TRELLIS_GATEWAY_THREADS = env_int("TRELLIS_GATEWAY_THREADS", 32, minimum=1)
 # A pids cgroup directory the workers may create children in (e.g. a delegated cgroup v2
 # directory); without it the cgroup v1 pids hierarchy is tried, then RLIMIT_NPROC (non-root only).
 TRELLIS_SANDBOX_CGROUP = env_str("TRELLIS_SANDBOX_CGROUP", "")
+# What one sandboxed command may write in all (its /tmp and /dev/shm, memory-backed), and its
+# memory where the cgroup has the memory controller, in MiB.
+TRELLIS_SANDBOX_MEMORY_MB = env_int("TRELLIS_SANDBOX_MEMORY_MB", 512, minimum=16)
 
 # --- fair share (P-SEC-6): the operator's ceilings on every project's limits ------------
 # Unset or 0 = no ceiling. A project cannot set a limit above its ceiling (nor 0/"unlimited"

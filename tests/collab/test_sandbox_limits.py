@@ -1,4 +1,4 @@
-"""P-SEC-5: the explorers' ``bash`` is a sandbox. Through the tool gateway, on a
+"""The explorers' ``bash`` is a sandbox. Through the tool gateway, on a
 real bubblewrap: a fork bomb, a memory hog and an endless loop each end with a clear error and
 leave nothing running; the command sees only what it needs of ``/usr`` and none of Trellis's own
 files; a workspace that is ``/``, a file, or holds or lies in Trellis's files is refused by
@@ -95,12 +95,30 @@ def test_an_endless_loop_is_killed_at_the_timeout_or_the_cpu_limit(bash_as):
 
 
 def test_the_limits_are_set_inside_the_sandbox(bash_as):
+    beyond = ws.tmp_bytes() // (1024 * 1024) + 10
     result = bash_as("ulimit -t; ulimit -v; ulimit -f; ulimit -n; ulimit -c; "
-                     "head -c 300M /dev/zero > /tmp/big; echo wrote=$?")
+                     f"head -c {beyond}M /dev/zero > /tmp/big; echo wrote=$?")
     lines = result["text"].splitlines()
-    assert lines[1:6] == [str(ws.CPU_SECONDS), str(ws.MEMORY_BYTES // 1024), str(ws.TMP_BYTES // 1024),
+    assert lines[1:6] == [str(ws.CPU_SECONDS), str(ws.MEMORY_BYTES // 1024), str(ws.tmp_bytes() // 1024),
                           str(ws.OPEN_FILES), "0"], lines
     assert "wrote=0" not in result["text"]  # a file beyond the size limit cannot be written
+
+
+def test_a_command_can_write_only_its_sized_tmp_and_shm(bash_as):
+    """The root and /dev are read-only once the sandbox is set up; /tmp and /dev/shm are tmpfs
+    of fixed sizes (memory no process limit counts), together the operator's ceiling
+    (``TRELLIS_SANDBOX_MEMORY_MB``): a command cannot fill the host's memory through them."""
+    shm_mib = ws.shm_bytes() // (1024 * 1024)
+    result = bash_as("touch /newfile 2>&1; touch /dev/newfile 2>&1; mkdir /usr/x 2>&1; echo ok > /dev/null && echo null=ok; "
+                     f"head -c {shm_mib + 10}M /dev/zero > /dev/shm/fill 2>/dev/null; echo shm=$?; "
+                     "du -m /dev/shm/fill | cut -f1; echo x > /tmp/small && echo tmp=ok")
+    text = result["text"]
+    assert text.count("Read-only file system") == 3, text
+    assert "null=ok" in text and "tmp=ok" in text, text
+    assert "shm=0" not in text, text  # the write stopped at the tmpfs's size
+    sizes = [int(line) for line in text.splitlines() if line.strip().isdigit()]
+    assert sizes and sizes[-1] <= shm_mib, text
+    assert ws.tmp_bytes() + ws.shm_bytes() == settings.TRELLIS_SANDBOX_MEMORY_MB * 1024 * 1024
 
 
 def test_bash_sees_the_needed_parts_of_usr_and_none_of_trellis(bash_as):
