@@ -1,9 +1,10 @@
-"""Project limits (SPEC §7): one validator for the API, the settings page and ``manage.py limits``.
+"""Project limits (docs/contract.md#limits-and-defaults): one validator for the API, the settings
+page and ``manage.py limits``.
 
 Topology counts: integers >= 0, 0 = unlimited. Resource limits: null = inherit
 (the deployment's ceiling, or no limit where it has none), explicit values must be positive.
 
-Fair share (P-SEC-6): the operator's ceilings (``settings.TRELLIS_LIMIT_CEILINGS``,
+Fair share (docs/capacity.md#fair-share): the operator's ceilings (``settings.TRELLIS_LIMIT_CEILINGS``,
 the ``TRELLIS_MAX_*`` variables) bound every project. A value above its ceiling — or
 0 ("unlimited") under a finite one — is refused, and ``effective_limit`` is what every
 check uses: min(project, ceiling), so rows set before a ceiling was lowered are capped too.

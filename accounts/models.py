@@ -39,18 +39,18 @@ def _null_or_positive(name):
 
 
 class Project(FastLoad, models.Model):
-    """A tenant. Limits live here (SPEC §7): topology counts use 0 = unlimited,
+    """A tenant. Limits live here (docs/contract.md#limits-and-defaults): topology counts use 0 = unlimited,
     resource limits use null = inherit the deployment default."""
 
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(default=timezone.now)
 
-    # topology budgets (OP §5.1), 0 = unlimited
+    # topology budgets (docs/contract.md#topology-budgets), 0 = unlimited
     max_spawn_depth = models.PositiveIntegerField(default=1)
     max_messages = models.PositiveIntegerField(default=8)
     max_spawn_fanout = models.PositiveIntegerField(default=8)
-    # resources (OP §5.2), null = inherit
+    # resources (docs/contract.md#resource-quotas), null = inherit
     max_live_per_session = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     max_queued_per_session = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     max_jobs_per_session = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
@@ -58,7 +58,8 @@ class Project(FastLoad, models.Model):
     max_cost_per_job = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     max_runtime_seconds = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     max_idle_seconds = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
-    # fair share (P-SEC-6): jobs of this project in worker slots at once; null = the deployment's cap
+    # fair share (docs/capacity.md#fair-share): jobs of this project in worker slots at once;
+    # null = the deployment's cap
     max_running_jobs = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     # OpenWork: running child turns per root session
     max_active_turns = models.PositiveIntegerField(default=3, validators=[MinValueValidator(1)])
@@ -141,7 +142,7 @@ def hash_token(raw: str) -> str:
 
 
 class TokenScope(models.TextChoices):
-    """What a bearer token may do (P-SEC-7). GETs need ``read``, other API calls ``write``,
+    """What a bearer token may do (docs/contract.md#authentication). GETs need ``read``, other API calls ``write``,
     the tool gateway ``tools``, creating or revoking tokens ``tokens``, deciding held
     deliveries ``holds`` (never in the default set: an agent given its starter's ordinary
     token cannot approve its own held deliveries)."""

@@ -1,4 +1,4 @@
-"""Roles → capabilities (SPEC §8). The one place a capability is decided.
+"""Roles → capabilities (docs/contract.md#roles-and-capabilities). The one place a capability is decided.
 
 Row-level rules (own branches, own executions, holds, job ownership, acting as a branch) are
 applied by ``collab.access`` on top of these project-level capabilities.
@@ -52,7 +52,7 @@ def role_of(user, project: Project | int) -> str | None:
 
 def member_roles(user):
     """The user's accepted memberships: the ONE place a membership turns into access.
-    A pending invitation is not among them (SPEC §8: nothing of the project reaches an invitee)."""
+    A pending invitation is not among them: nothing of the project reaches an invitee."""
     if user is None or not user.is_authenticated or not user.is_active:
         return Membership.objects.none()
     return roles_of_user_id(user.pk)
@@ -91,7 +91,7 @@ def visible_projects(user):
 
 
 def own_tokens(user):
-    """The API tokens ``user`` may list and revoke: their own, and only theirs (P-SEC-7). The ONE
+    """The API tokens ``user`` may list and revoke: their own, and only theirs. The ONE
     token-ownership rule; ``collab.access.access_token`` fetches one through it (anyone else's
     reads as missing). Operators revoke any token in the admin, by its permission."""
     if user is None or not user.is_authenticated:

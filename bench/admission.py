@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Turn overhead and admission latency (SPEC §13), measured on this machine in one run.
+"""Turn overhead and admission latency (docs/performance.md#targets), measured on this machine in one run.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python bench/admission.py [--turns 200]
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env python
-"""Fan-out (SPEC §13 "Fan-out", issue 15 item 1 ``fanout``): 8 background children and their 8
-follow-ups, platform time against the 2 s target, measured on this machine.
+"""Fan-out (the "Parallel agents" target of docs/performance.md#targets; issue 15 item 1
+``fanout``): 8 background children and their 8 follow-ups, platform time against the 2 s target,
+measured on this machine.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/14 \\
       .venv/bin/python bench/fanout.py [--rounds 3] [--children 8] [--workers 2]
 
 Creates a throw-away database ``<db>_bench_fanout`` next to DATABASE_URL's and, with the ORM
 broker and (when REDIS_URL is set) the Redis broker, a real ``qcluster`` of ``--workers``
-workers. Each round opens a session of a scripted agent (SPEC §11.2) whose user turn's first
+workers. Each round opens a session of a scripted agent (docs/contract.md#the-scripted-provider) whose user turn's first
 step calls ``agent(…, run_in_background=True)`` ``--children`` times; each child answers at once,
 and each child's result comes back to the caller as a follow-up turn. The turn is submitted
 through the public API (``POST /api/sessions/{sid}/turns``, bearer token, Django's test client);

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Live events (SPEC §13 "Live", issue 15 item 1 ``live``): commit → WebSocket client latency with
-many clients, on the Redis layer and on the embedded default, measured on this machine in one run.
+"""Live events (the "Live" target of docs/performance.md#targets; issue 15 item 1 ``live``):
+commit → WebSocket client latency with many clients, on the Redis layer and on the embedded
+default, measured on this machine in one run.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/14 \\
       .venv/bin/python bench/live.py [--clients 200] [--events 100] [--gap-ms 20]

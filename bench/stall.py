@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Plain-read latency while the web process is under stalling load (P-SEC-4), on this machine.
+"""Plain-read latency while the web process is under stalling load, on this machine.
 
     .venv/bin/python bench/stall.py [--reads 200] [--blocking 50]
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python bench/stall.py

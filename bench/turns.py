@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Turns end to end (SPEC §13 "Turn overhead", issue 15 item 1 ``turns``), measured on this machine in one run.
+"""Turns end to end (the "Turn overhead" target of docs/performance.md#targets; issue 15 item 1
+``turns``), measured on this machine in one run.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/14 \\
       .venv/bin/python bench/turns.py [--turns 100] [--workers 2] [--web daphne|testclient] [--brokers orm redis] [--history N]

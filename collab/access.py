@@ -1,4 +1,4 @@
-"""The one place collab rows are fetched and authorized (SPEC §8, STYLE §3).
+"""The one place collab rows are fetched and authorized (docs/contract.md#authorization-and-visibility).
 
 Every entry point — pages, API, WebSocket, tools, the tool gateway, admin actions — goes
 through these helpers: ``access_…`` fetches a row the principal may use (``access_branch`` turns
@@ -12,7 +12,7 @@ The membership check runs *before* the target row is loaded where the id alone a
 outsiders always get the same ``NotFound`` as for a missing id, so neither answers nor work
 done leak existence.
 
-Row-level visibility (OP §5.9) lives here too: ``visible_sessions(user)`` is the ONE
+Row-level visibility (docs/contract.md#visibility) lives here too: ``visible_sessions(user)`` is the ONE
 queryset of sessions a person (and every agent acting for them) may see, and every listing
 filters through it; a lookup of one session or execution by id reads the person's standing in
 it with the row and decides with ``session_role``'s rule, the same rule in Python
@@ -157,7 +157,7 @@ def access_project(user, slug: str, capability: str = "project.read") -> Project
 def _by_id(rows, to_session: str, within_project: bool):
     """A lookup of one row of ``rows`` by id (``Param("id")``) with the standing of the user
     ``Param("user")`` in its session, and (``within_project``) only in ``Param("project")``:
-    agents stay in their project (SPEC §8), so an agent-side lookup passes the acting branch's
+    agents stay in their project, so an agent-side lookup passes the acting branch's
     project, and a row of any other project answers like a missing one. The statement of
     ``access_session`` and ``access_job``, compiled once per process and shape
     (``config.prepared``): every API request on a session or execution makes one."""
@@ -222,7 +222,7 @@ def require_can_set_internal(user, branch: Branch) -> str:
 
 
 def require_can_cancel(user, job: Job) -> str:
-    """Who may cancel an execution (SPEC §8): by the effective role in its session —
+    """Who may cancel an execution (docs/contract.md#cancel): by the effective role in its session —
     a maintainer any execution (``runtime.control``), a member the ones they started
     (``execution.cancel_own``). One who may not see the session gets the ``NotFound`` of a
     missing id; a share narrower than the project role (a viewer's) gets ``Forbidden``."""
@@ -249,7 +249,7 @@ def owns_branch(user, branch: Branch) -> bool:
 
 
 def require_can_archive(user, branch: Branch) -> str:
-    """Members archive branches they started, maintainers any (SPEC §8, OP §2.6) — by their
+    """Members archive branches they started, maintainers any (docs/contract.md#archive) — by their
     effective role in the branch's session."""
     return require_in_session(user, branch.session, "branch.archive_own" if owns_branch(user, branch) else "branch.archive_any")
 
@@ -260,7 +260,7 @@ def can_archive(user, branch: Branch) -> bool:
 
 
 def require_can_act_as(user, branch: Branch) -> str:
-    """Who may act as a branch from outside a turn (the tool gateway, P-SEC-7): members as
+    """Who may act as a branch from outside a turn (the tool gateway): members as
     branches they started, maintainers and owners as any; viewers never."""
     role = require_in_session(user, branch.session, "turn.start")
     if not owns_branch(user, branch):
@@ -291,7 +291,7 @@ def require_can_change_visibility(user, session: Session) -> None:
         raise Forbidden("only the session's creator or a maintainer changes who sees it")
 
 
-# --- held deliveries (the watch policy, OP §5.8) -------------------------------------------------
+# --- held deliveries (the watch policy, docs/contract.md#watch-policy) ----------------------------
 
 DECIDE_HOLDS = "turn.start"  # who may approve or reject a held delivery: who may post in its sender session
 
@@ -315,7 +315,7 @@ def access_hold(user, hold_id: int, capability: str = DECIDE_HOLDS, *, session_i
     return hold
 
 
-# --- job ownership (OP §5.10) --------------------------------------------------------------------
+# --- job ownership (docs/contract.md#plans-and-jobs) ---------------------------------------------
 
 MAX_ANCESTRY = 64
 
@@ -371,14 +371,14 @@ def access_artifact(user, artifact_id: str):
     return artifact
 
 
-# --- branch references: the one resolver (SPEC §3, OP §1/§2.1) -----------------------------------
+# --- branch references: the one resolver (docs/contract.md#addresses) ----------------------------
 #
 # An address is ``"SID:HEAD"`` (any message written on the branch; a stale head still finds its
 # branch) or a branch name. Names resolve in the caller's session first, then across the other
 # sessions of the caller's project. A target that does not exist answers exactly like one the
 # principal may not see.
 #
-# Agents stay in their project (SPEC §8): an agent's ``Caller`` carries the acting branch's
+# Agents stay in their project: an agent's ``Caller`` carries the acting branch's
 # project, and nothing outside it is ever found, whatever else the person who started the turn
 # may see. A person (the REST routes, the pages) has no project and may address any project they
 # have accepted.

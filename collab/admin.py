@@ -1,7 +1,7 @@
 """Operator admin. Every model is visible; rows the app writes (sessions, messages, jobs,
 the event log…) are read-only here and change only through the actions below.
 
-Every edit and action (P-SEC-7) needs its Django permission (view-only staff can
+Every edit and action needs its Django permission (view-only staff can
 look, never act), goes through the same service as the pages and the API — archive,
 internal flag, the versioned cancel command (an ``ExecutionCommand``), spec edits,
 visibility — and so writes its Event; no admin code writes a row itself. A service's
@@ -119,8 +119,9 @@ class ModelConnectionForm(forms.ModelForm):
 
 @admin.register(ModelConnection)
 class ModelConnectionAdmin(admin.ModelAdmin):
-    """Operator-owned model endpoints (P-SEC-0). Connections from TRELLIS_MODEL_CONNECTIONS are
-    shown with source "settings" and are read-only here (edit the setting instead)."""
+    """Operator-owned model endpoints (docs/contract.md#authorization-and-visibility). Connections
+    from TRELLIS_MODEL_CONNECTIONS are shown with source "settings" and are read-only here (edit
+    the setting instead)."""
 
     form = ModelConnectionForm
     list_display = ["name", "provider", "base_url", "key_env", "all_projects", "enabled", "source"]

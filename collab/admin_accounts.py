@@ -2,7 +2,7 @@
 
 It lives on the collab side because their edits go through collab's services, which
 write the audit Events and close the sockets of people who lost access (accounts
-imports nothing from collab). Every edit needs its Django permission (P-SEC-7).
+imports nothing from collab). Every edit needs its Django permission.
 """
 
 from django import forms
@@ -30,7 +30,7 @@ class MembershipInline(admin.TabularInline):
 
 class ProjectForm(forms.ModelForm):
     def clean_workspace(self):
-        """The same rule as ``manage.py workspace`` (P-SEC-5): an existing directory, not ``/``,
+        """The same rule as ``manage.py workspace``: an existing directory, not ``/``,
         not containing or inside Trellis's own files."""
         path = (self.cleaned_data.get("workspace") or "").strip()
         if not path:

@@ -1,4 +1,4 @@
-"""REST routes (SPEC §11.1). Each: authorize through ``collab.access``, call one service or selector."""
+"""REST routes (docs/contract.md#http-api). Each: authorize through ``collab.access``, call one service or selector."""
 
 from typing import Annotated
 

@@ -88,7 +88,7 @@ def _warm_event_push(sender, **kwargs):
 
 
 def _reconcile_on_worker_start(sender, proc_name=None, **kwargs):
-    """At worker start, jobs left running by a dead process become interrupted (OW §8); from
+    """At worker start, jobs left running by a dead process become interrupted (docs/contract.md#crash-recovery); from
     then on the process renews its jobs' leases and reconciles on a timer (services/liveness.py)."""
     # app registry: the services import collab's models, not loaded when this module is
     from collab.services.liveness import start_reconciler

@@ -7,7 +7,7 @@ database as the broker (the embedded default: django-q2's ORM broker) the task's
 no write transaction of its own — SQLite runs one writer at a time, so an admission that wrote
 its task after its commit took the write lock twice, and 200 people starting turns at once
 queued twice as many writers (docs/capacity.md, "The embedded default"). With Redis, outside the
-database, the task goes once the transaction has committed (STYLE §6: a worker never sees a task
+database, the task goes once the transaction has committed (a worker never sees a task
 before its rows).
 
 django-q2 builds a broker for every ``async_task`` (``django_q.brokers.get_broker``), and its Redis

@@ -1,4 +1,4 @@
-"""The session event stream: ``/ws/sessions/{sid}/?after=SEQ`` (SPEC §11.1).
+"""The session event stream: ``/ws/sessions/{sid}/?after=SEQ`` (docs/contract.md#events).
 
 First the logged events after ``SEQ``, then the same events live, in ``seq`` order with no gaps
 and no repeats, each as its viewer may see it. The consumer authorizes the socket and

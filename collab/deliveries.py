@@ -1,4 +1,5 @@
-"""The formats of a delivered result (SPEC §6, OW §6.2).
+"""The formats of a delivered result (docs/contract.md#results-come-back-exactly-once and
+#the-openwork-toolset).
 
 ``collab.services.followup`` writes a finished job's result into its caller's branch in one of
 two formats, and ``collab.selectors.transcript`` reads them back for pages; both take the
@@ -10,7 +11,7 @@ import re
 
 from collab.models.branches import NO_ADDRESS
 
-# the body of an OpenWork <agent_message> envelope in the cases that carry no result text (OW §6.4, §8)
+# the body of an OpenWork <agent_message> envelope in the cases that carry no result text
 INTERRUPTED_LIVE = "Sub-agent turn was interrupted."
 INTERRUPTED_RESTART = (
     "Sub-agent was interrupted by a process restart and is no longer available. "
@@ -34,7 +35,7 @@ def notice_lead(source: str | None, who: str, job_id, status: str | None) -> str
 
 
 def agent_message(task_name: str, kind: str, body: str) -> str:
-    """The OpenWork ``<agent_message>`` envelope of a child's finished turn (OW §6.2)."""
+    """The OpenWork ``<agent_message>`` envelope of a child's finished turn."""
     return f"<agent_message>\n<task>{task_name}</task>\n<kind>{kind}</kind>\n{_ENVELOPE_OPEN}{body}{_ENVELOPE_CLOSE}"
 
 

@@ -18,7 +18,7 @@ class DomainError(Exception):
 
 
 class NotFound(DomainError):
-    """Missing and not-visible look the same (OP §5.9): never say which."""
+    """Missing and not-visible look the same (docs/contract.md#visibility): never say which."""
 
     status = 404
     code = "not_found"

@@ -1,7 +1,7 @@
 """The event log: written in the transaction, pushed to listeners after commit
 (``collab.realtime.push``).
 
-``send_event_on_commit`` is the only way collab code records an event (STYLE §5).
+``send_event_on_commit`` is the only way collab code records an event.
 Sequence numbers come from ``Session.last_event_seq``: bumping it row-locks the
 session until commit, so a session's events commit in ``seq`` order and a
 client resuming with ``?after=SEQ`` can never skip one.
@@ -228,7 +228,7 @@ MESSAGE_EVENT_FIELDS = ("id", "session_id", "branch_id", "predecessor_id", "role
 
 
 def message_event(message: Message) -> dict:
-    """The payload clients receive in a ``message.created`` event (SPEC §11.1): the message's
+    """The payload clients receive in a ``message.created`` event (docs/contract.md#events): the message's
     fields, its text clipped (``clip``). Live listeners get it as written; the log keeps only
     ``message_event_ref`` and every read of the log rebuilds this from the (immutable) message
     row — the text is stored once, in the message."""

@@ -1,4 +1,4 @@
-"""The tool gateway in the web process (``POST /api/branches/{address}/tools/{tool}``, P-SEC-4;
+"""The tool gateway in the web process (``POST /api/branches/{address}/tools/{tool}``, docs/contract.md#http-api;
 the MCP server at ``/mcp``, ``collab.mcp_server``, calls the same functions).
 
 Sync views under daphne share one thread per process (asgiref's thread-sensitive mode), so a
@@ -84,7 +84,7 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def acting_branch(user, address: str):
-    """The branch at ``address``, if ``user`` may act as it from outside a turn (P-SEC-7:
+    """The branch at ``address``, if ``user`` may act as it from outside a turn (docs/contract.md#http-api:
     members as branches they started, maintainers as any; outsiders "not found")."""
     branch = access_branch(user, address)
     require_can_act_as(user, branch)

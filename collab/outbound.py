@@ -1,6 +1,6 @@
 """The one way Trellis calls a URL a tenant chose: project webhooks.
 
-Project owners are untrusted tenants (SPEC §8, P-SEC-0), so a request leaves only under
+Project owners are untrusted tenants (docs/security.md#who-is-trusted), so a request leaves only under
 these rules, all here:
 
 - the URL passes ``config.webhook_hosts.check_webhook_url`` against the operator's list

@@ -1,5 +1,5 @@
 """What an AgentSpec may name for its model: the providers this server implements and the
-``scripted`` provider's step format (SPEC §11.2).
+``scripted`` provider's step format (docs/contract.md#the-scripted-provider).
 
 Spec validation (``collab.services.specs``) and the providers (``collab.runtime.providers``)
 both take them from here, so validating a spec does not import the runtime.

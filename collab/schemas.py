@@ -1,4 +1,4 @@
-"""API shapes (SPEC §11.1). Inputs reject unknown fields; outputs may grow, never shrink.
+"""API shapes (docs/contract.md#http-api). Inputs reject unknown fields; outputs may grow, never shrink.
 
 The published schema states the rules the services enforce on each input (so that the
 schemathesis check's "positive data is accepted", R5 in ``tests/reliability``, holds for every
@@ -62,7 +62,7 @@ class ProjectOut(Schema):
 
 class AgentSpecIn(StrictIn):
     """``connection`` names an operator-owned model connection; ``base_url``/``api_key_env``
-    are accepted only when they match one the project may use (SPEC §11.1). Without a
+    are accepted only when they match one the project may use. Without a
     ``provider``, the connection's (or ``scripted``)."""
 
     # a provider that calls a model API needs a model name (services/specs.py)

@@ -1,4 +1,4 @@
-"""Bearer-token scopes on the API (P-SEC-7): one check for every route.
+"""Bearer-token scopes on the API (docs/contract.md#authentication): one check for every route.
 
 A request authenticated by a bearer token may do only what the token's scopes allow:
 a ``GET`` needs ``read``, any other method ``write``, unless the route declares its own

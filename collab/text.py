@@ -1,4 +1,4 @@
-"""The one boundary for untrusted text (STYLE §13, SPEC §8, P-TXT-1).
+"""The one boundary for untrusted text (docs/contract.md#results, its last paragraph).
 
 PostgreSQL cannot store NUL (``\\x00``) in text or jsonb, nor a lone UTF-16 surrogate
 (``\\ud800``–``\\udfff``: what ``json.loads`` makes of an unpaired ``"\\ud800"`` and what
@@ -58,7 +58,7 @@ def fit_text(value: str, max_length: int) -> str:
     return clean_text(value or "")[:max_length]
 
 
-# --- bounded text: the one head+tail rule (SPEC §9) --------------------------------------------
+# --- bounded text: the one head+tail rule (docs/contract.md#results) ---------------------------
 # A text too long for its reader keeps its head (two thirds) and its tail (one third) around a
 # marker saying how much was left out, the whole within the bound: tool results, job_output,
 # delivered results and the API (30,000 characters, less for a small context window), a bash

@@ -232,7 +232,7 @@ _PART_CONTEXT = {
 
 
 def _session_context(request, session, parts=tuple(_PART_CONTEXT)):
-    # a sub-agent's session is a read-only transcript: no composer, no fork, no cancel (OW acc. 21)
+    # a sub-agent's session is a read-only transcript: no composer, no fork, no cancel
     context = {"session": session, "readonly": session.is_child, "can_post": _can_post(request, session)}
     for part in parts:  # the transcript first: the branch it shows is the one the branch list marks
         context.update(_PART_CONTEXT[part](request, session))
@@ -470,7 +470,8 @@ def _back_to_session(request, sid):
 @login_required
 @require_POST
 def archive_branch(request, sid, branch_id):
-    """Archive a branch with a reason (OP §2.6): its starter or a maintainer (``access.require_can_archive``)."""
+    """Archive a branch with a reason (docs/contract.md#archive): its starter or a maintainer
+    (``access.require_can_archive``)."""
     branch = access.access_branch(request.user, branch_id, session_id=sid)
     access.require_can_archive(request.user, branch)
     do_archive_branch(branch, user=request.user, reason=request.POST.get("reason", ""))

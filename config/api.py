@@ -1,4 +1,4 @@
-"""The REST API root (SPEC §11.1): auth, the error shape, and the routers.
+"""The REST API root (docs/contract.md#http-api): auth, the error shape, and the routers.
 
 Errors are always ``{"detail": str, "code": str}``. Clients authenticate with
 ``Authorization: Bearer <token>``; the browser with its session cookie, in which

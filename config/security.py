@@ -1,4 +1,4 @@
-"""Security headers for every HTTP answer (P-SEC-8).
+"""Security headers for every HTTP answer.
 
 The pages carry no inline script, style or event handler (htmx with ``allowEval``
 off; behaviour lives in static/collab/app.js), so the Content-Security-Policy allows

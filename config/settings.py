@@ -1,10 +1,10 @@
 """Trellis settings.
 
-With no environment at all this is the *embedded default* (SPEC P-RUN-1):
+With no environment at all this is the *embedded default* (docs/contract.md#deployments):
 SQLite under ``var/``, django-q2's ORM broker, an in-process channel layer plus
 the database event relay, the scripted model, 127.0.0.1 only.
 
-Scaled (P-RUN-2): ``DATABASE_URL`` (postgres://… or sqlite:///path),
+Scaled: ``DATABASE_URL`` (postgres://… or sqlite:///path),
 ``REDIS_URL`` (channels-redis layer + django-q2 Redis broker),
 ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS``.
 """
@@ -210,7 +210,7 @@ if env_bool("TRELLIS_FAST_PASSWORD_HASHER", False):
         "django.contrib.auth.hashers.MD5PasswordHasher",
         "django.contrib.auth.hashers.PBKDF2PasswordHasher",
     ]
-# Login throttling (P-SEC-8, django-axes): after TRELLIS_LOGIN_FAILURE_LIMIT failures for one
+# Login throttling (django-axes): after TRELLIS_LOGIN_FAILURE_LIMIT failures for one
 # username from one address, logins for that pair answer 429 until the cool-off has passed. Locking
 # the pair (not the username alone) keeps a stranger from locking a person out from elsewhere.
 # Bearer tokens never go through authenticate() and are not affected.
@@ -340,7 +340,7 @@ else:
 
 # --- Trellis ---------------------------------------------------------------
 TRELLIS_MAX_TOOL_CALLS = env_int("TRELLIS_MAX_TOOL_CALLS", 50, minimum=1)
-# Liveness (SPEC §7 P-REL-1): each worker process renews the leases of the jobs it runs every
+# Liveness (docs/contract.md#crash-recovery): each worker process renews the leases of the jobs it runs every
 # lease/3 s and reconciles every TRELLIS_RECONCILE_SECONDS, so a dead worker's running job is
 # interrupted, and the queued jobs it had taken handed off again, within lease + reconcile
 # interval of its death (30 + 10 = 40 s by default; at most 2 x lease, checked here).
@@ -359,7 +359,7 @@ TRELLIS_FIRST_ANALYZE_KB = env_int("TRELLIS_FIRST_ANALYZE_KB", 64, minimum=0)
 # unset (always, in a deployment) every point is a no-op.
 TRELLIS_FAULT_DIR = env_str("TRELLIS_FAULT_DIR", "")
 
-# --- the tool gateway and the explorers' sandbox (P-SEC-4, P-SEC-5) -------------------
+# --- the tool gateway and the explorers' sandbox ---------------------------------------
 # Blocking tool-gateway calls (job_output with block, wait_agent, bash, a foreground agent)
 # one user may have in flight in one web process; past it 429 too_many_blocking_calls.
 TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER = env_int("TRELLIS_GATEWAY_MAX_BLOCKING_PER_USER", 4, minimum=1)
@@ -384,7 +384,7 @@ TRELLIS_SANDBOX_CGROUP = env_str("TRELLIS_SANDBOX_CGROUP", "")
 # memory where the cgroup has the memory controller, in MiB.
 TRELLIS_SANDBOX_MEMORY_MB = env_int("TRELLIS_SANDBOX_MEMORY_MB", 512, minimum=16)
 
-# --- fair share (P-SEC-6): the operator's ceilings on every project's limits ------------
+# --- fair share (docs/capacity.md#fair-share): the operator's ceilings on every project's limits
 # Unset or 0 = no ceiling. A project cannot set a limit above its ceiling (nor 0/"unlimited"
 # under a finite one); the value in force is min(project, ceiling), so rows set before a
 # ceiling was lowered are capped too. The runtime ceiling defaults to 90 % of

@@ -1,6 +1,6 @@
 """``TRELLIS_WEBHOOK_HOSTS``: the hosts project webhooks may call, and the one URL check.
 
-Project owners are untrusted tenants (SPEC §8, P-SEC-0): a webhook URL is accepted — when it is
+Project owners are untrusted tenants (docs/security.md#who-is-trusted): a webhook URL is accepted — when it is
 registered, and again before every attempt — only if its host is on the operator's list. The
 variable is comma-separated; each entry is a host, optionally with a port::
 

@@ -365,7 +365,8 @@ def settle_session(api, *sids, quiet: float = 0.1, timeout: float = 60.0, interv
 
 
 def make_spec(api, agent_id, script=(), project="alpha", **fields) -> dict:
-    """``POST /api/projects/{project}/agent-specs``: a scripted agent (SPEC §11.2) named ``agent_id``."""
+    """``POST /api/projects/{project}/agent-specs``: a scripted agent
+    (docs/contract.md#the-scripted-provider) named ``agent_id``."""
     body = {"agent_id": agent_id, "provider": "scripted",
             "script": script if isinstance(script, dict) else list(script), **fields}
     r = api.post(f"/api/projects/{project}/agent-specs", body)
@@ -569,7 +570,7 @@ def shared_handler_client():
 @pytest.fixture
 def api_as(client):
     """``api_as(user)``: the person's own client, a token with every scope (tests of roles);
-    ``api_as(user, scopes=[…])`` a narrower one (tests of scopes, P-SEC-7)."""
+    ``api_as(user, scopes=[…])`` a narrower one (tests of scopes)."""
     return api_client_of
 
 

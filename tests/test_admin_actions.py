@@ -1,4 +1,4 @@
-"""The admin matrix (P-SEC-7): view-only staff look but never act; staff with
+"""The admin matrix: view-only staff look but never act; staff with
 the Django permissions act, every edit and action through the service layer, each leaving an Event."""
 
 from html.parser import HTMLParser

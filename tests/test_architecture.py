@@ -1,4 +1,4 @@
-"""No arrow hidden in a function (STYLE "What to avoid").
+"""No arrow hidden in a function.
 
 ``lint-imports`` ([tool.importlinter] in pyproject.toml) checks which layer may import which,
 imports inside functions included. What it cannot see is an import moved into a function only to

@@ -1,4 +1,4 @@
-"""Membership is an invitation (SPEC §8; ``P-SEC-3``).
+"""Membership is an invitation (docs/contract.md#visibility).
 
 Adding someone to a project — API, project page or admin — creates a *pending* invitation.
 Until the person accepts it they get nothing of the project: every API route, page, name
@@ -119,7 +119,7 @@ def assert_sees_nothing_of_alpha(api, client, rows) -> None:
 def test_a_pending_invitee_gets_nothing_until_they_accept_then_everything_their_role_gives(
     team, api_as, make_user, alpha_rows
 ):
-    """P-SEC-3: the owner invites ivy as a member. Until she accepts, every API route, page and
+    """The owner invites ivy as a member. Until she accepts, every API route, page and
     name of alpha answers her exactly like a missing project (404 ``not_found``) and nothing is
     started; she sees the invitation (project, role, who invited her). The owner sees it as
     ``status: "pending"``. After she accepts she has a member's access. Both steps are audited."""
@@ -161,7 +161,7 @@ def test_a_pending_invitee_gets_nothing_until_they_accept_then_everything_their_
 
 
 def test_declined_and_cancelled_invitations_leave_no_access(team, api_as, make_user, alpha_rows):
-    """P-SEC-3: ivy declines (the invitation is gone, she has no access, accepting it later is
+    """Ivy declines (the invitation is gone, she has no access, accepting it later is
     "not found"); invited again, the owner cancels it with ``DELETE …/members/ivy`` (same). Each
     step is a project-level Event with its actor."""
     owner = api_as(team.owner)
@@ -193,7 +193,7 @@ def test_declined_and_cancelled_invitations_leave_no_access(team, api_as, make_u
 
 
 def test_nobody_answers_someone_elses_invitation(team, api_as, make_user):
-    """P-SEC-3: the invitation is ivy's alone. Beta's owner and alpha's own owner answering it
+    """The invitation is ivy's alone. Beta's owner and alpha's own owner answering it
     get the 404 of an invitation that does not exist; it stays pending and gives nothing."""
     make_user("ivy")
     assert api_as(team.owner).post("/api/projects/alpha/members", {"username": "ivy", "role": "owner"}).status_code == 201
@@ -212,7 +212,7 @@ def test_nobody_answers_someone_elses_invitation(team, api_as, make_user):
 
 
 def test_owners_manage_invitations_and_a_pending_owner_does_not_keep_the_project(team, api_as, make_user):
-    """P-SEC-3: inviting twice is 409 ``already_invited``, inviting a member 409 ``already_member``;
+    """Inviting twice is 409 ``already_invited``, inviting a member 409 ``already_member``;
     an owner may change a pending invitation's role. A pending owner invitation is not an owner:
     the last owner cannot step down until it is accepted."""
     owner = api_as(team.owner)
@@ -236,7 +236,7 @@ def test_owners_manage_invitations_and_a_pending_owner_does_not_keep_the_project
 
 
 def test_pages_invite_list_accept_decline_and_cancel(team, api_as, make_user):
-    """P-SEC-3: on the project page an owner invites (the row shows "invitation pending" and a
+    """On the project page an owner invites (the row shows "invitation pending" and a
     cancel button that cancels it); on the projects page the invitee sees each pending
     invitation with Accept (then lands in the project) and Decline buttons."""
     owner_page = logged_in(team.owner)
@@ -286,7 +286,7 @@ def socket_handshake(sid: str, token: str):
 
 
 def test_a_pending_invitee_cannot_open_the_sessions_socket(transactional_db, team, api_as, make_user, alpha_rows):
-    """P-SEC-3, SPEC §11.1: the WebSocket of an alpha session refuses a pending invitee exactly
+    """The WebSocket of an alpha session refuses a pending invitee exactly
     as for a session that does not exist, and accepts her once she has accepted."""
     from accounts.models import ApiToken
 
@@ -301,7 +301,7 @@ def test_a_pending_invitee_cannot_open_the_sessions_socket(transactional_db, tea
 
 
 def test_the_admin_adds_a_pending_invitation(team, make_user, django_user_model):
-    """P-SEC-3: an operator adding a membership in the admin creates an invitation (pending,
+    """An operator adding a membership in the admin creates an invitation (pending,
     invited by the operator), which gives the person nothing until accepted."""
     operator = django_user_model.objects.create_superuser("operator", "op@example.com", "pw-secret-123")
     ivy = make_user("ivy")
@@ -318,7 +318,7 @@ def test_the_admin_adds_a_pending_invitation(team, make_user, django_user_model)
 
 
 def test_a_new_projects_creator_and_the_demo_are_active_members(team, api_as, settings, tmp_path):
-    """P-SEC-3: creating a project makes the creator an active owner at once; ``manage.py demo``
+    """Creating a project makes the creator an active owner at once; ``manage.py demo``
     makes an active membership."""
     api = api_as(team.member)
     assert api.post("/api/projects", {"slug": "gamma", "name": "Gamma"}).status_code == 201
@@ -330,7 +330,7 @@ def test_a_new_projects_creator_and_the_demo_are_active_members(team, api_as, se
 
 
 def test_the_migration_keeps_existing_members_active(transactional_db, team):
-    """P-SEC-3: ``accounts/0003_membership_invitation`` turns every membership that existed
+    """``accounts/0003_membership_invitation`` turns every membership that existed
     before it into an accepted one (nobody loses access in the upgrade)."""
     from django.db import connection
     from django.db.migrations.executor import MigrationExecutor
@@ -359,7 +359,7 @@ def test_the_migration_keeps_existing_members_active(transactional_db, team):
 
 
 def test_every_membership_lookup_goes_through_the_policy():
-    """P-SEC-3: access is decided in one place. Outside ``accounts`` no code joins ``memberships``
+    """Access is decided in one place. Outside ``accounts`` no code joins ``memberships``
     by hand or filters ``Membership.objects`` for access (either would count pending
     invitations); they use ``accounts.policy.member_project_ids`` / ``member_roles`` /
     ``role_of``. Listing pending invitations and creating trusted rows are the named exceptions."""

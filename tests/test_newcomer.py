@@ -1,4 +1,4 @@
-"""A newcomer's first minutes (SPEC P-RUN-1, README "Quick start").
+"""A newcomer's first minutes (docs/contract.md#deployments, README "Quick start").
 
 A fresh clone, no configuration at all, the README's one command: ``scripts/run``
 must make its own .venv, install, migrate, create the demo project, serve web +
@@ -117,7 +117,7 @@ def stop_group(proc, grace=20.0) -> None:
 
 @pytest.mark.timeout(FIRST_RUN_TIMEOUT + HTTP_TIMEOUT + 120)
 def test_a_fresh_clone_runs_with_the_readme_command_and_the_printed_login_works(tmp_path):
-    """P-RUN-1: `scripts/run` in a fresh clone with no environment → demo login works."""
+    """`scripts/run` in a fresh clone with no environment → demo login works."""
     clone = tmp_path / "trellis"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
     assert "scripts/run" in (clone / "README.md").read_text(), "the README's quick start names scripts/run"

@@ -9,7 +9,7 @@ the database and Redis connects them, exactly as on separate machines:
 - web A is killed (SIGKILL) mid-turn: the client reconnects to web B with ``?after=<last seq>``
   and gets exactly the rest of the log — no event lost, none twice;
 - the worker running a turn is killed (SIGKILL, its whole process group): the surviving workers
-  end that turn ``interrupted`` within lease + reconcile interval (P-REL-1) by themselves, and
+  end that turn ``interrupted`` within lease + reconcile interval (docs/contract.md#crash-recovery) by themselves, and
   the next turn on the branch runs on a survivor;
 - ``deploy/nginx.conf`` runs in front of both web processes: API calls and the WebSocket upgrade
   pass through it, and after web A died a client reconnecting through it reaches web B.
@@ -140,8 +140,7 @@ class Http:
 
 
 def test_scaled_deployment_two_webs_three_workers(team, api_as, deployment):
-    """P-RUN-1/P-RUN-2 (events reach every web process), P-REL-1 (a dead worker's
-    turn is ended by the others)."""
+    """Events reach every web process; a dead worker's turn is ended by the others."""
     from collab.models import Job
 
     (web_a, web_b, proxy), workers = deployment

@@ -1,4 +1,4 @@
-"""Security headers, login throttling and the demo user (P-SEC-8)."""
+"""Security headers, login throttling and the demo user."""
 
 import io
 import subprocess

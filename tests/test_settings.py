@@ -1,4 +1,4 @@
-"""Settings fail loudly on bad values and need nothing for the embedded default (SPEC §1, P-RUN-1/2)."""
+"""Settings fail loudly on bad values and need nothing for the embedded default (docs/contract.md#deployments)."""
 
 import os
 import subprocess
@@ -75,7 +75,7 @@ def test_bad_settings_stop_the_process_with_a_message_naming_the_problem(tmp_pat
     assert "ImproperlyConfigured" in r.stderr and message in r.stderr, r.stderr
 
 
-def test_p_sec_cookies_are_secure_unless_debugging_or_serving_loopback_only(tmp_path):
+def test_cookies_are_secure_unless_debugging_or_serving_loopback_only(tmp_path):
     code = "import config.settings as s; print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SESSION_COOKIE_HTTPONLY)"
 
     def flags(**env):

@@ -1,4 +1,4 @@
-"""API tokens: expiry, scopes, minting and hold approval (P-SEC-7).
+"""API tokens: expiry, scopes, minting and hold approval (docs/contract.md#authentication).
 
 Every check goes through the public API with real bearer tokens: GETs need ``read``,
 other calls ``write``, the tool gateway ``tools``, creating or revoking tokens ``tokens``,

@@ -7,7 +7,7 @@ from config.fast_load import FastLoad
 
 
 class Artifact(FastLoad, models.Model):
-    """The full text of a truncated result (SPEC §9), readable like its execution."""
+    """The full text of a truncated result (docs/contract.md#results), readable like its execution."""
 
     id = id_field()
     job = models.ForeignKey("collab.Job", on_delete=models.CASCADE, related_name="artifacts")

@@ -12,7 +12,7 @@ NO_ADDRESS = "an agent with no messages yet"
 
 
 def format_address(session_id: str, head_id: str | None) -> str | None:
-    """The one way a branch address is written (SPEC §3): ``"SID:HEAD"``, HEAD a message of that
+    """The one way a branch address is written (docs/contract.md#addresses): ``"SID:HEAD"``, HEAD a message of that
     branch. Without a message there is no address: None (as the API's ``head: MSG|null``), never a
     bare ``SID`` or ``SID:None``, which no resolver accepts."""
     return f"{session_id}:{head_id}" if head_id else None
@@ -39,7 +39,7 @@ def effective_spec_id(branch, session=None):
 
 
 class NameStage(models.IntegerChoices):
-    """How a branch got its name (OP §2.4); only LABEL names may be replaced automatically."""
+    """How a branch got its name (docs/contract.md#names); only LABEL names may be replaced automatically."""
 
     NONE = 0
     LABEL = 1  # derived from the prompt at creation
@@ -51,7 +51,7 @@ class Branch(FastLoad, models.Model):
     """A named line of the DAG ending at ``tip``: the agent.
 
     Name, archive state and counters belong here, not to a tip message, so they
-    survive new turns. The first archive values are kept (OP §2.6).
+    survive new turns. The first archive values are kept (docs/contract.md#archive).
     """
 
     id = id_field()

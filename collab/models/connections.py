@@ -16,8 +16,8 @@ class ConnectionSource(models.TextChoices):
 
 
 class ModelConnection(FastLoad, models.Model):
-    """An operator-owned model endpoint (SPEC §10, P-SEC-0): where requests go and which worker
-    environment variable holds the key. Tenants never type a URL or a variable name; an
+    """An operator-owned model endpoint (docs/contract.md#authorization-and-visibility): where
+    requests go and which worker environment variable holds the key. Tenants never type a URL or a variable name; an
     AgentSpec names a connection, and may use it only if it is bound to the spec's project
     (``all_projects`` or listed in ``projects``) and its model is allowed.
 

@@ -6,7 +6,7 @@ from config.fast_load import FastLoad
 
 
 class Event(FastLoad, models.Model):
-    """Append-only, per-session ordered log (OP §3): the audit trail and the source of live updates.
+    """Append-only, per-session ordered log (docs/contract.md#events): the audit trail and the source of live updates.
 
     Project-level events (memberships, limits) have no session; their ``seq`` counts
     in the project's own sequence.

@@ -14,7 +14,7 @@ class HoldStatus(models.TextChoices):
 
 class HeldDelivery(FastLoad, models.Model):
     """A delivery (``send_message`` or ``agent(to=…)``) held by the project's watch policy
-    until a member approves or rejects it (SPEC §7, OP §3, §5.8). Sub-agents pass the same gate."""
+    until a member approves or rejects it (docs/contract.md#watch-policy). Sub-agents pass the same gate."""
 
     project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="held_deliveries")
     kind = models.CharField(max_length=16)  # "message" | "task"

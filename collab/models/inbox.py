@@ -12,7 +12,7 @@ class InboxKind(models.TextChoices):
 
 
 class InboxEntry(FastLoad, models.Model):
-    """A delivery persisted for a busy target (OP §5.4), drained FIFO when its turn ends."""
+    """A delivery persisted for a busy target (docs/contract.md#the-inbox), drained FIFO when its turn ends."""
 
     target_branch = models.ForeignKey("collab.Branch", on_delete=models.CASCADE, related_name="inbox")
     session = models.ForeignKey("collab.Session", on_delete=models.CASCADE, related_name="inbox")
@@ -27,7 +27,7 @@ class InboxEntry(FastLoad, models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     chain_messages = models.PositiveIntegerField(default=0)
     chain_generations = models.PositiveIntegerField(default=0)
-    # the database's clock (SPEC §7): FIFO order and the 60-s duplicate window hold across app servers
+    # the database's clock: FIFO order and the 60-s duplicate window hold across app servers
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:

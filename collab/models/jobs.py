@@ -11,7 +11,8 @@ from config.prepared import Param, Select
 
 
 class JobKind(models.TextChoices):
-    """Why the turn runs; also the key of a scripted AgentSpec's per-kind steps (SPEC §11.2)."""
+    """Why the turn runs; also the key of a scripted AgentSpec's per-kind steps
+    (docs/contract.md#the-scripted-provider)."""
 
     USER = "user"
     SPAWN = "spawn"
@@ -49,7 +50,7 @@ class JobQuerySet(models.QuerySet):
       one is *busy*: the ``busy`` flag of the API's and pages' branch rows and of ``list_agents``,
       what double-texting strategies act on, what keeps an archived branch's mailbox undrained.
     - ``open()``: admitted and not ended (queued too). A branch with one is *occupied*: a new
-      delivery waits in its inbox rather than admitting a second job (SPEC §3 "busy target"), its
+      delivery waits in its inbox rather than admitting a second job, its
       graph lane is kept, its sub-agent status is not idle.
     """
 
@@ -165,7 +166,7 @@ class Job(FastLoad, models.Model):
     chain_messages = models.PositiveIntegerField(default=0)
     chain_generations = models.PositiveIntegerField(default=0)
 
-    # the bounded result (SPEC §9); NULL when it is the whole text of the job's final answer, which
+    # the bounded result (docs/contract.md#results); NULL when it is the whole text of the job's final answer, which
     # holds it once. ``result`` reads either.
     result_text = models.TextField(null=True, blank=True, default="")
     result_artifact = models.ForeignKey(
@@ -184,7 +185,7 @@ class Job(FastLoad, models.Model):
     worker = models.CharField(max_length=100, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
-    # a queued job whose claim was declined because its project was at its running cap (P-SEC-6):
+    # a queued job whose claim was declined because its project was at its running cap:
     # since when it waits for a worker slot. Set by the declined claim, cleared by the completion
     # that hands it back to the queue (collab.services.fair_share); meaningless once it left queued
     waiting_since = models.DateTimeField(null=True, blank=True)
@@ -193,7 +194,7 @@ class Job(FastLoad, models.Model):
     followup_state = models.CharField(max_length=16, choices=FollowupState.choices, default=FollowupState.NONE)
     followup_mode = models.CharField(max_length=16, blank=True, default="")
 
-    # the database's clock (SPEC §7): the claim order of a branch's queued jobs never depends
+    # the database's clock: the claim order of a branch's queued jobs never depends
     # on which app server admitted them
     created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
@@ -266,7 +267,7 @@ class Job(FastLoad, models.Model):
 
     @property
     def prompt_text(self) -> str:
-        """The turn's prompt as admitted (SPEC §11.2's ``{{prompt}}``): ``prompt`` until the prompt
+        """The turn's prompt as admitted (the scripted provider's ``{{prompt}}``): ``prompt`` until the prompt
         node is written, then that node's text without the header written for the model (read
         from the node, unless the claim loaded it with the job)."""
         if self.prompt is not None:
@@ -278,7 +279,7 @@ class Job(FastLoad, models.Model):
 
     @property
     def result(self) -> str:
-        """The job's bounded result (SPEC §9: the API's ``result``, ``job_output``, follow-ups):
+        """The job's bounded result (the API's ``result``, ``job_output``, follow-ups; docs/contract.md#results):
         ``result_text``, or the final answer's text when that is all of it — read with the job by
         ``Job.objects.with_result()``, else once here, on first use."""
         if self.result_text is not None:
@@ -291,7 +292,7 @@ class Job(FastLoad, models.Model):
 
 
 class ExecutionCommand(FastLoad, models.Model):
-    """An idempotent control command (SPEC §7): repeating ``command_id`` returns the first answer."""
+    """An idempotent control command (docs/contract.md#cancel): repeating ``command_id`` returns the first answer."""
 
     command_id = models.CharField(max_length=120, primary_key=True, help_text="EXECUTION_ID:client command id")
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="commands")

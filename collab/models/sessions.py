@@ -6,13 +6,13 @@ from django.utils import timezone
 from collab.models.ids import id_field
 from config.fast_load import FastLoad
 
-# OW §3's task_name format for the database CHECKs: ``\A``/``\Z`` anchor at the very start and end
+# The OpenWork task_name format for the database CHECKs: ``\A``/``\Z`` anchor at the very start and end
 # on both PostgreSQL (ARE) and SQLite (Python ``re``), where ``$`` would accept a trailing newline
 TASK_NAME_DB = r"\A[a-z][a-z0-9_]{0,47}\Z"
 
 
 class Visibility(models.TextChoices):
-    """Who sees a session (OP §5.9). A child session follows its root's."""
+    """Who sees a session (docs/contract.md#visibility). A child session follows its root's."""
 
     PROJECT = "project"  # every member of the project, by role (the default)
     PRIVATE = "private"  # its creator, plus maintainers and owners
@@ -22,7 +22,7 @@ class Visibility(models.TextChoices):
 class Session(FastLoad, models.Model):
     """A conversation DAG in one project.
 
-    ``head`` is the message a person has selected; agents never move it (OP §2.1).
+    ``head`` is the message a person has selected; agents never move it.
     ``last_event_seq`` is the per-session event counter: bumping it row-locks the
     session, so events of one session commit in ``seq`` order.
     """
@@ -57,7 +57,7 @@ class Session(FastLoad, models.Model):
         ordering = ["-last_active_at"]
         indexes = [models.Index(fields=["project", "-last_active_at"], name="session_project_recent")]
         constraints = [
-            # OW §3: a root has neither; a child session has both (its task_name is on its branch)
+            # a root has neither; a child session has both (its task_name is on its branch)
             models.CheckConstraint(
                 condition=Q(parent_session__isnull=True, agent_role__isnull=True)
                 | Q(parent_session__isnull=False, agent_role__isnull=False),
@@ -65,7 +65,7 @@ class Session(FastLoad, models.Model):
             ),
             models.CheckConstraint(condition=~Q(parent_session=models.F("id")), name="session_parent_not_self"),
             models.CheckConstraint(condition=Q(visibility__in=Visibility.values), name="session_visibility_valid"),
-            # OW §3 uq_sessions_parent_task_name: a task_name names one child of one root session
+            # uq_sessions_parent_task_name: a task_name names one child of one root session
             models.UniqueConstraint(
                 fields=["parent_session", "task_name"], condition=Q(task_name__isnull=False),
                 name="session_task_name_unique_per_root",

@@ -29,9 +29,9 @@ class FollowupMode(models.TextChoices):
 class AgentSpec(FastLoad, models.Model):
     """A saved, reusable agent configuration, selected by ``agent_id``.
 
-    ``agent_id`` never addresses a branch (OP §1). A spec on a model API names an
+    ``agent_id`` never addresses a branch. A spec on a model API names an
     operator-owned ``connection`` (endpoint and key variable) and a ``model``; a tenant
-    never types a URL or an environment variable (P-SEC-0). Keys are never stored.
+    never types a URL or an environment variable (docs/contract.md#authorization-and-visibility). Keys are never stored.
     """
 
     project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="agent_specs")

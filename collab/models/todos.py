@@ -12,7 +12,7 @@ class TodoStatus(models.TextChoices):
 
 
 class Todo(FastLoad, models.Model):
-    """A plan item; never starts anything (OP §1)."""
+    """A plan item; never starts anything."""
 
     session = models.ForeignKey("collab.Session", on_delete=models.CASCADE, related_name="todos")
     branch = models.ForeignKey("collab.Branch", null=True, blank=True, on_delete=models.CASCADE, related_name="todos")

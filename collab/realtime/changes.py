@@ -15,7 +15,7 @@ loop and a Redis connection of its own per wait.
 A change written without an event (none is known) would still be seen: ``check`` is also
 asked at least every ``CHANGE_BACKSTOP_SECONDS`` (``collab.realtime.bounds``). The wait is
 bounded by ``timeout_seconds`` in every case. While it sleeps a waiter holds no database
-connection (P-SEC-4): the thread's connection is closed and the next read opens a new one, so a
+connection: the thread's connection is closed and the next read opens a new one, so a
 thousand waiters cost no connections and a gateway call parked in a web process pins nothing.
 Inside a transaction the connection is kept (closing it would end the transaction).
 """

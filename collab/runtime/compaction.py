@@ -1,4 +1,4 @@
-"""Fitting a long branch into a small context window (OW §6.5, acc. 6 and 11).
+"""Fitting a long branch into a small context window (docs/contract.md#results, its last paragraphs).
 
 When an AgentSpec declares ``limits.context_window`` (tokens), the history sent to the model
 keeps the newest messages that fit about 60% of it (the rest is for the system prompt, tool

@@ -1,4 +1,4 @@
-"""The turn loop (SPEC §10): model call → tool calls → tool results → next call.
+"""The turn loop (docs/contract.md#concepts): model call → tool calls → tool results → next call.
 
 ``run_job`` is what a worker runs for one job. It claims the job (or returns if
 it lost the claim), drives the provider until a final answer, the tool-call cap,
@@ -139,7 +139,7 @@ class TurnContext:
         return tools
 
     def count_wait(self, delivered: bool) -> None:
-        """wait_agent's timeout streak (OW §5.1): a delivery resets it."""
+        """wait_agent's timeout streak: a delivery resets it."""
         self.doom_loop.count_wait(delivered)
 
     def check_stop(self, force: bool = False) -> None:
@@ -341,7 +341,7 @@ INTERRUPTED_RESULT = "cancelled: the execution was cancelled while this tool cal
 
 def run_tool_step(turn: TurnContext, response) -> None:
     """Write the model's tool-call node, then run its calls one by one, each result written as
-    it comes. Before each call the turn checks it may go on (SPEC §7: cancel is a fence): once
+    it comes. Before each call the turn checks it may go on (docs/contract.md#the-cancel-fence): once
     it is asked to stop, no further call runs, and every call left gets a "cancelled" result, so
     each tool call in the transcript has its result (what providers require of a history)."""
     calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in response.tool_calls]

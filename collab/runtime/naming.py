@@ -1,4 +1,4 @@
-"""Branch naming stage 2 (OP §2.4): the model is asked for a title, the service writes it.
+"""Branch naming stage 2 (docs/contract.md#names): the model is asked for a title, the service writes it.
 
 The task ``collab.tasks.name_branch`` runs this; ``collab.services.naming`` decides which
 branches may be renamed and writes the new name, so no service imports a provider.

@@ -1,6 +1,7 @@
-"""What a turn may spend (OW §4, §5.1): the turn's own policy (model calls, the
-doom-loop rule, tool calls) and the project's quotas (tokens, cost, runtime, idle time). Each check
-raises (``enforce_*``) ``LimitExceeded`` with the error code the job ends with (``collab.runtime.failures``)."""
+"""What a turn may spend (the turn policy in docs/contract.md#the-openwork-toolset): the turn's own
+policy (model calls, the doom-loop rule, tool calls) and the project's quotas (tokens, cost,
+runtime, idle time). Each check raises (``enforce_*``) ``LimitExceeded`` with the error code the
+job ends with (``collab.runtime.failures``)."""
 
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -51,7 +52,7 @@ def policy_for(role: str, toolset: str, spec) -> TurnPolicy:
 @dataclass
 class DoomLoop:
     """Three timeouts of wait_agent in a row, or the same tool call (not wait_agent) three
-    times in a row, end the turn as ``doom_loop`` (OW §4, §5.1). No threshold: never."""
+    times in a row, end the turn as ``doom_loop``. No threshold: never."""
 
     threshold: int | None
     wait_timeouts: int = 0

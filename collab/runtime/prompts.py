@@ -1,5 +1,5 @@
 """What a model is told: the system prompt (the spec's; an explorer's role
-prompt; an OpenWork root's with the delegation rules, OW §4, §5.3) and the history it reads
+prompt; an OpenWork root's with the delegation rules) and the history it reads
 (the branch root → tip, compacted to the context window)."""
 
 from accounts.limits import effective_limit

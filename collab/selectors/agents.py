@@ -1,4 +1,4 @@
-"""``list_agents`` (OP §2.3): who an agent can talk to, in a constant number of queries."""
+"""``list_agents`` (docs/contract.md#list_agents): who an agent can talk to, in a constant number of queries."""
 
 from django.db.models import Count, Q
 from django.db.models.functions import Right
@@ -40,7 +40,7 @@ def branch_rows(session_ids, *, archived: bool, agent_id: str | None = None, lim
 def list_agents(user, session: Session, *, scope: str = "session", limit: int = 20, agent_id=None, source=None) -> dict:
     """Rows grouped by session. ``session`` and ``archived`` scopes cover the current session;
     ``all`` covers every session of the current session's project (agents stay in their project,
-    SPEC §8, whatever else ``user`` may see), most recently active first, without previews.
+    whatever else ``user`` may see), most recently active first, without previews.
     ``source`` narrows ``all`` to one session id. Only sessions ``user`` may see are listed
     (filtered in the query), so nothing is listed once ``user`` has lost the project.
     Internal branches are never listed, in any scope (they are hidden from agents)."""
@@ -50,7 +50,7 @@ def list_agents(user, session: Session, *, scope: str = "session", limit: int = 
         sessions_qs = in_project
         if source:
             sessions_qs = sessions_qs.filter(pk=source)
-        else:  # sub-agents' sessions are listed by their parents, not at the top level (OW acc. 2)
+        else:  # sub-agents' sessions are listed by their parents, not at the top level
             sessions_qs = sessions_qs.filter(parent_session__isnull=True)
         sessions = list(
             sessions_qs.select_related("agent_spec")

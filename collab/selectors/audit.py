@@ -1,4 +1,4 @@
-"""The project audit log (OP §3, SPEC §11 audit view): filterable, paginated, exportable."""
+"""The project audit log (docs/contract.md#events): filterable, paginated, exportable."""
 
 from datetime import datetime
 

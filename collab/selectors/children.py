@@ -1,10 +1,11 @@
-"""Reads of OpenWork children (OW §5 list_agents, acc. 21 agent rail)."""
+"""Reads of OpenWork children: their ``list_agents`` and the agent rail of the parent's page
+(docs/contract.md#the-openwork-toolset)."""
 
 from django.db.models import Max, Min, OuterRef, Subquery, Sum
 
 from collab.models import Branch, Job, JobStatus, Session
 
-# list_agents status of a child, from its latest job (OW §5)
+# list_agents status of a child, from its latest job
 _STATUS = {
     JobStatus.QUEUED: "running",
     JobStatus.RUNNING: "running",
@@ -35,7 +36,7 @@ def status_of(last_status: str | None) -> str:
 
 
 def list_children(branch: Branch) -> list[dict]:
-    """``list_agents`` (OW): the direct children, by name, with the status of their latest turn."""
+    """OpenWork's ``list_agents``: the direct children, by name, with the status of their latest turn."""
     rows = (
         with_last_turn(children_of(branch))
         .order_by("task_name")

@@ -1,4 +1,5 @@
-"""Execution listings (OP §5.10); who may read a job's output is ``collab.access.access_owned_job``."""
+"""Execution listings (docs/contract.md#plans-and-jobs); who may read a job's output is
+``collab.access.access_owned_job``."""
 
 from django.db.models import Q, Subquery
 
@@ -38,7 +39,7 @@ def sessions_owing_results(branch) -> list[str]:
 
 def jobs_dispatched_by(session, *, user, status: str | None = None, limit: int = 50) -> list[Job]:
     """Jobs the session dispatched and their descendants, newest first (one query per level);
-    only jobs of the session's own project (agents stay in their project, SPEC §8) in sessions
+    only jobs of the session's own project (agents stay in their project) in sessions
     ``user`` may see."""
     found: dict[str, Job] = {}
     in_project = Job.objects.filter(

@@ -1,4 +1,5 @@
-"""Who is in a project, and the invitations waiting for a person (SPEC §8)."""
+"""Who is in a project, and the invitations waiting for a person (membership is an invitation:
+docs/contract.md#visibility)."""
 
 from accounts.models import Membership
 

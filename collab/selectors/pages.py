@@ -113,7 +113,7 @@ def branches(session: Session) -> list[Branch]:
 def top_level_sessions(project, viewer, search: str = "") -> list[Session]:
     """The project's root sessions ``viewer`` may see (at most 200, most recent first; ``search``
     narrows by title or id), each with ``sub_agents``: its OpenWork children, listed under it
-    rather than at the top level (OW acc. 2). Two queries, however many sessions."""
+    rather than at the top level. Two queries, however many sessions."""
     roots = visible_sessions(viewer).filter(project=project, parent_session__isnull=True)
     if search:
         roots = roots.filter(Q(title__icontains=search) | Q(pk=search))

@@ -1,4 +1,4 @@
-"""References to sessions a viewer may not see, blanked per viewer (OP §5.9).
+"""References to sessions a viewer may not see, blanked per viewer (docs/contract.md#visibility).
 
 A session the viewer sees may still *name* one they may not: an agent spawned from it into a
 private session (``agent.spawned``), a delivery to or from one (``delivery.*``, ``inbox.*``), a

@@ -98,7 +98,7 @@ def _render_message(m: Message, include_function_calls: bool) -> str | None:
 
 def render_transcript(branch, *, viewer, start_turn: int = 0, end_turn: int | None = None,
                       include_function_calls: bool = True, max_chars: int = DEFAULT_MAX_CHARS) -> dict:
-    """``read_conversation``'s rendering (OP tool page §06 scene 3). Turns are numbered from 0;
+    """``read_conversation``'s rendering (docs/contract.md#read_conversation). Turns are numbered from 0;
     negative bounds count from the end; later turns beyond ``max_chars`` are dropped. A session
     ``viewer`` may not see, named in a message (a prompt's "[task from SID:MSG]" header, a
     result's source, a tool call), reads "another session"."""

@@ -36,13 +36,14 @@ class Actor:
 
     @property
     def caller(self):
-        """This agent as an addresser: every lookup it makes stays in its branch's project (SPEC §8)."""
+        """This agent as an addresser: every lookup it makes stays in its branch's project
+        (docs/contract.md#addresses)."""
         return Caller(user=self.user, session_id=self.session.pk, branch_id=self.branch.pk,
                       project_id=self.session.project_id)
 
     @property
     def chain(self) -> tuple[int, int]:
-        """(messages, generations) spent by the chain so far (OP §5.1)."""
+        """(messages, generations) spent by the chain so far (docs/contract.md#topology-budgets)."""
         if self.job is None:
             return self.chain_counters
         return self.job.chain_messages, self.job.chain_generations
@@ -70,7 +71,7 @@ class Actor:
 
 def gateway_actor(user, branch) -> Actor:
     """The standing of a call made as ``branch`` from outside a turn. It has no job of its own
-    but continues the branch's chain (OP §5.1): the counters of its running job, else of its
+    but continues the branch's chain (docs/contract.md#topology-budgets): the counters of its running job, else of its
     latest one, so topology budgets bind across gateway calls as they do across turns."""
     jobs = Job.objects.filter(branch=branch).order_by("-created_at", "-pk")
     counters = (

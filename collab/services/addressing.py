@@ -1,4 +1,4 @@
-"""Where a delivery goes (SPEC §3, OP §1/§2.1): the live branch an address names.
+"""Where a delivery goes (docs/contract.md#addresses): the live branch an address names.
 
 References are resolved and authorized in ``collab.access`` (``access_branch``: ``SID:HEAD`` or
 a name, seen as the caller — an agent confined to its project, blind to internal names); this

@@ -1,8 +1,8 @@
-"""Admitting jobs: the one door every turn comes through (SPEC §7, OP C1).
+"""Admitting jobs: the one door every turn comes through (docs/contract.md#admission-budgets-and-quotas).
 
 A job is admitted in the caller's transaction with the target branch row
 locked, so two admissions on one branch serialize (lock order session → branch →
-job, collab/services/locking.py). Cancel is a fence (SPEC §7, OP §5.3): a job
+job, collab/services/locking.py). Cancel is a fence (docs/contract.md#the-cancel-fence): a job
 started under a calling job (``parent_job``) is admitted only while that job,
 locked in the same transaction, is not ``stopping`` or ``cancelled``. If the branch is idle the
 prompt node is written right away; otherwise it is written when the job is
@@ -164,7 +164,7 @@ FENCED = (JobStatus.STOPPING, JobStatus.CANCELLED)
 
 
 def check_caller_not_stopping(caller: Job) -> None:
-    """The fence (SPEC §7): nothing new starts under a job that is being or was cancelled.
+    """The cancel fence: nothing new starts under a job that is being or was cancelled.
     Locks the calling job's row (last, after the sessions and the branch), so a cancel
     either commits first and is seen here, or waits until this admission has committed
     and then cascades to what it admitted."""

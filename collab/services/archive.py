@@ -1,4 +1,4 @@
-"""Archiving a branch (OP §2.6, C3, C4): a global, one-way flag; history stays.
+"""Archiving a branch (docs/contract.md#archive): a global, one-way flag; history stays.
 
 Archive never cancels running work. Results owed to the mailbox of an idle
 archived branch go back to the agents that produced them as failed results
@@ -36,7 +36,7 @@ def do_archive_branch(branch: Branch, *, user=None, reason: str = "", automatic:
                 archive_reason=reason
             )
         branch.refresh_from_db()
-        # results owed to its mailbox that no turn will read now go back to their senders (OP §5.4)
+        # results owed to its mailbox that no turn will read now go back to their senders
         bounce_stranded_locked(lock_branch(branch.pk))
         send_event_on_commit(
             branch.session_id, "branch.archived",

@@ -1,4 +1,4 @@
-"""Full texts of truncated results (SPEC §9, OP §5.6)."""
+"""Full texts of truncated results (docs/contract.md#results)."""
 
 import hashlib
 import logging

@@ -1,4 +1,4 @@
-"""Creating branches (the agents) and naming them (OP §2.4 stage 1)."""
+"""Creating branches (the agents) and giving them their first name (docs/contract.md#names)."""
 
 import re
 

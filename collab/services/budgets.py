@@ -1,4 +1,4 @@
-"""Budgets and quotas (SPEC §7, OP §5.1–§5.2).
+"""Budgets and quotas (docs/contract.md#admission-budgets-and-quotas).
 
 Topology (per project; 0 = unlimited) bounds a chain: every delivery costs a
 message, a spawn also a generation and a fan-out slot of the calling turn.

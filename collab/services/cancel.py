@@ -1,4 +1,4 @@
-"""``execution.cancel`` (SPEC §7, OP §5.3, §5.10): versioned, idempotent, cascading.
+"""``execution.cancel`` (docs/contract.md#cancel): versioned, idempotent, cascading.
 
 Queued jobs end ``cancelled`` without starting. Running jobs go to ``stopping``;
 their worker notices within a fraction of a second and ends them ``cancelled``.

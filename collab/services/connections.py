@@ -1,4 +1,4 @@
-"""Operator-owned model connections (SPEC §10, P-SEC-0): which one a spec may use, and the
+"""Operator-owned model connections (docs/contract.md#authorization-and-visibility): which one a spec may use, and the
 settings-defined ones mirrored into the table.
 
 One rule, ``connection_problem``, decides whether a connection serves a spec's project,

@@ -1,4 +1,5 @@
-"""Deliveries to existing branches: ``agent(to=…)`` tasks and ``send_message`` (OP §2.1, §5.4).
+"""Deliveries to existing branches: ``agent(to=…)`` tasks and ``send_message``
+(docs/contract.md#agent, #send_message and #the-inbox).
 
 Both go through the one resolver (current tip, archived refused, no
 self-delivery, missing = invisible). A task is always an admitted Job, queued
@@ -81,13 +82,13 @@ class Receipt:
     hold: object = None
 
 
-MESSAGE_AGENT_ID = "main"  # send_message's default agent_id (SPEC §4): "the recipient's own"
+MESSAGE_AGENT_ID = "main"  # send_message's default agent_id: "the recipient's own"
 
 
 def check_message_agent_id(target: Branch, agent_id: str | None) -> None:
-    """``send_message``'s ``agent_id`` (kept by SPEC §4, default ``"main"``). A message runs a
+    """``send_message``'s ``agent_id`` (default ``"main"``, docs/contract.md#send_message). A message runs a
     turn with the recipient's own saved configuration: ``agent_id`` never changes who answers
-    or how (``agent_id`` never addresses a branch, OP §1). The default (or empty) means just
+    or how (``agent_id`` never addresses a branch). The default (or empty) means just
     that; any other value must be the recipient's own ``agent_id``, so a caller who believes it
     is talking to another configuration is told, instead of having its choice silently dropped."""
     if not agent_id or agent_id == MESSAGE_AGENT_ID:
@@ -106,7 +107,7 @@ def check_message_agent_id(target: Branch, agent_id: str | None) -> None:
 @retry_on_deadlock
 def do_send_message(actor: Actor, *, to: str, message: str, agent_id: str | None = None,
                     gate: bool = True) -> Receipt:
-    """Deliver ``message`` to an existing agent (SPEC §4 ``send_message``); ``agent_id`` is
+    """Deliver ``message`` to an existing agent (``send_message``); ``agent_id`` is
     checked against the recipient (``check_message_agent_id``)."""
     if (to or "").strip().lower() == "new":
         raise Invalid('to="new" is not valid: create an agent with agent(prompt=…, start_from=…)', code="invalid_target")
@@ -122,7 +123,7 @@ def do_send_message(actor: Actor, *, to: str, message: str, agent_id: str | None
         if actor.job is not None:
             check_caller_not_stopping(actor.job)  # a cancelled turn sends nothing more
         if not is_occupied(target):
-            # a message turn belongs to its recipient (SPEC §7): not a child of the sender's
+            # a message turn belongs to its recipient: not a child of the sender's
             # job, so the sender's cancel does not reach it
             job = admit_job(
                 session=target.session, branch=target, kind=JobKind.MESSAGE, prompt=message, started_by=actor.user,
@@ -136,8 +137,8 @@ def do_send_message(actor: Actor, *, to: str, message: str, agent_id: str | None
 
 
 def _queue_for_busy_target(actor, target, message, chain_messages, chain_generations) -> Receipt:
-    """Precondition: the target row is locked. Persist, de-duplicate, cap (OP §5.4).
-    The window and the FIFO order are the database's clock (SPEC §7)."""
+    """Precondition: the target row is locked. Persist, de-duplicate, cap (docs/contract.md#the-inbox).
+    The window and the FIFO order are the database's clock."""
     duplicate = InboxEntry.objects.filter(
         target_branch=target, sender_branch=actor.branch, text=message, created_at__gte=Now() - DUPLICATE_WINDOW
     ).exists()

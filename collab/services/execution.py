@@ -1,4 +1,4 @@
-"""Job lifecycle on the worker side: claim, status checks, finish (SPEC §7, §13).
+"""Job lifecycle on the worker side: claim, status checks, finish (docs/architecture.md#a-request-a-turn-an-event).
 
 Leases are renewed by the worker process, not here (collab/services/liveness.py).
 
@@ -118,12 +118,12 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
     """Take a queued job for this worker, or None if another worker has it, it is no
     longer queued, or an earlier job on its branch must run first (it is re-enqueued
     when that one ends), or its session has no free live slot, or its project is at its
-    running cap (P-SEC-6; ``inline`` jobs run in their caller's slot). A conditional
+    running cap (docs/capacity.md#fair-share; ``inline`` jobs run in their caller's slot). A conditional
     UPDATE, so two workers can never both win.
 
     Locks project → sessions → branch → calling job → job (collab/services/locking.py),
     every row read after its lock. A job whose calling job is ``stopping`` or
-    ``cancelled`` never starts: it ends ``cancelled`` here (the fence, SPEC §7), even if
+    ``cancelled`` never starts: it ends ``cancelled`` here (the cancel fence), even if
     the cancel's cascade has not reached it yet. A queued job whose branch was archived
     meanwhile is refused instead (``refuse_start``): nothing is written on the branch."""
     job = _FIRST_LOOK.first(job=job_id)  # no lock: everything is read again below, after its lock
@@ -152,7 +152,7 @@ def claim_job(job_id: str, *, inline: bool = False) -> Job | None:
             won = _CLAIM.run(cap is not None, job=job_id, project=job.project_id, cap=cap,
                              worker=process_name(), lease=lease_length())
             if not won:
-                if cap is not None:  # declined for the cap? then it waits for a slot (P-SEC-6)
+                if cap is not None:  # declined for the cap? then it waits for a slot
                     wait_for_slot(job_id, project, _claimable(job_id))
                 return None
             job = won[0]  # the row as the claim left it, read by the UPDATE (no second read)
@@ -262,7 +262,7 @@ class _Archived(Exception):
 def refuse_start(job: Job) -> Job:
     """A queued job whose branch was archived before it started: it ends ``failed`` without
     writing anything on the branch (no prompt node, no turn), and its sender — whoever
-    delivered it, message or task — is owed the failure as a result (OP §5.4)."""
+    delivered it, message or task — is owed the failure as a result (docs/contract.md#archive)."""
     reason = f"agent {job.branch.display_name!r} was archived before this delivery started"
     return finish_job(job, status=JobStatus.FAILED, final_text=None, result_text=reason, is_error=True,
                       error_code="archived", error_reason=reason, from_statuses=(JobStatus.QUEUED,), refused=True)
@@ -291,7 +291,7 @@ def finish_job(
     lease_expired: bool = False,
     refused: bool = False,
 ) -> Job:
-    """The completion transaction (SPEC §13: one commit): the final node, the terminal
+    """The completion transaction (one commit): the final node, the terminal
     state, the bounded result (full text as an Artifact), the follow-up owed to the
     caller, the project's webhook deliveries, the branch's inbox turned into turns, results owed to this branch settled,
     archive-when-done, naming, the next job.
@@ -329,7 +329,7 @@ def finish_job(
         kept = None if final_text is not None and artifact is None and summary == clean_text(final_text) else summary
         # the job's end, decided and written by one conditional UPDATE, which locks the row and
         # reads it as it leaves it (no locked read before it). A job leaves ``stopping`` only as
-        # ``cancelled`` (SPEC §7; the database guard agrees, migration 0012): an answer or error
+        # ``cancelled`` (the database guard agrees, migration 0012): an answer or error
         # that raced the cancel is not kept — the UPDATE itself picks the cancel's values when it
         # finds the row stopping
         spent = tuple(k for k in USAGE_FIELDS if k in usage)
@@ -380,7 +380,7 @@ def finish_job(
         if job.archive_when_done:
             do_archive_branch(branch, user=job.started_by, reason=AUTOMATIC_REASON, automatic=True)
         if ran:
-            if waiting.inbox:  # its inbox goes now, whatever ended the turn (OP §5.4)
+            if waiting.inbox:  # its inbox goes now, whatever ended the turn (docs/contract.md#the-inbox)
                 drain_inbox_locked(branch)
             if waiting.owed:
                 deliver_owed_locked(branch, idle=True)  # this job was its one active job
@@ -396,7 +396,7 @@ def finish_job(
         else:
             if not is_busy(branch):
                 # the branch is idle (a queued job ended before it started): its inbox goes now,
-                # whatever ended it (OP §5.4)
+                # whatever ended it
                 drain_inbox_locked(branch)
             enqueue_next_on_branch(branch.pk)
             if job.run_in_background and running_cap(project) is not None:

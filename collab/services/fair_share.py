@@ -1,4 +1,4 @@
-"""Fair share between projects (P-SEC-6; docs/capacity.md): a cap on a project's jobs in worker slots.
+"""Fair share between projects (docs/capacity.md#fair-share): a cap on a project's jobs in worker slots.
 
 A worker claiming a job first takes the project's row lock (lock order: project →
 session → branch → job); the claim's conditional UPDATE counts the project's jobs running
@@ -86,7 +86,7 @@ def waiting_for_slot(project_id: int):
 
 
 def wait_for_slot(job_id: str, project: Project, claimable_but_for_the_cap) -> None:
-    """P-SEC-6: the claim of ``job_id`` won nothing; if the project's cap is why, the job waits for
+    """The claim of ``job_id`` won nothing; if the project's cap is why, the job waits for
     a worker slot: marked, it is woken by the next completion that frees one
     (``wake_waiting_in_project``) — or handed back to the queue here, when a job of the project
     ended while this claim counted.

@@ -1,4 +1,4 @@
-"""Results go back to the caller exactly once (SPEC §6, OP §2.5, §5.5, C10).
+"""Results go back to the caller exactly once (docs/contract.md#results-come-back-exactly-once).
 
 When a background ``agent`` job or an ``agent(to=…)`` job ends — however it
 ends — its row is marked ``followup_state=owed`` in the same transaction as
@@ -12,7 +12,7 @@ back to the agent that produced it as a failed result (``bounce_stranded_locked`
 when it becomes owed, when the branch is archived, and from the reconciler). Each path
 claims the debt with a conditional UPDATE, so no result is lost or doubled.
 A result whose caller job was cancelled is written as a ``notice`` node on the
-idle caller branch instead of a follow-up turn (SPEC §7: cancel is a fence).
+idle caller branch instead of a follow-up turn (docs/contract.md#the-cancel-fence).
 """
 
 import logging
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 def owes_followup(job: Job, *, refused: bool = False) -> bool:
     """Whether the caller is owed ``job``'s result: a background task or spawn always; any
-    delivery (a message too) whose start was refused, so its sender hears of it (OP §5.4). Never
+    delivery (a message too) whose start was refused, so its sender hears of it. Never
     a job that ``answers_call``: the waiting call returns its result, whatever it was."""
     if not job.caller_branch_id or job.answers_call:
         return False
@@ -103,11 +103,12 @@ def _notice_with_span(job: Job) -> tuple[str, list[int]]:
     return lead + body, [len(lead), len(lead) + len(body)]
 
 
-MAX_DELIVERY_TOKENS = 4_000  # OW §6.2: an envelope of this size or more is refused (agent_delivery_failed)
+MAX_DELIVERY_TOKENS = 4_000  # an envelope of this size or more is refused (agent_delivery_failed)
 
 
 def envelope(job: Job, *, reconciling: bool) -> tuple[str, str]:
-    """(kind, text) of the OpenWork ``<agent_message>`` for a child's finished turn (OW §6.2, §6.4, §8).
+    """(kind, text) of the OpenWork ``<agent_message>`` for a child's finished turn
+    (docs/contract.md#the-openwork-toolset).
 
     A cancel seen live (the parent's turn is running: ``interrupt_agent``) reads ``interrupted``;
     found by the reconciliation at the parent's next user turn it reads ``failed: cancelled``."""
@@ -122,7 +123,7 @@ def envelope(job: Job, *, reconciling: bool) -> tuple[str, str]:
         kind, body = "failed", f"{job.error_code or 'failed'}: {job.error_reason or job.result or job.status}"
     text = agent_message(job.branch.task_name, kind, body)
     if estimate_tokens(text) >= MAX_DELIVERY_TOKENS:
-        # OW §6.2: refused rather than delivered; the parent is told (it never waits for nothing)
+        # refused rather than delivered; the parent is told (it never waits for nothing)
         kind = "failed"
         kept = f" (full text: artifact {job.result_artifact_id})" if job.result_artifact_id else ""
         text = agent_message(job.branch.task_name, kind, (
@@ -158,11 +159,12 @@ def results_owed(branch: Branch) -> bool:
 
 @retry_on_deadlock
 def drain_mailbox(branch: Branch, job: Job | None, *, reconciling: bool = False, owed: bool | None = None) -> list:
-    """Append every result owed to ``branch`` as an ``agent_message`` node (SPEC §6, P-FLW-1).
+    """Append every result owed to ``branch`` as an ``agent_message`` node
+    (docs/contract.md#results-come-back-exactly-once).
 
     Called by the running turn before each model call, after all tool results.
     ``reconciling``: the first drain of a user turn, which settles what finished while the
-    branch was idle (OW §8). ``owed``: whether anything is owed, when the caller has just read it
+    branch was idle. ``owed``: whether anything is owed, when the caller has just read it
     (the claim's UPDATE, for the turn's first drain); None: looked up here.
     """
     if not (results_owed(branch) if owed is None else owed):
@@ -204,7 +206,7 @@ def deliver_owed_locked(branch: Branch, *, idle: bool = False) -> list[Job]:
 
     A result whose caller was cancelled (the caller job is ``stopping`` or ``cancelled``:
     the child was cancelled by that cancel's cascade, or finished as it came) is written
-    as a notice on the branch, never turned into a model turn (SPEC §7): a cancelled
+    as a notice on the branch, never turned into a model turn (the cancel fence): a cancelled
     branch stays stopped, and the transcript shows how each child ended."""
     if not idle and is_busy(branch):
         return []  # the running turn drains them before its next model call
@@ -246,9 +248,9 @@ def deliver_owed_locked(branch: Branch, *, idle: bool = False) -> list[Job]:
 
 def bounce_stranded_locked(branch: Branch, *, idle: bool = False) -> list[Job]:
     """Results owed in mode ``mailbox`` to an archived branch with no running turn: no turn will
-    ever drain them (archived is final, C4), so each is settled now, once — marked delivered
+    ever drain them (archived is final), so each is settled now, once — marked delivered
     (a conditional UPDATE) and bounced to the agent that produced it as a failed result, like a
-    turn-mode result refused by an archived caller (OP §5.4). Returns the
+    turn-mode result refused by an archived caller. Returns the
     debts settled. Precondition: the branch row (and its session's) is locked."""
     if not branch.archived or (not idle and is_busy(branch)):
         return []  # a running turn (archive never cancels it) still drains its mailbox
@@ -314,7 +316,7 @@ def record_failed_delivery(*, target, kind: str, text: str, sender_session, send
     target archived meanwhile) as a failed execution whose result is owed to the sender: it
     reaches the sender exactly once through the ordinary follow-up path. ``chain`` is the
     delivery's (messages, generations) — the sender's plus the message it spent — so the
-    notice continues the sender's chain and a retry loop runs out of budget (OP §5.1).
+    notice continues the sender's chain and a retry loop runs out of budget (docs/contract.md#topology-budgets).
     Precondition: inside ``transaction.atomic``."""
     job = Job.objects.create(
         project_id=target.session.project_id, session=target.session, branch=target,

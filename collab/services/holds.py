@@ -15,7 +15,7 @@ from collab.services.retry import retry_on_deadlock
 
 
 def sender_of(hold: HeldDelivery) -> Actor:
-    """The original sender's standing, chain counters included (OP §5.1): its job's, or for a
+    """The original sender's standing, chain counters included: its job's, or for a
     gateway call the branch's chain, as when it sent (``gateway_actor``)."""
     if hold.sender_job is None and hold.sender_branch is not None:
         return gateway_actor(hold.created_by, hold.sender_branch)

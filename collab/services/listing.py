@@ -1,4 +1,4 @@
-"""The audit of agents' list queries (SPEC §2: the event log records "list queries")."""
+"""The audit of agents' list queries: every ``list_agents`` call is logged (``agents.listed``)."""
 
 from django.db import transaction
 

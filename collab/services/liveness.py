@@ -1,4 +1,4 @@
-"""Liveness is the worker's, not the loop's (SPEC §7 P-REL-1, OW §8).
+"""Liveness is the worker's, not the loop's (docs/contract.md#crash-recovery).
 
 Every process that runs jobs keeps a registry of the jobs it is running (inline
 foreground children too) and one *heartbeat* thread that, every

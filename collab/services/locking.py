@@ -1,4 +1,4 @@
-"""Row locks: taken before rows are read, in one order (SPEC §7, STYLE §12).
+"""Row locks: taken before rows are read, in one order.
 
 The order, everywhere:
 

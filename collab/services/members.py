@@ -1,7 +1,7 @@
 """Membership changes as the collab side sees them: audited, and revoking access at once
-(open WebSockets of a removed member are closed; SPEC §8).
+(open WebSockets of a removed member are closed).
 
-Adding someone is an *invitation* (SPEC §8): it gives nothing until the
+Adding someone is an *invitation* (docs/contract.md#visibility): it gives nothing until the
 person accepts it; they may decline it, and an owner may cancel it. Every step is a
 project-level Event: ``member.invited``, ``member.accepted``, ``member.declined``,
 ``member.invitation_cancelled`` (and ``member.role_changed`` / ``member.removed`` as before)."""

@@ -1,4 +1,4 @@
-"""Branch naming stage 2 (OP §2.4): a better title from the model at turns {1, 6, 16, 40}.
+"""Branch naming stage 2 (docs/contract.md#names): a better title from the model at turns {1, 6, 16, 40}.
 
 Only names derived automatically (a prompt label or an earlier auto title) are
 replaced; a name given explicitly (description, task_name, a person) is never

@@ -39,11 +39,11 @@ def do_update_project(actor, project, *, name=None, watch_policy=None):
 
 
 def do_set_workspace(actor, project, path: str):
-    """An operator points a project at a directory on the workers (OW §4): its explorers read it.
+    """An operator points a project at a directory on the workers: its explorers read it.
     ``path=""`` clears it. The one entry for ``manage.py workspace`` and the admin, audited.
 
     Not offered to project owners through the API or pages: a path on the workers is a
-    server-side decision. Refused (``invalid_workspace``, P-SEC-5): the filesystem root, a path
+    server-side decision. Refused (``invalid_workspace``): the filesystem root, a path
     that is not an existing directory, and any directory that contains or lies inside
     Trellis's own files (``check_workspace_path``)."""
     path = (path or "").strip()

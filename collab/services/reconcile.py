@@ -1,4 +1,4 @@
-"""Crash recovery (SPEC §7 P-REL-1, OW §8): nothing is lost, nothing runs twice.
+"""Crash recovery (docs/contract.md#crash-recovery): nothing is lost, nothing runs twice.
 
 - A running or stopping job whose lease expired (its worker process died: a live one
   renews it, collab/services/liveness.py) becomes ``interrupted`` — ``cancelled`` if a
@@ -13,7 +13,7 @@
   idempotent, so a duplicate hand-off is harmless.
 - Results owed to idle branches (their delivery crashed) are settled, and so are results
   owed to the mailbox of an archived branch: they go back to their senders, once.
-- Every branch with no running job whose inbox still holds messages is drained (OP §5.4),
+- Every branch with no running job whose inbox still holds messages is drained,
   whatever left them waiting.
 - Webhook deliveries whose retry is due are handed to the queue, and attempts whose worker
   died mid-send are taken back (``collab.services.webhooks.hand_off_due_deliveries``).

@@ -1,4 +1,4 @@
-"""How much of a result a model may read (SPEC §9): tool results, job_output, inline follow-ups
+"""How much of a result a model may read (docs/contract.md#results): tool results, job_output, inline follow-ups
 and API answers are all cut by ``collab.text.bound_text`` to ``result_limit_for`` the reader."""
 
 from collab.text import RESULT_LIMIT

@@ -1,4 +1,4 @@
-"""``agent`` without ``to``: create a branch and run a prompt on it (OP §2.1, C2).
+"""``agent`` without ``to``: create a branch and run a prompt on it (docs/contract.md#agent).
 
 One call forks (clean / inherit / exact ``SID:MSG``), names the branch, admits
 a Job and stores an attach pointer next to the calling node. A background job
@@ -32,9 +32,9 @@ def resolve_start_from(actor: Actor, start_from: str):
     """(target session, fork node or None) for ``clean`` / ``inherit`` / ``"SID:MSG"``.
 
     Forking another session's history needs the right to start turns there, and that session
-    must be in the acting branch's project (SPEC §8: anything else is "not found"); archived
+    must be in the acting branch's project (anything else is "not found"); archived
     history may be a fork source (a fork makes a new branch, it delivers nothing). A sub-agent's
-    session is read-only (OW acc. 21): nobody adds branches to it.
+    session is read-only: nobody adds branches to it.
     """
     value = (start_from or "clean").strip()
     if value == "clean":
@@ -83,7 +83,7 @@ def _admit_spawn(actor: Actor, *, prompt, description, agent_id, start_from, run
         spec = pick_spec(actor, session, agent_id)
         name, stage = name_for(description, prompt)
         lock_caller(actor)
-        check_topology(actor, spawn=True)  # counted under the caller's lock (OP §5.1)
+        check_topology(actor, spawn=True)  # counted under the caller's lock
         events = []  # the target session's: the branch's, its prompt node's and its job's in one statement
         branch = create_branch(
             session, name=name, name_stage=stage, forked_from=fork_node, agent_spec=spec,

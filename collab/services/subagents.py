@@ -1,17 +1,17 @@
-"""OpenWork sub-agents (SPEC §5, OW §2–§8): children as child sessions of a root session.
+"""OpenWork sub-agents (docs/contract.md#the-openwork-toolset): children as child sessions of a root session.
 
 A child is a Session with ``parent_session`` (the root) and ``agent_role``
 (``explorer``) whose one branch carries the ``task_name`` and the parent
 branch that spawned it. Creating it — session, branch and its first Job — is
 one transaction: a refused or failed spawn writes nothing, so the name and the
-slot are released by the rollback (OW §5). The concurrency limit
+slot are released by the rollback. The concurrency limit
 (``Project.max_active_turns``) counts the open child jobs of one root session,
 checked with the root session row locked so two spawns cannot both take the
-last slot (OW §7.1); under the same lock a task_name is checked unique in the
-whole root session (OW §3), the child sessions' ``task_name`` index backing it
+last slot; under the same lock a task_name is checked unique in the
+whole root session, the child sessions' ``task_name`` index backing it
 up. Results travel back through the ordinary follow-up debt
 (``Job.followup_state``) in mode ``mailbox``: drained into the parent's running
-turn, or held for its next user turn; never a new parent turn (OW §6).
+turn, or held for its next user turn; never a new parent turn.
 """
 
 import re
@@ -75,13 +75,13 @@ def _lock_root(actor: Actor) -> Session:
 
 
 def task_name_taken(root: Session, task_name: str) -> bool:
-    """Whether a child of ``root`` (from any of its branches) already has this name (OW §3)."""
+    """Whether a child of ``root`` (from any of its branches) already has this name."""
     return Session.objects.filter(parent_session=root, task_name=task_name).exists() or Branch.objects.filter(
         session__parent_session=root, task_name=task_name).exists()
 
 
 def _take_slot(root: Session) -> None:
-    """Check a child turn slot of the (locked) root session is free (OW §7.1)."""
+    """Check a child turn slot of the (locked) root session is free."""
     limit = effective_limit(root.project, "max_active_turns")
     if active_child_turns(root) >= limit:
         raise ow_error(
@@ -112,7 +112,7 @@ def do_spawn_child(actor: Actor, *, task_name: str, message: str) -> Job:
     try:
         with transaction.atomic():
             root = _lock_root(actor)
-            if task_name_taken(root, task_name):  # OW §5: the name is checked before the slot
+            if task_name_taken(root, task_name):  # the name is checked before the slot
                 raise ow_error("duplicate_task_name", f"a sub-agent named {task_name!r} already exists in this session")
             _take_slot(root)
             child_session = Session.objects.create(
@@ -146,7 +146,7 @@ def do_spawn_child(actor: Actor, *, task_name: str, message: str) -> Job:
 def do_followup_child(actor: Actor, *, task_name: str, message: str) -> Job:
     """``followup_task``: a new turn on an idle child, sharing the concurrency limit. A running
     child answers ``agent_turn_start_failed`` before a full limit answers ``agent_limit_reached``
-    (OW §5: its own turn holds one of those slots)."""
+    (its own turn holds one of those slots)."""
     actor.require("turn.start")
     child = find_child(actor, task_name)
     check_prompt(message)
@@ -167,7 +167,7 @@ def do_followup_child(actor: Actor, *, task_name: str, message: str) -> Job:
 
 def do_interrupt_child(actor: Actor, *, task_name: str) -> Job:
     """``interrupt_agent``: cancel the child's open turn with a versioned ``execution.cancel``
-    command (SPEC §7), recorded as an ExecutionCommand like one from the UI or the API. A
+    command (docs/contract.md#cancel), recorded as an ExecutionCommand like one from the UI or the API. A
     version that moved meanwhile (the turn was claimed) is read again; a turn that ended
     meanwhile answers ``agent_interrupt_failed``."""
     child = find_child(actor, task_name)

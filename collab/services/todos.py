@@ -1,4 +1,4 @@
-"""Plan items (OP §1): recording them never starts anything."""
+"""Plan items (docs/contract.md#plans-and-jobs): recording them never starts anything."""
 
 from django.db import transaction
 from django.utils import timezone

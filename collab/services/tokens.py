@@ -1,4 +1,4 @@
-"""API tokens as the collab side sees them (P-SEC-7): issued and revoked through one door,
+"""API tokens as the collab side sees them (docs/contract.md#authentication): issued and revoked through one door,
 audited, and revocation closing the sockets opened with the token at once.
 
 A token is the user's, not a project's; it reaches every project the user belongs to,

@@ -1,4 +1,4 @@
-"""A person's turn on a session (SPEC §11.1 ``POST /api/sessions/{sid}/turns``).
+"""A person's turn on a session (``POST /api/sessions/{sid}/turns``, docs/contract.md#http-api).
 
 Double-texting (after LangGraph Agent Server's ``multitask_strategy``): a turn
 posted while its branch is busy — it has a running or stopping job (``collab.models.is_busy``, the one
@@ -9,7 +9,7 @@ else the branch's agent spec's default (``AgentSpec.limits["multitask_strategy"]
 - ``enqueue``: queued behind what the branch has open (the behaviour before strategies);
 - ``reject``: refused, 409 ``branch_busy``; checked with the branch row locked;
 - ``interrupt``: the running turn is cancelled through the cancel command (an
-  ``ExecutionCommand`` is recorded; the caller needs the right to cancel it, SPEC §8) and
+  ``ExecutionCommand`` is recorded; the caller needs the right to cancel it) and
   the new input is queued on the same branch; it starts once the cancelled turn has ended,
   and that turn's completion gives every tool call it left unanswered a "cancelled"
   result first (``services.execution.close_dangling_calls``), so the new turn's history
@@ -58,7 +58,7 @@ MAX_BRANCH_NAME_CHARS = 100  # Branch.name
 
 
 def check_not_child(session: Session) -> None:
-    """A sub-agent's session is read-only for people (OW acc. 21): its parent directs it."""
+    """A sub-agent's session is read-only for people: its parent directs it."""
     if session.parent_session_id:
         raise Conflict(
             "this is a sub-agent's session: it is read-only; its parent agent directs it with followup_task",
@@ -156,7 +156,7 @@ def admit_user_turn(user, session: Session, target: Branch, prompt: str, spec, *
 
 
 def interrupt_job(user, job: Job) -> None:
-    """Cancel ``job`` through the cancel command (SPEC §7: versioned, audited, cascading), with
+    """Cancel ``job`` through the cancel command (versioned, audited, cascading: docs/contract.md#cancel), with
     the caller's own right to cancel it. A job that ended meanwhile is left alone; a version
     that moved between the read and the command's lock is read again."""
     for _ in range(INTERRUPT_ATTEMPTS):
@@ -197,7 +197,7 @@ def rollback_and_start(user, session: Session, old: Branch, rolled: Job, prompt:
 @retry_on_deadlock
 def do_fork_and_start(user, session: Session, message, prompt: str, *, name: str = "") -> Job:
     """A person forks at any visible node and runs a prompt there. A ``name`` they give is kept
-    (never renamed); without one the fork gets a stage-1 label like an agent's (OP §2.4).
+    (never renamed); without one the fork gets a stage-1 label like an agent's.
     The session's selected HEAD stays where it is: what the person reads next is theirs to
     choose (the page shows them their fork), and nobody else who opens the session is moved to it.
     Preconditions: ``message`` came from ``access_message(…, "turn.start")``."""

@@ -1,4 +1,4 @@
-"""Who sees a session (OP §5.9): its visibility and share list.
+"""Who sees a session (docs/contract.md#visibility): its visibility and share list.
 
 The creator of a session or a maintainer/owner of its project changes them — from the session
 page, the API and the admin, all through these functions. Each change is an audited session

@@ -1,4 +1,4 @@
-"""The watch policy's gate (SPEC §7, OP §3, §5.8): with ``watch_policy="confirm_deliveries"``
+"""The watch policy's gate (docs/contract.md#watch-policy): with ``watch_policy="confirm_deliveries"``
 every ``send_message`` and ``agent(to=…)`` of the project's agents is held until a member
 approves it. There is no bypass: sub-agents and gateway calls pass the same gate
 (``collab.services.deliver`` asks ``is_watched`` and holds with ``hold_delivery``). Deciding a

@@ -1,4 +1,4 @@
-"""The ``collab`` toolset (SPEC §4): thin adapters over services and selectors.
+"""The ``collab`` toolset (docs/contract.md#the-collab-toolset): thin adapters over services and selectors.
 
 Every handler takes the acting context (principal, branch, running job) and
 returns text for the model plus structured ``details``. Domain errors become

@@ -1,4 +1,4 @@
-"""The ``openwork`` toolset (SPEC §5, OW §5): five control tools and the workspace tools.
+"""The ``openwork`` toolset (docs/contract.md#the-openwork-toolset): five control tools and the workspace tools.
 
 Control tools are thin adapters over ``collab.services.subagents``; domain errors
 become ``<code>: <message>`` results and the parent turn goes on. The workspace
@@ -23,7 +23,7 @@ OPENWORK = ("openwork",)
 
 
 # The pattern is advertised in the schema; the service checks it so that a bad name answers
-# ``invalid_task_name`` (OW §5), before anything is written.
+# ``invalid_task_name``, before anything is written.
 TASK_NAME_SCHEMA = {"pattern": subagents.TASK_NAME.pattern, "maxLength": 48}
 
 

@@ -7,7 +7,7 @@ becomes an error *result* (``<code>: <detail>``); the calling turn goes on.
 
 ``run_tool`` is also a boundary: arguments (model output or gateway input) are cleaned
 (``collab.text``) before validation, and every result — whatever the tool — is cleaned and
-held to the one bounded summary of SPEC §9 (``collab.services.results``).
+held to the one bounded summary (``collab.services.results``, docs/contract.md#results).
 """
 
 import json
@@ -101,7 +101,7 @@ def tools_for(toolset: str, allow: list[str] | None = None) -> list[Tool]:
 def run_tool(ctx: ToolContext, name: str, arguments: Any, *, tools: list[Tool]) -> ToolResult:
     """Run ``name`` if it is among ``tools`` (the caller's surface: what is not offered is not
     dispatched either); arguments are cleaned and validated against the tool's strict schema;
-    the result is cleaned and bounded (SPEC §9) for the model that reads it."""
+    the result is cleaned and bounded for the model that reads it."""
     if isinstance(arguments, dict):
         arguments = clean_data(arguments)
     return bounded_result(ctx, _run_tool(ctx, name, arguments, tools=tools))

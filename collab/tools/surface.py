@@ -1,7 +1,7 @@
 """Which tools a branch is offered — and may call (what is not offered is not dispatched).
 
 One function for the turn loop and the tool gateway: the spec's toolset narrowed
-by its allow-list; an explorer (OW §4) gets only the read-only workspace tools and
+by its allow-list; an explorer gets only the read-only workspace tools and
 never more than its parent branch; workspace tools need the project's workspace,
 ``bash`` also a working bubblewrap (never unsandboxed).
 """

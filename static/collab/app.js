@@ -1,4 +1,4 @@
-// Live session page. The socket carries the session's JSON events (SPEC §11.1);
+// Live session page. The socket carries the session's JSON events (docs/contract.md#events);
 // for each one the page fetches exactly the fragment that event changed — new transcript rows, one
 // job/branch/agent row, the running indicator — and the server renders it, so the browser never
 // decides what to show. Bursts coalesce per fragment; what a person is typing survives every swap.

@@ -1,6 +1,6 @@
-"""OpenWork in the browser (OW acc. 21, SPEC §11 agent rail): the parent's session page lists its
+"""OpenWork in the browser (the agent rail): the parent's session page lists its
 sub-agents live with status, duration and tokens; a sub-agent's page is a read-only transcript
-(no composer, no fork, no cancel); a delivered result is not a user bubble (OW acc. 6)."""
+(no composer, no fork, no cancel); a delivered result is not a user bubble."""
 
 import pytest
 from playwright.sync_api import expect
@@ -22,7 +22,7 @@ SCRIPT = {
 
 
 def test_the_agent_rail_lists_children_live_and_a_child_page_is_read_only(team, scripted_session, server, worker, page):
-    """OW acc. 21: the rail lists the direct children with status, duration and token total, live;
+    """The rail lists the direct children with status, duration and token total, live;
     opening one shows its whole transcript read-only (no composer, no re-run)."""
     api, sid = scripted_session(team.member, SCRIPT, toolset="openwork")
     log_in(page, server, team.member)

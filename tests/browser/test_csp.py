@@ -1,4 +1,4 @@
-"""The pages work under their Content-Security-Policy in real Chromium (P-SEC-8):
+"""The pages work under their Content-Security-Policy in real Chromium:
 logging in, the live session page (htmx, its WebSocket extension, the composer) and the tokens
 page run without a single policy violation."""
 

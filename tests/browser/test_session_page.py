@@ -1,8 +1,8 @@
 """The session page in real headless Chromium against a real daphne + django-q2 worker.
 
 A person logs in, opens a session, sends a prompt from the composer, and the
-agent's answer arrives over the WebSocket while the page stays put (SPEC P-RUN-1,
-OP §3 live, §11.1). Roles decide what the page offers (SPEC §8).
+agent's answer arrives over the WebSocket while the page stays put
+(docs/contract.md#events). Roles decide what the page offers (docs/contract.md#roles-and-capabilities).
 """
 
 import pytest
@@ -23,7 +23,7 @@ def log_in(page, server, user):
 
 
 def test_a_prompt_sent_from_the_composer_is_answered_live_without_a_reload(team, scripted_session, server, worker, page):
-    """P-RUN-1, OP §3 live: send from the composer; the answer arrives over the WebSocket.
+    """Send from the composer; the answer arrives over the WebSocket.
 
     The scripted agent sleeps first, so the answer is written after the POST has
     returned: the POST's own response renders only the prompt, and the answer can
@@ -65,7 +65,7 @@ def test_a_prompt_sent_from_the_composer_is_answered_live_without_a_reload(team,
 
 
 def test_a_viewer_reads_the_session_but_gets_no_composer(team, scripted_session, server, worker, page):
-    """SPEC §8: a viewer may read (project.read) but not start turns (turn.start)."""
+    """A viewer may read (project.read) but not start turns (turn.start)."""
     api, sid = scripted_session(team.member, [{"text": "answer: {{prompt}}"}])
     r = api.post(f"/api/sessions/{sid}/turns", {"prompt": "visible to viewers"})
     assert r.status_code == 202, r.content
@@ -82,7 +82,7 @@ def test_a_viewer_reads_the_session_but_gets_no_composer(team, scripted_session,
 
 
 def test_an_outsider_gets_a_404_page_for_the_session(team, scripted_session, server, page):
-    """SPEC §8: outsiders get the same 404 as for a missing id; nothing of the session shows."""
+    """Outsiders get the same 404 as for a missing id; nothing of the session shows."""
     _, sid = scripted_session(team.member, [{"text": "secret answer"}])
     log_in(page, server, team.outsider)
 

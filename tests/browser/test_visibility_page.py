@@ -1,4 +1,4 @@
-"""Who sees a session, in the browser (P-SEC-9 / OP-§5.9): the creator makes a session
+"""Who sees a session, in the browser (docs/contract.md#visibility): the creator makes a session
 private and shares it from the session page's small form; a member not on the list then finds
 it gone from the project page and its URL answers like a missing session; the listed member
 opens it."""

@@ -1,4 +1,4 @@
-"""Stored XSS in real headless Chromium (SPEC §8, P-SEC; OP C8 content shown only as text).
+"""Stored XSS in real headless Chromium (content is shown only as text).
 
 A person's prompt, a session title, an agent's tool-call arguments, its tool result and
 its answer all carry markup that would run script if it were ever inserted as HTML.
@@ -35,8 +35,8 @@ def assert_no_script_ran(page):
     assert page.locator("#transcript script, #transcript img").count() == 0
 
 
-def test_p_sec_markup_from_people_and_agents_is_shown_as_text_and_never_runs(team, api_as, server, worker, page):
-    """P-SEC: the scripted agent calls a tool with the payload, then answers with it; the
+def test_markup_from_people_and_agents_is_shown_as_text_and_never_runs(team, api_as, server, worker, page):
+    """The scripted agent calls a tool with the payload, then answers with it; the
     person sends it from the composer. Everything arrives live and is shown literally."""
     owner = api_as(team.owner)
     script = [

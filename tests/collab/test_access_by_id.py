@@ -1,5 +1,5 @@
-"""A session or execution looked up by id decides with the same rule as the listings (P-SEC-9,
-OP §5.9).
+"""A session or execution looked up by id decides with the same rule as the listings
+(docs/contract.md#visibility).
 
 ``collab.access.access_session`` / ``access_job`` read the row and the caller's standing in it
 (accepted project role, share of the root session) in one statement and decide in Python

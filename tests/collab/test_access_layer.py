@@ -1,4 +1,4 @@
-"""One access layer (SPEC §8, OP §2.6, §5.8, §5.10; P-SEC-7).
+"""One access layer (docs/contract.md#authorization-and-visibility).
 
 Every rule lives in ``collab/access.py`` (``accounts/policy.py`` for role → capability), and
 every entry point asks it. These tests hold each rule to ONE decision per role — owner,
@@ -213,7 +213,7 @@ EXCEPT_VIEWER = {role: 1 if role == "viewer" else 2 for role in ROLES}  # a view
 
 
 def test_read_a_branch_one_decision_everywhere(world):
-    """OP §5.9: anyone in the project reads a branch; an outsider finds nothing — the API's
+    """Anyone in the project reads a branch; an outsider finds nothing — the API's
     transcript, the session page, ``read_conversation`` (by address and by session id) as a turn
     runs it, and through the gateway."""
     target = world.main
@@ -235,7 +235,7 @@ def test_read_a_branch_one_decision_everywhere(world):
 
 
 def test_outsiders_answer_is_a_missing_addresss_answer(world):
-    """SPEC §8: ``access_branch`` answers an outsider exactly as it answers an address that does
+    """``access_branch`` answers an outsider exactly as it answers an address that does
     not exist (the API, a turn's tool and the gateway alike)."""
     hidden, missing = world.main.address, f"{world.sid}:{new_id()}"
 
@@ -259,7 +259,7 @@ def test_outsiders_answer_is_a_missing_addresss_answer(world):
 
 
 def test_post_a_turn_one_decision_everywhere(world):
-    """SPEC §8 ``turn.start``: the API's turn, the page's composer, and the agent's way to start
+    """``turn.start``: the API's turn, the page's composer, and the agent's way to start
     a turn on a branch (``send_message``, as a turn runs it and through the gateway); a refused
     door admits nothing."""
 
@@ -284,7 +284,7 @@ def test_post_a_turn_one_decision_everywhere(world):
 
 
 def test_fork_one_decision_everywhere(world):
-    """OP §2.4: forking a node — the page's fork form, and an agent's ``agent(start_from="SID:MSG")``
+    """Forking a node — the page's fork form, and an agent's ``agent(start_from="SID:MSG")``
     as a turn runs it and through the gateway; a refused door makes no branch."""
     at = f"{world.sid}:{world.head}"
 
@@ -322,7 +322,7 @@ def archive_everywhere(world, role, target: Branch) -> list[str]:
 
 
 def test_archive_own_and_someone_elses_branch(world):
-    """OP §2.6, SPEC §8: who started a branch archives it while they may start turns
+    """Who started a branch archives it while they may start turns
     (``branch.archive_own``: a viewer, demoted since, may not); maintainers and owners archive
     anyone's (``branch.archive_any``: a member only their own, 403); an outsider (removed since)
     finds nothing. A refused door leaves the branch as it was."""
@@ -365,18 +365,18 @@ def cancel_everywhere(world, role, branch: Branch) -> list[str]:
 
 
 def test_cancel_own_and_someone_elses_execution(world):
-    """SPEC §8: members cancel executions they started (``execution.cancel_own``: a viewer,
+    """Members cancel executions they started (``execution.cancel_own``: a viewer,
     demoted since, may not); maintainers and owners cancel any (``runtime.control``: a member
     only theirs, 403); an outsider finds nothing. A refused door leaves the execution queued."""
     assert each_role(lambda role: cancel_everywhere(world, role, world.own(role))) == expect(ANY_WRITER, 3)
     assert each_role(lambda role: cancel_everywhere(world, role, world.others(role))) == expect(MAINTAINERS, 3)
 
 
-# --- acting as a branch through the gateway (P-SEC-7) ------------------------------------------
+# --- acting as a branch through the gateway ----------------------------------------------------
 
 
 def test_acting_as_a_branch_through_the_gateway(world):
-    """P-SEC-7: members act as branches they started, maintainers and owners as any, viewers
+    """Members act as branches they started, maintainers and owners as any, viewers
     never; an outsider finds nothing (``access.require_can_act_as``)."""
 
     def decide(role, target):
@@ -387,7 +387,7 @@ def test_acting_as_a_branch_through_the_gateway(world):
     assert each_role(lambda role: decide(role, world.others(role))) == expect(MAINTAINERS, 1)
 
 
-# --- approve a held delivery (OP §5.8) ---------------------------------------------------------
+# --- approve a held delivery (docs/contract.md#watch-policy) -----------------------------------
 
 
 def hold(world, text: str) -> HeldDelivery:
@@ -398,7 +398,7 @@ def hold(world, text: str) -> HeldDelivery:
 
 
 def test_approve_a_hold(world):
-    """OP §5.8: who may post in the sender's session decides its held deliveries; the API and the
+    """Who may post in the sender's session decides its held deliveries; the API and the
     page decide alike, and a refused decision leaves the hold pending."""
     assert world.api("owner").patch("/api/projects/alpha", {"watch_policy": "confirm_deliveries"}).status_code == 200
 
@@ -426,11 +426,11 @@ def test_a_hold_is_decided_only_on_its_own_sessions_page(world):
     assert held.status == HoldStatus.PENDING
 
 
-# --- read a job's output: job ownership (OP §5.10) ---------------------------------------------
+# --- read a job's output: job ownership (docs/contract.md#plans-and-jobs) ----------------------
 
 
 def test_job_output_only_in_the_dispatching_session(world):
-    """OP §5.10: an agent in the session that dispatched a job reads its output, for whoever it
+    """An agent in the session that dispatched a job reads its output, for whoever it
     works for who may read the job; an agent of another session finds nothing — even the
     owner's, who may read the job itself through the API (the rule is the session's, not the
     role's); an outsider's agent finds nothing."""

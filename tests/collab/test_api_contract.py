@@ -1,9 +1,9 @@
-"""The REST API contract (SPEC §11.1) as it exists now, and its refusals (SPEC §8).
+"""The REST API contract (docs/contract.md#http-api) as it exists now, and its refusals.
 
-Shapes use the exact field names of §11.1. Every refusal is a 4xx with
+Shapes use the exact field names of the contract. Every refusal is a 4xx with
 ``{"detail": str, "code": str}`` — never a 500 — and writes nothing: the rows of
 every collab and accounts model are counted before and after each rejected call.
-Outsiders get byte-for-byte the answer a nonexistent id gets (OP §5.9).
+Outsiders get byte-for-byte the answer a nonexistent id gets (docs/contract.md#visibility).
 
 These tests need no worker: they run on the fast, non-transactional ``db``.
 """
@@ -134,10 +134,10 @@ def csrf_header(client) -> dict:
     return {"HTTP_X_CSRFTOKEN": client.cookies["csrftoken"].value}
 
 
-# --- authentication (P-SEC, SPEC §8, §11.1) ------------------------------------------------
+# --- authentication (docs/contract.md#authentication) --------------------------------------
 
 
-def test_p_sec_it_refuses_a_request_without_credentials_with_401(team, session_id):
+def test_it_refuses_a_request_without_credentials_with_401(team, session_id):
     anonymous = Client(enforce_csrf_checks=True)
     assert_error(anonymous.get("/api/projects"), 401, "unauthenticated")
     assert_error(anonymous.get(f"/api/sessions/{session_id}"), 401, "unauthenticated")
@@ -151,7 +151,7 @@ def test_p_sec_it_refuses_a_request_without_credentials_with_401(team, session_i
     ["Bearer trl_not-a-real-token", "Bearer ", "Token trl_abc", "trl_abc", "Bearer trl_a trl_b"],
     ids=["unknown-token", "empty-token", "wrong-scheme", "no-scheme", "two-tokens"],
 )
-def test_p_sec_it_refuses_a_bad_authorization_header_with_401(team, authorization):
+def test_it_refuses_a_bad_authorization_header_with_401(team, authorization):
     client = Client(enforce_csrf_checks=True)
     assert_error(client.get("/api/projects", HTTP_AUTHORIZATION=authorization), 401, "unauthenticated")
     with nothing_written():
@@ -159,14 +159,14 @@ def test_p_sec_it_refuses_a_bad_authorization_header_with_401(team, authorizatio
         assert_error(r, 401, "unauthenticated")
 
 
-def test_p_sec_a_bearer_client_needs_no_csrf_token(team):
+def test_a_bearer_client_needs_no_csrf_token(team):
     _, raw = ApiToken.issue(team.member, name="cli")
     client = Client(enforce_csrf_checks=True)
     r = post_json(client, "/api/projects", {"slug": "gamma", "name": "Gamma"}, HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert r.status_code == 201, r.content
 
 
-def test_p_sec_it_refuses_a_revoked_token_with_401_on_reads_and_writes(team, session_id):
+def test_it_refuses_a_revoked_token_with_401_on_reads_and_writes(team, session_id):
     token, raw = ApiToken.issue(team.member, name="revoked")
     client = Client(enforce_csrf_checks=True)
     auth = {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
@@ -183,33 +183,33 @@ def test_p_sec_it_refuses_a_revoked_token_with_401_on_reads_and_writes(team, ses
         assert_error(r, 401, "unauthenticated")
 
 
-def test_p_sec_it_refuses_the_token_of_a_deactivated_user_with_401(team):
+def test_it_refuses_the_token_of_a_deactivated_user_with_401(team):
     _, raw = ApiToken.issue(team.member)
     team.member.is_active = False
     team.member.save(update_fields=["is_active"])
     assert_error(Client().get("/api/projects", HTTP_AUTHORIZATION=f"Bearer {raw}"), 401, "unauthenticated")
 
 
-def test_p_sec_a_browser_session_reads_without_a_csrf_token(browser, session_id):
+def test_a_browser_session_reads_without_a_csrf_token(browser, session_id):
     assert [p["slug"] for p in browser.get("/api/projects").json()] == ["alpha"]
     assert browser.get(f"/api/sessions/{session_id}").json()["id"] == session_id
 
 
-def test_p_sec_it_refuses_a_browser_post_without_the_csrf_token_with_403_csrf_failed(browser, session_id):
+def test_it_refuses_a_browser_post_without_the_csrf_token_with_403_csrf_failed(browser, session_id):
     with nothing_written():
         assert_error(post_json(browser, "/api/projects/alpha/sessions", {"title": "x"}), 403, "csrf_failed")
         assert_error(post_json(browser, f"/api/sessions/{session_id}/turns", {"prompt": "hi"}), 403, "csrf_failed")
         assert_error(post_json(browser, "/api/projects", {"slug": "gamma"}), 403, "csrf_failed")
 
 
-def test_p_sec_it_refuses_a_browser_post_with_a_wrong_csrf_token(browser, session_id):
+def test_it_refuses_a_browser_post_with_a_wrong_csrf_token(browser, session_id):
     wrong = {"HTTP_X_CSRFTOKEN": "x" * 64}
     with nothing_written():
         r = post_json(browser, f"/api/sessions/{session_id}/turns", {"prompt": "hi"}, **wrong)
         assert_error(r, 403, "csrf_failed")
 
 
-def test_p_sec_a_browser_post_with_the_csrf_token_succeeds(browser):
+def test_a_browser_post_with_the_csrf_token_succeeds(browser):
     r = post_json(browser, "/api/projects/alpha/sessions", {"title": "from the page"}, **csrf_header(browser))
     assert r.status_code == 201, r.content
     sid = r.json()["id"]
@@ -323,7 +323,7 @@ def test_post_agent_spec_is_audited_like_the_specs_page(team, owner_api):
     assert Event.objects.filter(type="agent_spec.created").count() == 1  # a refused one writes nothing
 
 
-def test_p_sec_api_key_env_is_only_a_name_and_no_key_is_ever_stored_or_returned(team, owner_api, monkeypatch,
+def test_api_key_env_is_only_a_name_and_no_key_is_ever_stored_or_returned(team, owner_api, monkeypatch,
                                                                                    planner_connection):
     secret = "sk-live-DO-NOT-LEAK-0123456789"
     monkeypatch.setenv("TRELLIS_TEST_PLANNER_KEY", secret)
@@ -340,7 +340,7 @@ def test_p_sec_api_key_env_is_only_a_name_and_no_key_is_ever_stored_or_returned(
     assert secret not in owner_api.get("/api/openapi.json").content.decode()
 
 
-def test_p_sec_it_refuses_an_api_key_itself_in_a_spec(owner_api):
+def test_it_refuses_an_api_key_itself_in_a_spec(owner_api):
     with nothing_written():
         r = owner_api.post("/api/projects/alpha/agent-specs", {"agent_id": "leaky", "api_key": "sk-live-123"})
         assert_error(r, 422, "invalid_request")
@@ -419,13 +419,13 @@ def test_the_same_agent_id_may_exist_in_two_projects(team, api_as):
     assert api_as(team.outsider).post("/api/projects/beta/agent-specs", {"agent_id": "same"}).status_code == 201
 
 
-def test_p_sec_a_viewer_cannot_save_an_agent_spec_but_a_maintainer_can(team, api_as):
+def test_a_viewer_cannot_save_an_agent_spec_but_a_maintainer_can(team, api_as):
     with nothing_written():
         assert_error(api_as(team.viewer).post("/api/projects/alpha/agent-specs", {"agent_id": "v"}), 403, "forbidden")
     assert api_as(team.maintainer).post("/api/projects/alpha/agent-specs", {"agent_id": "m"}).status_code == 201
 
 
-def test_p_sec_another_projects_spec_endpoint_answers_exactly_like_a_missing_project(team, member_api):
+def test_another_projects_spec_endpoint_answers_exactly_like_a_missing_project(team, member_api):
     with nothing_written():
         hidden = member_api.post("/api/projects/beta/agent-specs", {"agent_id": "x"})
         missing = member_api.post("/api/projects/no-such-project/agent-specs", {"agent_id": "x"})
@@ -464,7 +464,7 @@ def test_it_rejects_a_session_with_an_unknown_agent_id_with_404(member_api):
         assert_error(r, 404, "unknown_agent_id")
 
 
-def test_p_sec_another_projects_agent_id_is_unknown_here(team, api_as, member_api):
+def test_another_projects_agent_id_is_unknown_here(team, api_as, member_api):
     assert api_as(team.outsider).post("/api/projects/beta/agent-specs", {"agent_id": "theirs"}).status_code == 201
     with nothing_written():
         theirs = member_api.post("/api/projects/alpha/sessions", {"agent_id": "theirs"})
@@ -490,12 +490,12 @@ def test_it_rejects_a_bad_session_body_and_creates_nothing(member_api, raw, stat
         assert_error(member_api.post("/api/projects/alpha/sessions", raw=raw), status)
 
 
-def test_p_sec_a_viewer_cannot_open_a_session(team, api_as):
+def test_a_viewer_cannot_open_a_session(team, api_as):
     with nothing_written():
         assert_error(api_as(team.viewer).post("/api/projects/alpha/sessions", {"title": "x"}), 403, "forbidden")
 
 
-def test_p_sec_opening_a_session_in_someone_elses_project_answers_like_a_missing_project(member_api):
+def test_opening_a_session_in_someone_elses_project_answers_like_a_missing_project(member_api):
     with nothing_written():
         hidden = member_api.post("/api/projects/beta/sessions", {"title": "x"})
         missing = member_api.post("/api/projects/nope/sessions", {"title": "x"})
@@ -508,7 +508,7 @@ def test_every_member_of_the_project_can_read_a_session(team, api_as, session_id
         assert api_as(person).get(f"/api/sessions/{session_id}").json()["id"] == session_id
 
 
-def test_p_sec_someone_elses_session_answers_byte_for_byte_like_a_missing_one(team, api_as, outsiders_session):
+def test_someone_elses_session_answers_byte_for_byte_like_a_missing_one(team, api_as, outsiders_session):
     member = api_as(team.member)
     hidden = member.get(f"/api/sessions/{outsiders_session}")
     missing = member.get(f"/api/sessions/{new_id()}")
@@ -610,7 +610,7 @@ def test_it_rejects_a_turn_on_a_branch_of_another_session(member_api, session_id
         assert_error(r, 404, "not_found")
 
 
-def test_p_sec_a_branch_in_a_hidden_session_answers_like_a_missing_one(team, api_as, member_api, session_id):
+def test_a_branch_in_a_hidden_session_answers_like_a_missing_one(team, api_as, member_api, session_id):
     outsider = api_as(team.outsider)
     assert outsider.post("/api/projects/beta/agent-specs", {"agent_id": "x"}).status_code == 201
     hidden_sid = outsider.post("/api/projects/beta/sessions", {"agent_id": "x"}).json()["id"]
@@ -626,12 +626,12 @@ def test_p_sec_a_branch_in_a_hidden_session_answers_like_a_missing_one(team, api
     assert "secret" not in hidden.content.decode()
 
 
-def test_p_sec_a_viewer_cannot_post_a_turn(team, api_as, session_id):
+def test_a_viewer_cannot_post_a_turn(team, api_as, session_id):
     with nothing_written():
         assert_error(api_as(team.viewer).post(f"/api/sessions/{session_id}/turns", {"prompt": "hi"}), 403, "forbidden")
 
 
-def test_p_sec_a_turn_on_someone_elses_session_answers_byte_for_byte_like_a_missing_session(member_api, outsiders_session):
+def test_a_turn_on_someone_elses_session_answers_byte_for_byte_like_a_missing_session(member_api, outsiders_session):
     with nothing_written():
         hidden = member_api.post(f"/api/sessions/{outsiders_session}/turns", {"prompt": "hi"})
         missing = member_api.post(f"/api/sessions/{new_id()}/turns", {"prompt": "hi"})
@@ -655,11 +655,11 @@ def test_get_execution_has_the_contract_fields(member_api, session_id, turn):
     assert Branch.objects.get(pk=body["branch"]).session_id == session_id
 
 
-def test_p_sec_a_viewer_may_read_an_execution(team, api_as, turn):
+def test_a_viewer_may_read_an_execution(team, api_as, turn):
     assert api_as(team.viewer).get(f"/api/executions/{turn['execution_id']}").status_code == 200
 
 
-def test_p_sec_someone_elses_execution_answers_byte_for_byte_like_a_missing_one(team, api_as, turn):
+def test_someone_elses_execution_answers_byte_for_byte_like_a_missing_one(team, api_as, turn):
     outsider = api_as(team.outsider)
     hidden = outsider.get(f"/api/executions/{turn['execution_id']}")
     missing = outsider.get(f"/api/executions/{new_id()}")
@@ -696,7 +696,7 @@ def test_it_rejects_a_non_integer_after_with_422(member_api, session_id, after):
     assert_error(member_api.get(f"/api/sessions/{session_id}/events", after=after), 422, "invalid_request")
 
 
-def test_p_sec_a_viewer_may_read_events_and_an_outsider_may_not(team, api_as, session_id):
+def test_a_viewer_may_read_events_and_an_outsider_may_not(team, api_as, session_id):
     assert api_as(team.viewer).get(f"/api/sessions/{session_id}/events").status_code == 200
     outsider = api_as(team.outsider)
     hidden = outsider.get(f"/api/sessions/{session_id}/events", after=0)

@@ -1,4 +1,4 @@
-"""Authorization at every entry point (SPEC §8, OP §5.9, §5.10, OP C8; ``P-SEC-*``).
+"""Authorization at every entry point (docs/contract.md#authorization-and-visibility).
 
 Part 1 is a cross-tenant matrix *generated from the registries*: every API route
 of ``config.api.api``, every parameterised page of ``collab.urls``, every tool of
@@ -422,10 +422,10 @@ def api_probe(method: str, path: str, operation: dict, alpha_rows: Alpha) -> Pro
 
 
 @pytest.mark.parametrize("method,path,operation", ROUTES, ids=[f"{m} {p}" for m, p, _ in ROUTES])
-def test_p_sec_op_c8_every_api_route_answers_an_outsider_exactly_like_a_missing_row(
+def test_every_api_route_answers_an_outsider_exactly_like_a_missing_row(
     team, alpha, beta, method, path, operation
 ):
-    """P-SEC, OP §5.9/§5.10, OP C8: beta's owner calls every API route with alpha's rows;
+    """Beta's owner calls every API route with alpha's rows;
     the answer equals the answer for rows that do not exist — same status, same body once
     the probed ids are masked — and is never a success. Nothing is written. Then an alpha
     principal gets a success with the same values (the probe targets real rows)."""
@@ -458,7 +458,7 @@ def test_p_sec_op_c8_every_api_route_answers_an_outsider_exactly_like_a_missing_
     assert 200 <= ok.status_code < 300, (f"positive control {method} {probe.url(hidden)}", ok.status_code, ok.content)
 
 
-def test_p_sec_the_matrix_fails_and_names_a_route_it_has_no_value_for(alpha):
+def test_the_matrix_fails_and_names_a_route_it_has_no_value_for(alpha):
     """The generated matrix cannot fall behind: an unknown row parameter or body fails by name."""
     operation = {"parameters": [{"in": "path", "name": "widget_id", "required": True}]}
     with pytest.raises(pytest.fail.Exception, match=r"GET /api/widgets/\{widget_id\}.*'widget_id'"):
@@ -468,8 +468,8 @@ def test_p_sec_the_matrix_fails_and_names_a_route_it_has_no_value_for(alpha):
         api_probe("POST", "/api/widgets", {"requestBody": {}}, alpha)
 
 
-def test_p_sec_caller_scoped_routes_show_an_outsider_nothing_of_alpha(team, alpha, beta):
-    """P-SEC, OP C8: the routes without a row parameter list only the caller's own things."""
+def test_caller_scoped_routes_show_an_outsider_nothing_of_alpha(team, alpha, beta):
+    """The routes without a row parameter list only the caller's own things."""
     for method, path in sorted(CALLER_SCOPED_ROUTES):
         if method != "GET":
             continue
@@ -480,8 +480,8 @@ def test_p_sec_caller_scoped_routes_show_an_outsider_nothing_of_alpha(team, alph
     assert [p["slug"] for p in call_api(beta.token, "GET", "/api/projects").json()] == ["beta"]
 
 
-def test_p_sec_op_c8_an_artifact_is_served_as_inert_text(team, api_as, alpha):
-    """P-SEC, OP C8/C9: the full text of a result (agent-written) is served as text/plain
+def test_an_artifact_is_served_as_inert_text(team, api_as, alpha):
+    """The full text of a result (agent-written) is served as text/plain
     with nosniff to those who may read its execution, never as a page of the app's origin."""
     r = api_as(team.viewer).get(f"/api/artifacts/{alpha.artifact_id}")
     assert r.status_code == 200
@@ -551,8 +551,8 @@ def logged_in(user) -> Client:
 
 
 @pytest.mark.parametrize("name,params", PAGE_PATTERNS, ids=[n for n, _ in PAGE_PATTERNS])
-def test_p_sec_op_c8_every_page_answers_an_outsider_exactly_like_a_missing_row(team, alpha, name, params):
-    """P-SEC, OP C8: beta's owner, logged in, opens every page of collab.urls with alpha's
+def test_every_page_answers_an_outsider_exactly_like_a_missing_row(team, alpha, name, params):
+    """Beta's owner, logged in, opens every page of collab.urls with alpha's
     rows, by GET and by POST: the answer is the answer for missing rows (404 for the
     method the page takes; the other method is refused the same way for both), never a
     success or a redirect; nothing is written. An alpha principal succeeds with the same URL."""
@@ -588,8 +588,8 @@ def test_p_sec_op_c8_every_page_answers_an_outsider_exactly_like_a_missing_row(t
     assert ok.status_code < 400, (f"positive control {accepted} {name}", ok.status_code, ok.content[:500])
 
 
-def test_p_sec_caller_scoped_pages_show_an_outsider_nothing_of_alpha(team, alpha):
-    """P-SEC, OP C8: the pages without a row parameter (projects, tokens) show an outsider
+def test_caller_scoped_pages_show_an_outsider_nothing_of_alpha(team, alpha):
+    """The pages without a row parameter (projects, tokens) show an outsider
     nothing of alpha."""
     outsider = logged_in(team.outsider)
     for name in sorted(CALLER_SCOPED_PAGES):
@@ -651,7 +651,7 @@ OPENWORK_PROBES = {
     "bash": {"alpha-file": lambda t: {"command": f"cat {t['workspace_file']}"}},
     "todo_update": COLLAB_PROBES["todo_update"],
     "todo_create": COLLAB_PROBES["todo_create"],
-    # no target: a new name is the caller's own (names are per parent — OW acc. 3); waiting
+    # no target: a new name is the caller's own (names are per parent); waiting
     # and listing see only the caller's children (the differential test below)
     "spawn_agent": {},
     "wait_agent": {},
@@ -700,8 +700,8 @@ def run_gateway(token, address, tool, arguments):
 
 
 @pytest.mark.parametrize("toolset,tool", TOOLS)
-def test_p_sec_op_c8_every_tool_answers_a_beta_agent_about_alpha_exactly_like_about_nothing(team, alpha, beta, toolset, tool):
-    """P-SEC, OP §5.9, §5.10, OP C8: a beta branch runs every registered tool through the
+def test_every_tool_answers_a_beta_agent_about_alpha_exactly_like_about_nothing(team, alpha, beta, toolset, tool):
+    """A beta branch runs every registered tool through the
     gateway against alpha's addresses, names, session ids, job ids and todo ids. Each
     answer is the answer for a target that does not exist ("not found" wording, no title,
     preview or count), and nothing is written anywhere."""
@@ -727,8 +727,8 @@ def test_p_sec_op_c8_every_tool_answers_a_beta_agent_about_alpha_exactly_like_ab
 
 
 @pytest.mark.parametrize("toolset,tool", sorted(NO_TARGET_CALLS))
-def test_p_sec_op_c8_tools_without_a_target_answer_a_beta_agent_as_if_alpha_did_not_exist(team, beta, request, toolset, tool):
-    """P-SEC, OP C8: listing tools run as a beta branch answer the same before and after all of
+def test_tools_without_a_target_answer_a_beta_agent_as_if_alpha_did_not_exist(team, beta, request, toolset, tool):
+    """Listing tools run as a beta branch answer the same before and after all of
     alpha's sessions, branches, jobs, todos, holds, sub-agents and workspace files exist."""
     calls = NO_TARGET_CALLS[(toolset, tool)]
     address = beta.branch_of(toolset)
@@ -813,8 +813,8 @@ async def still_live(comm, sid: str) -> bool:
             return True
 
 
-def test_p_sec_op_c8_the_socket_refuses_an_outsider_exactly_like_a_missing_session(transactional_db, team, scripted_session):
-    """P-SEC, SPEC §8/§11.1, OP C8: beta's owner is refused the handshake for alpha's session
+def test_the_socket_refuses_an_outsider_exactly_like_a_missing_session(transactional_db, team, scripted_session):
+    """Beta's owner is refused the handshake for alpha's session
     exactly as for a session that does not exist; alpha's viewer is accepted (control)."""
     _, sid = scripted_session(team.member, [{"text": "alpha secret answer"}])
     outsider = [ORIGIN, auth_header(bearer_token(team.outsider))]
@@ -831,11 +831,11 @@ def test_p_sec_op_c8_the_socket_refuses_an_outsider_exactly_like_a_missing_sessi
     assert viewer_hidden[0] is True
 
 
-# --- 2. capabilities by role (SPEC §8) ---------------------------------------------------------
+# --- 2. capabilities by role (docs/contract.md#roles-and-capabilities) -------------------------
 
 
-def test_p_sec_a_viewer_cannot_post_turns_send_or_archive(team, api_as, alpha):
-    """P-SEC, SPEC §8: viewer — read only. Turns, sends (gateway tools) and archive answer 403."""
+def test_a_viewer_cannot_post_turns_send_or_archive(team, api_as, alpha):
+    """Viewer — read only. Turns, sends (gateway tools) and archive answer 403."""
     viewer = api_as(team.viewer)
     before = row_counts()
     r = viewer.post(f"/api/sessions/{alpha.sid}/turns", {"prompt": "hi"})
@@ -856,15 +856,15 @@ def test_p_sec_a_viewer_cannot_post_turns_send_or_archive(team, api_as, alpha):
 
 
 def invite_and_accept(owner_api, invitee_api, username: str, role: str) -> None:
-    """Membership is an invitation (P-SEC-3): the owner invites, the person accepts."""
+    """Membership is an invitation: the owner invites, the person accepts."""
     r = owner_api.post("/api/projects/alpha/members", {"username": username, "role": role})
     assert r.status_code == 201 and r.json()["status"] == "pending", r.content
     (invitation,) = invitee_api.get("/api/invitations").json()
     assert invitee_api.post(f"/api/invitations/{invitation['id']}/accept").status_code == 200
 
 
-def test_p_sec_a_member_archives_their_own_branch_but_not_another_members(team, api_as, make_user, scripted_session):
-    """P-SEC, SPEC §8: member — archive own branches; another member's branch is 403 (API and tool)."""
+def test_a_member_archives_their_own_branch_but_not_another_members(team, api_as, make_user, scripted_session):
+    """Member — archive own branches; another member's branch is 403 (API and tool)."""
     owner = api_as(team.owner)
     invite_and_accept(owner, api_as(make_user("member2")), "member2", "member")
     member, own_sid = scripted_session(team.member, [{"text": "mine"}])
@@ -886,8 +886,8 @@ def test_p_sec_a_member_archives_their_own_branch_but_not_another_members(team, 
     assert r.status_code == 200 and r.json()["archived"] is True, r.content
 
 
-def test_p_sec_a_maintainer_archives_any_branch_and_cancels_any_execution(team, api_as, alpha):
-    """P-SEC, SPEC §8: maintainer — archive any branch, cancel any execution (runtime.control)."""
+def test_a_maintainer_archives_any_branch_and_cancels_any_execution(team, api_as, alpha):
+    """Maintainer — archive any branch, cancel any execution (runtime.control)."""
     maintainer = api_as(team.maintainer)
     r = maintainer.post(f"/api/branches/{alpha.address}/archive", {"reason": "tidy"})  # the member's branch
     assert r.status_code == 200 and r.json()["archived"] is True, r.content
@@ -903,8 +903,8 @@ def cancel(api, job_id, command_id):
                     {"command_id": command_id, "action": "execution.cancel", "expected_version": version, "payload": {}})
 
 
-def test_p_sec_a_member_cancels_only_executions_they_started(team, api_as, scripted_session):
-    """P-SEC, SPEC §8, OP §5.10: knowing an execution id grants no control. A member cancels
+def test_a_member_cancels_only_executions_they_started(team, api_as, scripted_session):
+    """Knowing an execution id grants no control. A member cancels
     their own execution; the maintainer's is 403 and stays queued; a viewer cancels nothing."""
     member, member_sid = scripted_session(team.member, [{"text": "m"}])
     maintainer, maintainer_sid = scripted_session(team.maintainer, [{"text": "x"}], agent_id="bot2")
@@ -928,8 +928,8 @@ def test_p_sec_a_member_cancels_only_executions_they_started(team, api_as, scrip
     assert member.get(f"/api/executions/{theirs}").json()["status"] == "queued"
 
 
-def test_p_sec_repeating_a_command_id_does_not_skip_the_capability_check(team, api_as, alpha, make_user):
-    """P-SEC, SPEC §7/§8, OP §5.10: "knowing an execution id grants no control" — nor does knowing
+def test_repeating_a_command_id_does_not_skip_the_capability_check(team, api_as, alpha, make_user):
+    """Knowing an execution id grants no control — nor does knowing
     a command id. The replay of a cancel command answers its first answer only to someone
     who may issue it; a viewer, or a member who did not start the execution, gets 403."""
     maintainer = api_as(team.maintainer)
@@ -945,8 +945,8 @@ def test_p_sec_repeating_a_command_id_does_not_skip_the_capability_check(team, a
 
 
 @pytest.mark.parametrize("role", ["viewer", "member", "maintainer"])
-def test_p_sec_only_owners_manage_members_and_limits(team, api_as, role):
-    """P-SEC, SPEC §8: owner — members and settings. Every lower role gets 403 on the member and
+def test_only_owners_manage_members_and_limits(team, api_as, role):
+    """Owner — members and settings. Every lower role gets 403 on the member and
     limits writes (API and pages); limits and the member list stay readable (as on the project page)."""
     api = api_as(getattr(team, role))
     before = row_counts()
@@ -975,8 +975,8 @@ def test_p_sec_only_owners_manage_members_and_limits(team, api_as, role):
     assert [m["username"] for m in owner.get("/api/projects/alpha/members").json()] == ["maintainer", "member", "owner", "viewer"]
 
 
-def test_p_sec_a_project_always_keeps_an_owner(team, api_as):
-    """P-SEC, SPEC §11.1: removing or demoting the last owner is 409 last_owner (API and page);
+def test_a_project_always_keeps_an_owner(team, api_as):
+    """Removing or demoting the last owner is 409 last_owner (API and page);
     with a second owner, the first may step down, and then the second is the last."""
     owner = api_as(team.owner)
     r = owner.delete("/api/projects/alpha/members/owner")
@@ -1001,8 +1001,8 @@ def test_p_sec_a_project_always_keeps_an_owner(team, api_as):
 # --- 3. removal revokes access at once ---------------------------------------------------------
 
 
-def test_p_sec_removing_a_member_closes_their_open_socket_and_their_token_finds_nothing(transactional_db, team, api_as, scripted_session):
-    """P-SEC, SPEC §8: the owner removes the member through the API while the member watches
+def test_removing_a_member_closes_their_open_socket_and_their_token_finds_nothing(transactional_db, team, api_as, scripted_session):
+    """The owner removes the member through the API while the member watches
     alpha's session: the member's open socket is closed at once (no reconnect needed),
     other members' sockets stay open (a role change only re-checks them), and the
     member's token then gets the 404 of a missing session, on the API and the socket."""
@@ -1050,8 +1050,8 @@ def assert_nowhere_in_the_database(secret: str) -> None:
         assert secret not in dump, f"{model.__name__} stores the raw token"
 
 
-def test_p_sec_an_api_token_is_shown_once_stored_hashed_listed_by_hint_and_revoked_at_once(team, api_as):
-    """P-SEC, SPEC §2 ApiToken: POST /api/tokens answers the value once; only its SHA-256 is
+def test_an_api_token_is_shown_once_stored_hashed_listed_by_hint_and_revoked_at_once(team, api_as):
+    """POST /api/tokens answers the value once; only its SHA-256 is
     stored; the list shows a hint, never the value; last use is recorded; DELETE revokes
     and the very next request with it is 401."""
     api = api_as(team.member)
@@ -1087,8 +1087,8 @@ def test_p_sec_an_api_token_is_shown_once_stored_hashed_listed_by_hint_and_revok
     assert ApiToken.objects.get(pk=live.pk).revoked_at is None
 
 
-def test_p_sec_the_tokens_page_shows_a_new_token_once_and_revokes_it(team):
-    """P-SEC: the tokens page shows a new token once (then only its hint), stores only its
+def test_the_tokens_page_shows_a_new_token_once_and_revokes_it(team):
+    """The tokens page shows a new token once (then only its hint), stores only its
     hash, and its revoke button makes the token useless at once."""
     client = logged_in(team.member)
     r = client.post(reverse("collab:tokens"), {"name": "from the page"})
@@ -1103,8 +1103,8 @@ def test_p_sec_the_tokens_page_shows_a_new_token_once_and_revokes_it(team):
     assert call_api(raw, "GET", "/api/projects").status_code == 401
 
 
-def test_p_sec_create_api_token_prints_a_working_token(team):
-    """P-SEC, SPEC §11 CLI: ``manage.py create_api_token USERNAME`` prints a new token (once)."""
+def test_create_api_token_prints_a_working_token(team):
+    """``manage.py create_api_token USERNAME`` prints a new token (once)."""
     out = StringIO()
     call_command("create_api_token", "viewer", stdout=out)
     raw = out.getvalue().strip()
@@ -1134,8 +1134,8 @@ UNSAFE_ROUTES = [(m, p, o) for m, p, o in ROUTES if m != "GET"]
 
 
 @pytest.mark.parametrize("method,path,operation", UNSAFE_ROUTES, ids=[f"{m} {p}" for m, p, _ in UNSAFE_ROUTES])
-def test_p_sec_every_unsafe_api_route_refuses_a_session_request_without_csrf(team, alpha, method, path, operation):
-    """P-SEC, SPEC §8: browser-session requests that change state need the CSRF token —
+def test_every_unsafe_api_route_refuses_a_session_request_without_csrf(team, alpha, method, path, operation):
+    """Browser-session requests that change state need the CSRF token —
     every unsafe route of the registry, with the owner's session and alpha's real rows:
     403 csrf_failed, nothing written, nothing changed."""
     client = browser_login(team.owner)
@@ -1155,8 +1155,8 @@ def test_p_sec_every_unsafe_api_route_refuses_a_session_request_without_csrf(tea
     assert Project.objects.get(slug="alpha").name == "Alpha"
 
 
-def test_p_sec_a_session_request_with_the_csrf_token_goes_through(team):
-    """P-SEC (control for the CSRF matrix): with the token, the same browser session may write."""
+def test_a_session_request_with_the_csrf_token_goes_through(team):
+    """Control for the CSRF matrix: with the token, the same browser session may write."""
     client = browser_login(team.owner)
     token = {"HTTP_X_CSRFTOKEN": client.cookies["csrftoken"].value}
     r = call_api(None, "PATCH", "/api/projects/alpha/limits", {"max_messages": 2}, client=client, **token)
@@ -1166,8 +1166,8 @@ def test_p_sec_a_session_request_with_the_csrf_token_goes_through(team):
 
 
 @pytest.mark.parametrize("name,params", PAGE_PATTERNS, ids=[n for n, _ in PAGE_PATTERNS])
-def test_p_sec_every_page_post_needs_the_csrf_token(team, alpha, name, params):
-    """P-SEC: a page POST without the CSRF token is 403 for every page of collab.urls (the
+def test_every_page_post_needs_the_csrf_token(team, alpha, name, params):
+    """A page POST without the CSRF token is 403 for every page of collab.urls (the
     owner, logged in, with alpha's real rows), and writes nothing."""
     client = browser_login(team.owner)
     hidden = next(value_sets(f"page {name}", params, alpha, PAGE_ROW_PARAMS.get(name)))[0] if params else {}
@@ -1178,8 +1178,8 @@ def test_p_sec_every_page_post_needs_the_csrf_token(team, alpha, name, params):
     assert row_counts() == before
 
 
-def test_p_sec_a_page_post_with_the_csrf_token_goes_through_and_login_needs_it_too(team, alpha):
-    """P-SEC: a page form with its CSRF token works (control); the login form needs one too."""
+def test_a_page_post_with_the_csrf_token_goes_through_and_login_needs_it_too(team, alpha):
+    """A page form with its CSRF token works (control); the login form needs one too."""
     client = browser_login(team.member)
     jobs = Job.objects.filter(session_id=alpha.sid).count()
     r = client.post(reverse("collab:post_turn", args=[alpha.sid]),
@@ -1199,8 +1199,8 @@ def test_p_sec_a_page_post_with_the_csrf_token_goes_through_and_login_needs_it_t
     (None, False),
 ])
 @pytest.mark.parametrize("auth", ["bearer", "cookie"])
-def test_p_sec_the_socket_checks_the_origin(transactional_db, team, scripted_session, origin, accepted, auth):
-    """P-SEC, SPEC §8: WebSockets are origin-checked — with a bearer token and, the case
+def test_the_socket_checks_the_origin(transactional_db, team, scripted_session, origin, accepted, auth):
+    """WebSockets are origin-checked — with a bearer token and, the case
     cross-site WebSocket hijacking needs, with the browser's session cookie."""
     _, sid = scripted_session(team.member, [{"text": "x"}])
     if auth == "bearer":
@@ -1224,9 +1224,9 @@ class RecordingLayer(InMemoryChannelLayer):
 
 
 @pytest.mark.parametrize("origin", [b"http://evil.example", None])
-def test_p_sec_a_refused_handshake_opens_nothing_on_the_channel_layer(transactional_db, team, scripted_session,
+def test_a_refused_handshake_opens_nothing_on_the_channel_layer(transactional_db, team, scripted_session,
                                                                        settings, origin):
-    """P-SEC, SPEC §8: a socket refused for its Origin is closed without a channel of its own on
+    """A socket refused for its Origin is closed without a channel of its own on
     the layer (channels' own denier opened one and waited on a receive there: a Redis connection
     per refusal, and a refusal that never ended when the layer's receive could not be served)."""
     _, sid = scripted_session(team.member, [{"text": "x"}])
@@ -1247,8 +1247,8 @@ def settings_in_a_subprocess(tmp_path, **env) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("hosts", ["*", "trellis.example,*"])
-def test_p_sec_allowed_hosts_is_never_a_wildcard_outside_debug(tmp_path, hosts):
-    """P-SEC: DJANGO_ALLOWED_HOSTS="*" with DJANGO_DEBUG=0 refuses to start (ImproperlyConfigured);
+def test_allowed_hosts_is_never_a_wildcard_outside_debug(tmp_path, hosts):
+    """DJANGO_ALLOWED_HOSTS="*" with DJANGO_DEBUG=0 refuses to start (ImproperlyConfigured);
     with DEBUG on it is allowed; unset, only loopback names are served."""
     refused = settings_in_a_subprocess(tmp_path, DJANGO_ALLOWED_HOSTS=hosts, DJANGO_DEBUG="0")
     assert refused.returncode != 0
@@ -1278,8 +1278,8 @@ def audit_rows(client, **params) -> list[str]:
     return re.findall(r'data-event="(\d+)"', r.content.decode())
 
 
-def test_p_sec_maintainers_read_the_audit_log_filtered_paged_and_as_json_lines(team, api_as, alpha, beta, make_user):
-    """P-SEC, SPEC §11 audit view, OP §3: a maintainer reads alpha's event log — filtered by type
+def test_maintainers_read_the_audit_log_filtered_paged_and_as_json_lines(team, api_as, alpha, beta, make_user):
+    """A maintainer reads alpha's event log — filtered by type
     (exact or prefix), session and actor, 100 to a page, exportable as one JSON object per
     line. Membership and limits changes are there as project-level events (no session).
     Nothing of beta's is."""
@@ -1325,8 +1325,8 @@ def test_p_sec_maintainers_read_the_audit_log_filtered_paged_and_as_json_lines(t
 
 
 @pytest.mark.parametrize("role,status", [("member", 403), ("viewer", 403), ("outsider", 404)])
-def test_p_sec_the_audit_log_is_for_maintainers_only(team, role, status):
-    """P-SEC, SPEC §8: members and viewers get 403; outsiders the 404 of a missing project."""
+def test_the_audit_log_is_for_maintainers_only(team, role, status):
+    """Members and viewers get 403; outsiders the 404 of a missing project."""
     client = logged_in(getattr(team, role))
     for params in ({}, {"format": "jsonl"}):
         r = client.get(reverse("collab:audit", args=["alpha"]), params)
@@ -1348,8 +1348,8 @@ def operator(django_user_model):
     return root, client
 
 
-def test_p_sec_the_admin_archives_branches_with_a_reason_through_the_service(team, alpha, operator):
-    """P-SEC, SPEC §11 Admin: the Branch "archive" action with a reason archives through the
+def test_the_admin_archives_branches_with_a_reason_through_the_service(team, alpha, operator):
+    """The admin's Branch "archive" action with a reason archives through the
     service — the branch is archived with that reason and a ``branch.archived`` Event is written."""
     root, client = operator
     branch = Branch.objects.get(session_id=alpha.sid, name="main")
@@ -1364,8 +1364,8 @@ def test_p_sec_the_admin_archives_branches_with_a_reason_through_the_service(tea
     assert logged_in(team.owner).get("/admin/collab/branch/").status_code == 302
 
 
-def test_p_sec_the_admin_cancels_a_queued_job_and_writes_an_event(team, alpha, operator):
-    """P-SEC, SPEC §11 Admin: the Job "cancel" action cancels a queued execution (it never starts)
+def test_the_admin_cancels_a_queued_job_and_writes_an_event(team, alpha, operator):
+    """The admin's Job "cancel" action cancels a queued execution (it never starts)
     and writes ``execution.cancel_requested`` with the operator as actor."""
     root, client = operator
     r = client.post("/admin/collab/job/", {"action": "cancel_executions", "_selected_action": [alpha.job_id], "index": 0})
@@ -1376,8 +1376,8 @@ def test_p_sec_the_admin_cancels_a_queued_job_and_writes_an_event(team, alpha, o
     assert event.actor == root and event.payload["job"] == alpha.job_id and event.payload["via"] == "admin"
 
 
-def test_p_sec_revoking_a_token_closes_the_sockets_opened_with_it(transactional_db, team, api_as, scripted_session):
-    """P-SEC, SPEC §8: a revoked token is refused at once — including by the sockets it opened;
+def test_revoking_a_token_closes_the_sockets_opened_with_it(transactional_db, team, api_as, scripted_session):
+    """A revoked token is refused at once — including by the sockets it opened;
     a socket the same person opened with another token stays open."""
     from accounts.models import ApiToken
 

@@ -1,4 +1,4 @@
-"""Bad input is a 4xx with a reason, never a 500 (BRIEF house rules; P-TXT-1).
+"""Bad input is a 4xx with a reason, never a 500 (docs/contract.md#http-api).
 
 Every probe — a lone surrogate or a NUL in string fields, ``Infinity`` /
 ``1e400`` as a number, NUL and malformed ids / versions / dates in paths, forms and query
@@ -92,7 +92,7 @@ def string_bodies(w, bad):
 
 @pytest.mark.parametrize("bad", [SURROGATE, NUL, "\udfff" * 3], ids=["surrogate", "nul", "low-surrogates"])
 def test_no_api_string_field_answers_500_for_nul_or_a_lone_surrogate(world, bad):
-    """P-TXT-1: each route answers 2xx (stored with U+FFFD) or a 4xx error with a code."""
+    """Each route answers 2xx (stored with U+FFFD) or a 4xx error with a code."""
     for method, path, body in string_bodies(world, bad):
         r = raw_post(world.owner, path, json.dumps(body), method)  # the owner may call every route
         answer(r)
@@ -238,7 +238,7 @@ def test_pages_answer_400_or_404_for_nul_bad_versions_ids_and_dates(world, team)
 @pytest.mark.parametrize("name", ["find_auth\n", "a" * 48 + "\n", "a" * 47 + "\n", "\nfind_auth", "find\nauth",
                                   "find_auth\x00", "find_auth\ud800", "a" * 49])
 def test_a_task_name_with_a_trailing_newline_is_invalid_on_both_databases(world, name):
-    """OW §3/§5: ``re.match(...$)`` accepted ``"find_auth\\n"`` (SQLite stored it,
+    """``re.match(...$)`` accepted ``"find_auth\\n"`` (SQLite stored it,
     PostgreSQL refused it, 48 characters + ``\\n`` crashed the parent turn); now a full match
     refuses it as ``invalid_task_name`` before anything is written."""
     before = (Session.objects.count(), Branch.objects.count(), Job.objects.count())
@@ -252,7 +252,7 @@ def test_a_task_name_with_a_trailing_newline_is_invalid_on_both_databases(world,
 
 @pytest.mark.parametrize("name", ["find_auth\n", "a" * 47 + "\n"])
 def test_the_database_check_agrees_with_the_full_match(world, name):
-    """OW §3: the CHECKs backing the task_name format refuse a trailing newline on SQLite as on
+    """The CHECKs backing the task_name format refuse a trailing newline on SQLite as on
     PostgreSQL (``\\A…\\Z``, never ``^…$``)."""
     from django.db import IntegrityError, transaction
 

@@ -1,4 +1,4 @@
-"""Budgets hold (SPEC §7, OP §5.1, OP C5).
+"""Budgets hold (docs/contract.md#topology-budgets).
 
 Through the tool gateway and real worker processes: a failure notice continues its sender's
 chain counters, so a retry loop runs out of messages; the fan-out count is taken inside the
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_failure_notice_continues_the_senders_chain_so_a_retry_loop_stops(team, api_as, worker):
-    """OP §5.1, §5.8: an agent that answers every rejection by sending again spends its chain's
+    """An agent that answers every rejection by sending again spends its chain's
     messages (max_messages=4): the send (1), the rejection's notice (2 on the sender), the retry
     (3), its notice (4) — then delegation is closed and the loop ends after two holds."""
     from collab.models import Job
@@ -82,7 +82,7 @@ def _spawn(api, main, name):
 
 
 def test_two_concurrent_spawns_at_fanout_7_of_8_admit_exactly_one(team, api_as, worker):
-    """OP §5.1, C5: the fan-out of one calling turn is counted in the admission transaction under
+    """The fan-out of one calling turn is counted in the admission transaction under
     the caller's lock: two spawns racing for the last of 8 slots admit exactly one, every time."""
     from collab.models import Job
 

@@ -1,4 +1,4 @@
-"""Cancel is a fence (SPEC §7; OP §5.3, §5.10, OP C1, C10).
+"""Cancel is a fence (docs/contract.md#the-cancel-fence).
 
 Once an execution is ``stopping`` or ``cancelled`` nothing new starts under it: no child is
 admitted or started after the cancel is confirmed, the rest of the model step's tool calls are
@@ -54,7 +54,7 @@ def assert_well_formed(session_id) -> None:
 
 
 def test_the_rest_of_a_step_is_answered_cancelled_and_a_foreground_child_stops_with_it(team, api_as, worker):
-    """OP §5.3: cancelling a turn while the first of three tool calls of its
+    """Cancelling a turn while the first of three tool calls of its
     step — a foreground ``agent`` child running inline — is under way stops the child and the
     turn; the second ``agent`` call never admits a child and, like the third call, is answered
     "cancelled", so every tool call in the transcript has its result."""
@@ -91,7 +91,7 @@ def test_the_rest_of_a_step_is_answered_cancelled_and_a_foreground_child_stops_w
 
 
 def test_a_message_turn_belongs_to_its_recipient_and_survives_the_senders_cancel(team, api_as, worker):
-    """OP §5.10 / SPEC §7: a ``send_message`` turn is not a child of the
+    """A ``send_message`` turn is not a child of the
     sender's job — cancelling the sender does not cascade to it; it runs to its end."""
     owner = api_as(team.owner)
     make_spec(owner, "reader", {"user": [{"text": "ready"}], "message": [{"sleep_ms": 1500}, {"text": "read it"}]})

@@ -1,4 +1,5 @@
-"""End-to-end collaboration scenarios (SPEC §3, §4, §6; OP tool page §06, OP §2, §5.4, §5.5, §6 C1–C10).
+"""End-to-end collaboration scenarios (docs/contract.md#the-collab-toolset and
+#delivery-and-follow-ups).
 
 Everything is driven through public entry points — the tool gateway
 (``POST /api/branches/{address}/tools/{tool}``), user turns of scripted agents,
@@ -112,11 +113,11 @@ def assert_linear_followup_chain(t, first_followup_turn):
     return turns
 
 
-# --- OP tool page §06 scene 1: a batch of background tasks with a plan -----------------------------
+# --- a batch of background tasks with a plan ------------------------------------------------------
 
 
 def test_a_batch_of_five_background_tasks_planned_with_todos_comes_back_as_follow_ups(team, api_as, worker):
-    """OP tool page §06 scene 1 (and OP C1): plan five items (todo_create with blocked_by), dispatch
+    """Plan five items (todo_create with blocked_by), dispatch
     five background agents, watch them with list_jobs, receive the results automatically as
     follow-ups on the caller branch, then mark the plan items completed. Plan tools start nothing."""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -191,7 +192,7 @@ def test_a_batch_of_five_background_tasks_planned_with_todos_comes_back_as_follo
 
 
 def test_an_agent_found_in_another_session_is_sent_a_message_or_delegated_a_task(team, api_as, run_queued):
-    """OP tool page §06 scene 2 and §03: list_agents(scope="all") finds an agent in another session;
+    """list_agents(scope="all") finds an agent in another session;
     send_message to an idle target returns a delivery_id naming the message turn's execution and
     brings nothing back; agent(to=…) returns an execution_id whose final reply comes back to the
     caller automatically as a follow-up. Recipient headers: "[message from SID:HEAD]" (reply
@@ -262,7 +263,7 @@ def test_an_agent_found_in_another_session_is_sent_a_message_or_delegated_a_task
 
 
 def test_reading_the_last_ten_turns_never_runs_anything(team, api_as, run_queued):
-    """OP tool page §06 scene 3 and SPEC §4 read_conversation: with the SID:HEAD that list_agents
+    """read_conversation: with the SID:HEAD that list_agents
     gives, start_turn=-10 on a 12-turn branch returns exactly turns 2..11; include_function_calls
     and max_chars shape the text; reading never starts a run (no new job anywhere)."""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -308,11 +309,11 @@ def test_reading_the_last_ten_turns_never_runs_anything(team, api_as, run_queued
     assert {s: len(jobs_of(api, s)) for s in (old, sid)} == events_before
 
 
-# --- P-FLW-2 / OP C10: eight completions form one serial chain --------------------------------------
+# --- eight completions form one serial chain (docs/contract.md#results-come-back-exactly-once) -----
 
 
 def test_eight_children_one_serial_chain_of_followups(team, api_as, worker):
-    """SPEC §6 P-FLW-2, OP §2.5 and C10: a turn spawns 8 background children; their results come
+    """A turn spawns 8 background children; their results come
     back to the caller branch exactly once each (none lost or doubled), as one linear chain
     notice→answer→notice→answer at the current tip (never siblings of the spawning node), and
     every follow-up turn succeeds."""
@@ -358,11 +359,11 @@ def test_eight_children_one_serial_chain_of_followups(team, api_as, worker):
     assert eid not in followups
 
 
-# --- OP §5.4: a busy target queues messages and runs them after, FIFO -------------------------------
+# --- a busy target queues messages and runs them after, FIFO (docs/contract.md#the-inbox) ----------
 
 
 def test_message_to_busy_branch_waits_and_runs_after_in_order(team, api_as, worker):
-    """OP §5.4, SPEC §6 busy target: while the target runs a slow turn, send_message returns
+    """While the target runs a slow turn, send_message returns
     "queued" (no delivery_id yet); when that turn ends the messages run as message turns on the
     target, one after another, in the order they were sent, each with its sender header."""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -386,7 +387,7 @@ def test_message_to_busy_branch_waits_and_runs_after_in_order(team, api_as, work
     queued_events = [e for e in events(api, target_sid) if e["type"] == "inbox.queued"]
     assert len(queued_events) == 3
 
-    assert cancel(api, busy).status_code == 202  # the slow turn ends (a cancel is an end like any other, OP §5.4)
+    assert cancel(api, busy).status_code == 202  # the slow turn ends (a cancel is an end like any other)
     assert api.wait(busy, timeout=WAIT)["status"] == "cancelled"
 
     def three_message_turns():
@@ -409,11 +410,11 @@ def test_message_to_busy_branch_waits_and_runs_after_in_order(team, api_as, work
     assert not [e for e in events(api, target_sid) if e["type"] == "inbox.queued"][3:]
 
 
-# --- OP §5.4: the inbox cap and duplicate rejection ------------------------------------------------
+# --- the inbox cap and duplicate rejection ----------------------------------------------------------
 
 
 def test_inbox_cap_drops_oldest_with_notice_and_rejects_duplicates(team, api_as, worker):
-    """OP §5.4, SPEC §6: at most 50 queued deliveries per busy target. The 51st drops the oldest and
+    """At most 50 queued deliveries per busy target. The 51st drops the oldest and
     the dropped message's *sender session* gets an ``inbox.dropped`` event; the same text from the
     same sender still queued within 60 s is rejected with code duplicate_message (and drops nothing);
     the same text from another sender is not a duplicate. Queued deliveries re-check the archive
@@ -463,7 +464,7 @@ def test_inbox_cap_drops_oldest_with_notice_and_rejects_duplicates(team, api_as,
     assert job_count() == jobs_before + 2 + notices.count() and notices.count() <= 2
 
     # Archive the target while its 50 deliveries wait, then end its turn (a cancel is an end like any
-    # other, SPEC §6): the queued deliveries are refused with a reason, none silently lost.
+    # other): the queued deliveries are refused with a reason, none silently lost.
     assert api.post(f"/api/branches/{target}/archive", {"reason": "enough"}).status_code == 200
     assert cancel(api, busy).status_code == 202
     assert api.wait(busy, timeout=WAIT)["status"] == "cancelled"
@@ -491,11 +492,11 @@ def test_inbox_cap_drops_oldest_with_notice_and_rejects_duplicates(team, api_as,
     assert job_count() == jobs_before + 2 + notices + 2 * len(refused)
 
 
-# --- OP §2.6 / C3: archived targets -----------------------------------------------------------------
+# --- archived targets (docs/contract.md#archive) ----------------------------------------------------
 
 
 def test_archived_agent_rejects_deliveries_but_history_stays_readable_and_forkable(team, api_as, run_queued):
-    """OP §2.6, tool page §05, C3: archive is global (archived by one person, hidden in another's
+    """Archive is global (archived by one person, hidden in another's
     ordinary listings); both delivery paths (agent(to=…), send_message) refuse an archived target
     with code "archived" and create nothing — also through a stale SID:HEAD; history stays readable
     (transcript API, read_conversation) and forkable (agent(start_from="SID:MSG")); list_agents
@@ -570,11 +571,11 @@ def test_archived_agent_rejects_deliveries_but_history_stays_readable_and_forkab
     settle(member, home, elsewhere)
 
 
-# --- OP C2: fork and run in one call; `to` never creates -------------------------------------------
+# --- fork and run in one call; `to` never creates (docs/contract.md#agent) -------------------------
 
 
 def test_fork_and_run_in_one_call_and_missing_to_creates_nothing(team, api_as, run_queued):
-    """OP §1 `agent` modes and C2: one agent(start_from="T:M", prompt, description) call creates a
+    """The `agent` modes: one agent(start_from="T:M", prompt, description) call creates a
     branch at exactly node M of session T, names it, and runs the prompt there (foreground: the
     final text comes back). With `to` naming a missing target — an unknown SID:HEAD, an unknown
     name, or a branch the caller may not see — it errors and creates no branch and no job."""
@@ -630,11 +631,11 @@ def test_fork_and_run_in_one_call_and_missing_to_creates_nothing(team, api_as, r
     settle(outsider, beta_sid)
 
 
-# --- OP C7 (data side): the attach pointer of a cross-session spawn ----------------------------------
+# --- the attach pointer of a cross-session spawn (data side) -----------------------------------------
 
 
 def test_cross_session_spawn_stores_attach_in_caller_session_and_moves_no_head(team, api_as, worker):
-    """OP §2.1, §2.5, C7 and SPEC §6 Attach: a turn in S spawns into session T at node M. The attach
+    """Attach: a turn in S spawns into session T at node M. The attach
     pointer is stored in S next to the calling node (kind ``attach``, metadata.attach
     session_id=T, head_id=the target's first node); the target's first node carries
     caller=S:<calling node> and spawned_from_session=S; neither session's selected HEAD moves —
@@ -693,11 +694,11 @@ def test_cross_session_spawn_stores_attach_in_caller_session_and_moves_no_head(t
     assert session_head(api, s_sid) == s_head == s_turn[-1]["id"]
 
 
-# --- OP §5.5 / C10: failures come back too, once, and nothing loops --------------------------------
+# --- failures come back too, once, and nothing loops -----------------------------------------------
 
 
 def test_failed_and_empty_results_come_back_once_without_loops(team, api_as, run_queued):
-    """OP §5.5 and C10: a background child whose turn fails (51 tool calls in one step hit the
+    """A background child whose turn fails (51 tool calls in one step hit the
     50-call cap: error_code tool_call_limit), a child that answers with an empty reply, and a
     delegated task that fails all come back to the caller exactly once — the failures as
     "did not finish … is_error=true" notices. Even when the caller's follow-up turns fail

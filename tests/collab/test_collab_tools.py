@@ -1,4 +1,4 @@
-"""The ``collab`` toolset (SPEC §3, §4, §10; OP §2.1–§2.6, §5.9, §5.10).
+"""The ``collab`` toolset (docs/contract.md#the-collab-toolset).
 
 Almost everything goes through the public tool gateway
 ``POST /api/branches/{address}/tools/{tool}`` and the branch API. State is built
@@ -116,11 +116,11 @@ def parse_dt(value: str):
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-# === 1. the address resolver (SPEC §3, OP §1/§2.1/§5.9) =====================================
+# === 1. the address resolver (docs/contract.md#addresses) ===================================
 
 
 def test_stale_sid_head_finds_the_branch_and_delivers_at_its_current_tip(team, open_session):
-    """SPEC §3: a stale ``SID:HEAD`` (an older message written on the branch) still finds its
+    """A stale ``SID:HEAD`` (an older message written on the branch) still finds its
     branch, and the delivery is made at the branch's *current* tip, not at the stale node."""
     a = open_session()
     helper = spawn(a, "first task", description="helper")
@@ -147,7 +147,7 @@ def test_stale_sid_head_finds_the_branch_and_delivers_at_its_current_tip(team, o
 
 
 def test_a_name_resolves_in_the_callers_session_first_then_across_visible_sessions(team, open_session):
-    """SPEC §3: a name resolves within the caller's session first, then across sessions the
+    """A name resolves within the caller's session first, then across sessions the
     caller may see (never in another project's sessions)."""
     s1 = open_session(title="one")
     s2 = open_session(title="two")
@@ -171,7 +171,7 @@ def test_a_name_resolves_in_the_callers_session_first_then_across_visible_sessio
 
 
 def test_an_ambiguous_name_is_an_error_listing_candidates_never_a_guess(team, open_session):
-    """SPEC §3: an ambiguous name returns the candidates (each with its ``SID:HEAD``) as an error
+    """An ambiguous name returns the candidates (each with its ``SID:HEAD``) as an error
     with code ``ambiguous_target``; nothing is delivered."""
     s1, s2, s3 = open_session(title="one"), open_session(title="two"), open_session(title="three")
     h1 = spawn(s1, "work in one", description="helper")
@@ -193,7 +193,7 @@ def test_an_ambiguous_name_is_an_error_listing_candidates_never_a_guess(team, op
 
 
 def test_missing_and_invisible_targets_answer_identically(team, open_session):
-    """SPEC §3 / OP §5.9: a target that does not exist and one in another project (the
+    """A target that does not exist and one in another project (the
     outsider's) give the same "not found" result, for names and for ``SID:HEAD`` alike, on every
     resolving tool; nothing is created."""
     a = open_session()
@@ -227,7 +227,7 @@ def test_missing_and_invisible_targets_answer_identically(team, open_session):
 
 
 def test_delivery_to_the_callers_own_branch_is_rejected(team, open_session):
-    """SPEC §3: the resolver rejects delivery to the caller's own current branch (code
+    """The resolver rejects delivery to the caller's own current branch (code
     ``self_delivery``), by address, stale address or name."""
     a = open_session()
     stale_own = f"{a.sid}:{a.branch.tip.predecessor_id}"
@@ -241,7 +241,7 @@ def test_delivery_to_the_callers_own_branch_is_rejected(team, open_session):
 
 
 def test_send_message_to_new_is_invalid_and_nothing_is_created(team, open_session):
-    """SPEC §4 / OP §2.1: ``to="new"`` is not a way to create an agent."""
+    """``to="new"`` is not a way to create an agent."""
     a = open_session()
     counts = (Branch.objects.count(), Job.objects.count())
     for to in ("new", "NEW", " new "):
@@ -252,9 +252,9 @@ def test_send_message_to_new_is_invalid_and_nothing_is_created(team, open_sessio
 
 
 def test_send_message_agent_id_is_the_recipients_own_or_refused(team, open_session):
-    """SPEC §4 ``send_message(message, to, agent_id="main")``: a message runs
+    """``send_message(message, to, agent_id="main")``: a message runs
     with the recipient's own saved configuration (``agent_id`` never addresses a branch or
-    changes who answers, OP §1). The default, or the recipient's own ``agent_id``, delivers;
+    changes who answers). The default, or the recipient's own ``agent_id``, delivers;
     another one is refused (``agent_id_mismatch``) and nothing is delivered."""
     a = open_session()
     helper = spawn(a, "some work", description="helper")
@@ -272,7 +272,7 @@ def test_send_message_agent_id_is_the_recipients_own_or_refused(team, open_sessi
 
 
 def test_archived_targets_are_refused_by_the_resolver(team, open_session):
-    """SPEC §3 / OP §2.6: deliveries to an archived branch are refused (code ``archived``)."""
+    """Deliveries to an archived branch are refused (code ``archived``)."""
     a = open_session()
     helper = spawn(a, "some work", description="helper")
     call(a.api, a.address, "archive_agent", to=helper.address)
@@ -286,7 +286,7 @@ def test_archived_targets_are_refused_by_the_resolver(team, open_session):
 
 
 def test_an_archived_branch_answers_to_its_name_only_when_no_live_branch_does(team, open_session):
-    """SPEC §3/§4, OP §2.6: by name, an archived branch stays readable and re-archivable
+    """By name, an archived branch stays readable and re-archivable
     (idempotent) and deliveries to it hear "archived"; a live branch of the same name wins."""
     a = open_session()
     old = spawn(a, "old work", description="helper")
@@ -303,8 +303,8 @@ def test_an_archived_branch_answers_to_its_name_only_when_no_live_branch_does(te
 
 
 def test_schemas_reject_unknown_fields_and_unknown_tools(team, open_session):
-    """SPEC §4: schemas reject unknown fields (``invalid_arguments``); an unknown tool answers
-    ``unknown_tool``; no tool named job_stop/task_stop exists (OP §1). Errors are results."""
+    """Schemas reject unknown fields (``invalid_arguments``); an unknown tool answers
+    ``unknown_tool``; no tool named job_stop/task_stop exists. Errors are results."""
     a = open_session()
     got = call(a.api, a.address, "send_message", message="hi", to="main", bogus=1)
     assert got["is_error"] and error_code(got) == "invalid_arguments", got
@@ -321,7 +321,7 @@ def test_schemas_reject_unknown_fields_and_unknown_tools(team, open_session):
 
 
 def test_agent_with_to_refuses_creation_only_arguments(team, open_session):
-    """SPEC §4 / OP §2.1: with ``to``, a real ``start_from`` and ``archive_when_done=True`` are errors."""
+    """With ``to``, a real ``start_from`` and ``archive_when_done=True`` are errors."""
     a = open_session()
     helper = spawn(a, "x", description="helper")
     jobs = Job.objects.count()
@@ -332,7 +332,7 @@ def test_agent_with_to_refuses_creation_only_arguments(team, open_session):
     assert Job.objects.count() == jobs
 
 
-# === 2. list_agents (SPEC §4, OP §2.3, SPEC §13) ================================================
+# === 2. list_agents (docs/contract.md#list_agents) ==============================================
 
 ROW = re.compile(r'^  - (?P<name>.+?)  to="(?P<to>[0-9a-f]+:[0-9a-f]+)"  \u2014 (?P<turns>\d+) turns, (?P<size><1k chars|~\d+k chars)')
 
@@ -342,7 +342,7 @@ def rows_of(text):
 
 
 def test_list_agents_session_scope_rows_addresses_sizes_and_previews(team, open_session):
-    """OP §2.3: ``scope="session"`` lists this session's branches, each with a ready-to-use
+    """``scope="session"`` lists this session's branches, each with a ready-to-use
     ``to="SID:HEAD"`` (the tip), ``— N turns, ~Nk chars`` (``<1k chars`` under 1000) and a tail preview."""
     a = open_session(title="Lister")
     small = spawn(a, "tiny job", description="small")
@@ -372,7 +372,7 @@ def test_list_agents_session_scope_rows_addresses_sizes_and_previews(team, open_
 
 
 def test_list_agents_archived_scope_shows_only_archived_branches(team, open_session):
-    """OP §2.3/§2.6: ``scope="archived"`` lists this session's archived branches, which the
+    """``scope="archived"`` lists this session's archived branches, which the
     other views hide for every caller."""
     a = open_session()
     keep = spawn(a, "keep", description="keep")
@@ -391,7 +391,7 @@ def test_list_agents_archived_scope_shows_only_archived_branches(team, open_sess
 
 
 def test_list_agents_all_scope_groups_visible_sessions_recent_first_without_previews(team, open_session):
-    """OP §2.3: ``scope="all"`` covers every session the caller may see, grouped by session, most
+    """``scope="all"`` covers every session the caller may see, grouped by session, most
     recently active first, with no previews; other projects' sessions never appear."""
     old = open_session(title="Older")
     spawn(old, "older work", description="o-helper")
@@ -421,7 +421,7 @@ def test_list_agents_all_scope_groups_visible_sessions_recent_first_without_prev
 
 
 def test_list_agents_marks_busy_and_idle(team, open_session):
-    """OP §2.3: session rows carry busy/idle; a branch with a running turn is marked busy."""
+    """Session rows carry busy/idle; a branch with a running turn is marked busy."""
     a = open_session(title="Busy one")
     worker_branch = spawn(a, "long job", description="runner")
     idle = open_session(title="Idle one")
@@ -455,7 +455,7 @@ def _add_branches(sid, n):
 
 @pytest.mark.parametrize("scope", ["session", "all", "archived"])
 def test_list_agents_costs_a_constant_number_of_queries(team, open_session, django_assert_max_num_queries, scope):
-    """SPEC §4/§13: ``list_agents`` takes a constant number of queries regardless of the number of
+    """``list_agents`` takes a constant number of queries regardless of the number of
     branches (here 5 vs 200), through the gateway; the selector itself stays within 5 queries."""
     from collab.selectors.agents import list_agents, render_agents
 
@@ -477,7 +477,7 @@ def test_list_agents_costs_a_constant_number_of_queries(team, open_session, djan
     assert counts[0] == counts[1], counts
 
 
-# === 3. read_conversation (SPEC §4, OP tool page §06) ============================================
+# === 3. read_conversation (docs/contract.md#read_conversation) ===================================
 
 TOOLY = [{"tool_calls": [{"name": "todo_list", "arguments": {}}]}, {"text": "answer to {{prompt}}"}]
 
@@ -500,7 +500,7 @@ def turn_indices(result):
 
 
 def test_read_conversation_turn_windows_count_from_the_end_when_negative(four_turns):
-    """SPEC §4: turns count from 0; negative ``start_turn``/``end_turn`` count from the end."""
+    """Turns count from 0; negative ``start_turn``/``end_turn`` count from the end."""
     a = four_turns
     whole = call(a.api, a.address, "read_conversation", session_id=a.address)
     assert turn_indices(whole) == [0, 1, 2, 3]
@@ -518,7 +518,7 @@ def test_read_conversation_turn_windows_count_from_the_end_when_negative(four_tu
 
 
 def test_read_conversation_can_hide_function_calls(four_turns):
-    """SPEC §4: ``include_function_calls=False`` hides tool calls and tool results."""
+    """``include_function_calls=False`` hides tool calls and tool results."""
     a = four_turns
     shown = call(a.api, a.address, "read_conversation", session_id=a.address)
     assert "[tool result: todo_list]" in shown["text"] and "todo_list(" in shown["text"]
@@ -528,7 +528,7 @@ def test_read_conversation_can_hide_function_calls(four_turns):
 
 
 def test_read_conversation_max_chars_drops_later_turns_and_says_how_to_read_on(four_turns):
-    """SPEC §4: turns beyond ``max_chars`` are dropped (later ones first) with a note on where to continue."""
+    """Turns beyond ``max_chars`` are dropped (later ones first) with a note on where to continue."""
     a = four_turns
     whole = call(a.api, a.address, "read_conversation", session_id=a.address)
     first_block = whole["text"].split("\n\n## turn 1")[0]
@@ -542,7 +542,7 @@ def test_read_conversation_max_chars_drops_later_turns_and_says_how_to_read_on(f
 
 
 def test_archived_branches_stay_readable_and_reading_never_runs_anything(four_turns, open_session):
-    """SPEC §4 / OP §2.6: archived branches are readable; ``read_conversation`` never triggers a run."""
+    """Archived branches are readable; ``read_conversation`` never triggers a run."""
     a = four_turns
     other = open_session()
     call(a.api, a.address, "archive_agent", to=a.address)
@@ -554,7 +554,7 @@ def test_archived_branches_stay_readable_and_reading_never_runs_anything(four_tu
 
 
 def test_read_conversation_of_a_session_id_reads_its_selected_branch(team, open_session):
-    """SPEC §4: a session id (no colon) reads that session's selected branch."""
+    """A session id (no colon) reads that session's selected branch."""
     a = open_session(prompt="the main question")
     spawn(a, "a side quest", description="side")
     got = call(a.api, a.address, "read_conversation", session_id=a.sid)
@@ -572,7 +572,7 @@ def test_read_conversation_of_a_session_id_reads_its_selected_branch(team, open_
 
 
 def test_read_conversation_of_an_invisible_target_is_not_found(team, open_session, api_as):
-    """OP §5.9: reading another project's branch or session answers "not found" like a missing one,
+    """Reading another project's branch or session answers "not found" like a missing one,
     with no title or preview; the transcript API answers 404 identically."""
     a = open_session()
     theirs = open_session(team.outsider, project="beta", title="Secret title", prompt="classified text")
@@ -590,7 +590,7 @@ def test_read_conversation_of_an_invisible_target_is_not_found(team, open_sessio
 
 
 def test_transcript_api_returns_the_read_conversation_rendering(four_turns, team, api_as):
-    """SPEC §11.1: ``GET /api/branches/{address}/transcript`` returns the ``read_conversation``
+    """``GET /api/branches/{address}/transcript`` returns the ``read_conversation``
     rendering (same text and turns, same parameters), to any member including a viewer."""
     a = four_turns
     viewer = api_as(team.viewer)
@@ -606,11 +606,11 @@ def test_transcript_api_returns_the_read_conversation_rendering(four_turns, team
         assert body["total_turns"] == 4 and body["address"] == a.address
 
 
-# === 4. archive_agent (SPEC §4, OP §2.6, SPEC §8) =================================================
+# === 4. archive_agent (docs/contract.md#archive_agent) ============================================
 
 
 def test_archive_agent_is_idempotent_and_keeps_the_first_time_and_manual_reason(team, open_session):
-    """OP §2.6: repeated archiving is a no-op that keeps the first ``archived_at``; the first
+    """Repeated archiving is a no-op that keeps the first ``archived_at``; the first
     manual reason is kept (a later call only fills a reason that was never given)."""
     a = open_session()
     helper = spawn(a, "w", description="helper")
@@ -634,7 +634,7 @@ def test_archive_agent_is_idempotent_and_keeps_the_first_time_and_manual_reason(
 
 
 def test_archive_permissions_member_own_only_maintainer_any_viewer_none(team, open_session, api_as):
-    """SPEC §8 / OP §5.9: a member archives only branches they started (``forbidden`` otherwise);
+    """A member archives only branches they started (``forbidden`` otherwise);
     a maintainer archives any; a viewer cannot archive (nor act through the gateway); an outsider
     gets "not found"."""
     m = open_session(team.maintainer)
@@ -669,7 +669,7 @@ def test_archive_permissions_member_own_only_maintainer_any_viewer_none(team, op
 
 
 def test_archive_api_is_idempotent_and_enforces_the_same_rules(team, open_session, api_as):
-    """SPEC §11.1: ``POST /api/branches/{address}/archive`` archives idempotently (200, first
+    """``POST /api/branches/{address}/archive`` archives idempotently (200, first
     values kept) under the same permission rules as ``archive_agent``."""
     m = open_session(team.maintainer)
     theirs = spawn(m, "maintainer's work", description="theirs")
@@ -705,11 +705,11 @@ def test_archive_api_is_idempotent_and_enforces_the_same_rules(team, open_sessio
     assert got["details"]["reason"] == "first"
 
 
-# === 5. todos (SPEC §4, OP §1) =====================================================================
+# === 5. todos (docs/contract.md#plans-and-jobs) ====================================================
 
 
 def test_todos_record_plans_with_blockers_and_never_start_anything(team, open_session):
-    """SPEC §4: ``todo_create``/``todo_update``/``todo_list`` keep plan items with ``blocked_by``;
+    """``todo_create``/``todo_update``/``todo_list`` keep plan items with ``blocked_by``;
     unknown blockers and bad statuses are errors; nothing ever starts running."""
     a, b = open_session(), open_session()
     jobs, branches = Job.objects.count(), Branch.objects.count()
@@ -751,7 +751,7 @@ def test_todos_record_plans_with_blockers_and_never_start_anything(team, open_se
     assert not Job.objects.filter(status__in=["queued", "running"]).exists()
 
 
-# === 6. list_jobs / job_output (SPEC §4, OP §5.10) ================================================
+# === 6. list_jobs / job_output (docs/contract.md#plans-and-jobs) =================================
 
 
 @pytest.fixture
@@ -766,7 +766,7 @@ def three_sessions(team, open_session):
 
 
 def test_job_output_ownership_caller_executor_and_ancestors(three_sessions, open_session):
-    """OP §5.10: ``job_output`` is allowed for the executing session, the caller session and an
+    """``job_output`` is allowed for the executing session, the caller session and an
     ancestor caller (A may read the job B's job dispatched to D); any other session of the same
     project gets "not found", exactly like a missing job id. ``details.job_id`` carries the id."""
     w = three_sessions
@@ -787,7 +787,7 @@ def test_job_output_ownership_caller_executor_and_ancestors(three_sessions, open
 
 
 def test_job_output_is_not_found_for_another_project_member(three_sessions, team, open_session):
-    """OP §5.9/§5.10: knowing an execution id grants nothing across projects."""
+    """Knowing an execution id grants nothing across projects."""
     w = three_sessions
     theirs = open_session(team.outsider, project="beta")
     got = call(theirs.api, theirs.address, "job_output", job_id=w.jc.pk)
@@ -796,7 +796,7 @@ def test_job_output_is_not_found_for_another_project_member(three_sessions, team
 
 
 def test_job_output_ownership_walk_is_cycle_safe_and_bounded(team, open_session):
-    """OP §5.10: the ancestor walk stops on a ``parent_job`` cycle (no hang) and at 64 levels."""
+    """The ancestor walk stops on a ``parent_job`` cycle (no hang) and at 64 levels."""
     A, B = open_session(title="A"), open_session(title="B")
     j1 = make_job(B.sid, B.branch, caller_session=B.sid)
     j2 = make_job(B.sid, B.branch, caller_session=B.sid, parent_job=j1)
@@ -822,7 +822,7 @@ def test_job_output_ownership_walk_is_cycle_safe_and_bounded(team, open_session)
 
 
 def test_job_output_block_false_and_timeout_bounds(team, open_session, monkeypatch):
-    """SPEC §4: ``block=False`` on a running job answers at once that it is still running (it
+    """``block=False`` on a running job answers at once that it is still running (it
     never waits); ``block=True`` waits at most ``timeout`` ms (one wait of exactly that long,
     which ends by timing out while the job runs); ``timeout`` above 600000 is rejected."""
     from collab.realtime.changes import wait_for_change
@@ -854,7 +854,7 @@ def test_job_output_block_false_and_timeout_bounds(team, open_session, monkeypat
 
 
 def test_job_output_reports_failures_with_is_error(team, open_session):
-    """OP §5.5: a failed job's output says how it ended."""
+    """A failed job's output says how it ended."""
     a = open_session()
     failed = make_job(a.sid, a.branch, caller_session=a.sid, status="failed", result="boom")
     Job.objects.filter(pk=failed.pk).update(is_error=True, error_code="provider_error", error_reason="model exploded")
@@ -864,7 +864,7 @@ def test_job_output_reports_failures_with_is_error(team, open_session):
 
 
 def test_list_jobs_lists_dispatched_jobs_and_their_descendants_only(three_sessions, open_session):
-    """SPEC §4: ``list_jobs`` lists the jobs this session dispatched and their descendants, with
+    """``list_jobs`` lists the jobs this session dispatched and their descendants, with
     status, filterable by status; other sessions' jobs are not listed."""
     w = three_sessions
     queued = make_job(w.B.sid, w.B.branch, caller_session=w.A.sid, status="queued", result="")
@@ -885,7 +885,7 @@ def test_list_jobs_lists_dispatched_jobs_and_their_descendants_only(three_sessio
 
 @pytest.mark.slow
 def test_job_output_waits_for_a_real_background_run(team, scripted_session, worker):
-    """OP §5.10 / SPEC §4: a turn starts a background agent, then ``job_output(block=True)`` waits
+    """A turn starts a background agent, then ``job_output(block=True)`` waits
     for its real run on the worker and returns its result; ``details.job_id`` carries the id, and
     ``list_jobs`` shows it succeeded."""
     api, sid = scripted_session(team.member, {
@@ -910,11 +910,11 @@ def test_job_output_waits_for_a_real_background_run(team, scripted_session, work
     assert any(j["job_id"] == child_id and j["status"] == "succeeded" for j in listed["details"]["jobs"]), listed
 
 
-# === 7. branch naming (OP §2.4, SPEC §10) ===========================================================
+# === 7. branch naming (docs/contract.md#names) ======================================================
 
 
 def test_a_spawn_is_named_by_its_description_else_a_short_label(team, open_session):
-    """OP §2.4 stage 1: a spawn with ``description`` is named exactly that (name_stage 3,
+    """Naming, stage 1: a spawn with ``description`` is named exactly that (name_stage 3,
     explicit); without it the branch gets a label of at most 24 characters from the prompt
     (name_stage 1), at once, before any model call."""
     from collab.models import NameStage
@@ -939,7 +939,7 @@ def test_a_spawn_is_named_by_its_description_else_a_short_label(team, open_sessi
 
 
 def test_auto_naming_never_touches_explicit_names(team, open_session):
-    """OP §2.4 / SPEC §10: the stage-2 renamer replaces only prompt labels; explicit names stay."""
+    """The stage-2 renamer replaces only prompt labels; explicit names stay."""
     from collab.runtime.naming import auto_name_branch
 
     a = open_session()
@@ -956,7 +956,7 @@ def test_auto_naming_never_touches_explicit_names(team, open_session):
 
 @pytest.mark.slow
 def test_auto_naming_renames_label_named_branches_after_the_first_turn(team, scripted_session, worker):
-    """OP §2.4 stage 2: after a branch's first turn completes, a background task retitles a
+    """Naming, stage 2: after a branch's first turn completes, a background task retitles a
     label-named branch with the model's title (the scripted provider: the first words of its
     first prompt); a description-named branch keeps its name (and stays addressable by it)."""
     prompt = "Investigate the flaky login test on staging please"
@@ -1011,11 +1011,11 @@ def test_auto_naming_renames_label_named_branches_after_the_first_turn(team, scr
     assert not got["is_error"] and prompt in got["text"], got
 
 
-# === 8. foreground agent runs inline (SPEC §10, OP §2.1) ==========================================
+# === 8. foreground agent runs inline (docs/contract.md#agent) =====================================
 
 
 def test_foreground_agent_returns_the_final_text_and_is_an_admitted_job(team, open_session):
-    """OP §2.1: a foreground ``agent`` call waits and returns the child's final text (no
+    """A foreground ``agent`` call waits and returns the child's final text (no
     background receipt), and the child ran as an admitted Job (kind spawn). Made through the
     gateway, outside any turn, the child is a worker's job that answers the call: no follow-up
     carries its result again (docs/capacity.md)."""
@@ -1032,11 +1032,11 @@ def test_foreground_agent_returns_the_final_text_and_is_an_admitted_job(team, op
 
 @pytest.mark.slow
 def test_nested_foreground_agents_run_inline_without_deadlock(team, api_as, scripted_session, run_queued):
-    """SPEC §10 / OP §2.1: a foreground ``agent`` runs its child inline in the calling worker,
+    """A foreground ``agent`` runs its child inline in the calling worker,
     still admitted as a Job. A chain user turn → child → grandchild → great-grandchild, all
     foreground, completes on the default 2-worker pool (it would deadlock if every level needed
     its own worker), each child a ``spawn`` Job with ``run_in_background=False``, run by the same
-    worker process as its parent. (Spawn depth is a project budget, SPEC §7: lifted here.)"""
+    worker process as its parent. (Spawn depth is a project budget: lifted here.)"""
     owner = api_as(team.owner)
     r = owner.patch("/api/projects/alpha/limits", {"max_spawn_depth": 0})
     assert r.status_code == 200 and r.json()["max_spawn_depth"] == 0, r.content
@@ -1072,7 +1072,7 @@ def test_nested_foreground_agents_run_inline_without_deadlock(team, api_as, scri
 
 
 def test_a_manual_reason_fills_in_after_an_automatic_archive_but_never_replaces_a_manual_one(team):
-    """OP §2.6/C4: automatic archiving only fills unset fields; the first manual reason is kept,
+    """Automatic archiving only fills unset fields; the first manual reason is kept,
     and the first archived_at never changes."""
     from collab.models import Branch
     from collab.services.archive import do_archive_branch
@@ -1090,7 +1090,7 @@ def test_a_manual_reason_fills_in_after_an_automatic_archive_but_never_replaces_
 
 
 def test_a_small_context_window_lowers_the_result_bound(team, api_as):
-    """SPEC §9: results are bounded at 30,000 characters, lower when the reading model's context
+    """Results are bounded at 30,000 characters, lower when the reading model's context
     is small (AgentSpec.limits.context_window): job_output through the gateway is cut to it."""
     from collab.models import Job
     from collab.runtime.loop import run_job

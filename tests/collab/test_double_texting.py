@@ -261,7 +261,7 @@ def test_interrupt_cancels_through_the_command_and_runs_the_input_on_the_same_br
 
 @pytest.mark.slow
 def test_interrupt_and_rollback_need_the_right_to_cancel_and_archive(team, scripted_session, api_as, worker):
-    """A member may cancel only the executions they started (SPEC §8): interrupting someone
+    """A member may cancel only the executions they started: interrupting someone
     else's turn is refused, and nothing is admitted."""
     owner_api, sid = scripted_session(team.owner, SLOW)
     r = owner_api.post(f"/api/sessions/{sid}/shares", {"username": "member", "role": "member"})

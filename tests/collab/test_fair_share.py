@@ -1,4 +1,4 @@
-"""Fair share (P-SEC-6): the operator's ceilings bound every project's limits,
+"""Fair share (docs/capacity.md#fair-share): the operator's ceilings bound every project's limits,
 and a per-project cap on running jobs keeps one project's queue from starving the others."""
 
 import io
@@ -36,7 +36,7 @@ def session(api, project, agent_id):
 
 
 def test_a_limit_above_the_operators_ceiling_is_refused_naming_it(team, api_as, settings):
-    """P-SEC-6: above a ceiling, or 0 ("unlimited") under a finite one, is a 400 ``invalid_limit``
+    """Above a ceiling, or 0 ("unlimited") under a finite one, is a 400 ``invalid_limit``
     naming the ceiling's variable; nothing changes. Null inherits the ceiling."""
     with_ceilings(settings, max_messages=4, max_live_per_session=2, max_cost_per_job=Decimal("1.5"), max_running_jobs=2)
     owner = api_as(team.owner)
@@ -68,7 +68,7 @@ def test_a_limit_above_the_operators_ceiling_is_refused_naming_it(team, api_as, 
 
 
 def test_a_row_set_before_the_ceiling_was_lowered_is_capped_at_admission(team, api_as, settings, scripted_session):
-    """P-SEC-6: the value in force is min(project, ceiling), whatever the row says."""
+    """The value in force is min(project, ceiling), whatever the row says."""
     api, sid = scripted_session(team.member, [{"text": "ok"}])
     Project.objects.filter(slug="alpha").update(max_jobs_per_session=50)  # allowed when it was set
     with_ceilings(settings, max_jobs_per_session=2)
@@ -82,7 +82,7 @@ def test_a_row_set_before_the_ceiling_was_lowered_is_capped_at_admission(team, a
 
 @pytest.mark.slow
 def test_a_sleep_ms_step_ends_at_the_runtime_ceiling(team, api_as, settings, run_queued):
-    """P-SEC-6: a scripted ``sleep_ms`` of ten minutes, in a project with no runtime limit of its
+    """A scripted ``sleep_ms`` of ten minutes, in a project with no runtime limit of its
     own, ends at the operator's runtime ceiling. The child of a gateway ``agent`` call runs as a
     worker runs it, here in this process (``run_queued``), whose settings carry the ceiling."""
     owner = api_as(team.owner)
@@ -104,7 +104,7 @@ def test_a_sleep_ms_step_ends_at_the_runtime_ceiling(team, api_as, settings, run
 
 @pytest.mark.slow
 def test_one_projects_queue_does_not_keep_another_projects_turn_from_starting(team, api_as, worker):
-    """P-SEC-6: with a running cap of 1 in project alpha and a worker of 2 slots, alpha's three long
+    """With a running cap of 1 in project alpha and a worker of 2 slots, alpha's three long
     turns run one at a time; beta's turns start and finish while two of alpha's wait queued (a free
     slot does not go to a capped project), and a queued alpha turn starts when the running one ends."""
     owner, outsider = api_as(team.owner), api_as(team.outsider)
@@ -184,7 +184,7 @@ def capped_sessions(team, n: int, cap: int) -> list:
 
 def test_a_job_declined_for_the_cap_is_handed_out_again_once_when_a_slot_frees(
         team, handed_out, django_capture_on_commit_callbacks):
-    """P-SEC-6: with a cap of 2 and two turns running, a third turn whose claim is
+    """With a cap of 2 and two turns running, a third turn whose claim is
     declined is handed back to the queue once, by the first completion; the second completion
     hands out nothing — neither the declined turn again, nor a turn that was never declined
     (still queued with its own task on the way, though older than the declined one)."""
@@ -221,7 +221,7 @@ def test_a_job_declined_for_the_cap_is_handed_out_again_once_when_a_slot_frees(
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks (SQLite runs one write transaction at a time)")
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_declined_while_a_completion_commits_hands_the_job_out_itself(team, handed_out):
-    """P-SEC-6, the race: a completion has ended a job of the project and looked for
+    """The race: a completion has ended a job of the project and looked for
     waiting jobs (none yet) but not committed; a claim counts that job as running and is declined.
     The completion cannot see the claim's mark, so the claim waits for it (it locks the jobs it
     counted), then sees the slot free and hands the job back to the queue itself, unmarked — the
@@ -272,7 +272,7 @@ def test_a_claim_declined_while_a_completion_commits_hands_the_job_out_itself(te
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks (SQLite runs one write transaction at a time)")
 @pytest.mark.django_db(transaction=True)
 def test_a_declined_claim_waits_for_a_running_job_holding_no_lock(team, handed_out):
-    """P-SEC-6: a declined claim looks at the project's running jobs only after its
+    """A declined claim looks at the project's running jobs only after its
     own transaction has committed, one row at a time — while it waits for a running job's row (here
     held by another transaction, as a cancel's cascade holds it while it goes on to lock that
     job's session), it holds none of the locks it took to claim. Waiting for the job while holding
@@ -335,7 +335,7 @@ def test_a_declined_claim_waits_for_a_running_job_holding_no_lock(team, handed_o
 
 def test_a_woken_job_that_ends_before_it_starts_passes_its_slot_on(
         team, handed_out, django_capture_on_commit_callbacks):
-    """P-SEC-6: a completion wakes the oldest job waiting for a slot; if that job is
+    """A completion wakes the oldest job waiting for a slot; if that job is
     cancelled before a worker claims it, the slot it never took goes to the next job waiting —
     not to the reconciler, a lease later."""
     from collab.services.cancel import do_execution_command
@@ -362,7 +362,7 @@ def test_a_woken_job_that_ends_before_it_starts_passes_its_slot_on(
 
 
 def test_a_completion_wakes_by_the_cap_as_it_is_now(team, handed_out, django_capture_on_commit_callbacks):
-    """P-SEC-6: the cap raised while a turn runs: its completion wakes as many waiting
+    """The cap raised while a turn runs: its completion wakes as many waiting
     jobs as the new cap leaves slots for (it reads the project's cap again, not the one the claim saw)."""
     from collab.services.execution import claim_job, finish_job
     from collab.services.turns import do_start_user_turn
@@ -453,7 +453,7 @@ def run_as_workers(broker, job_ids, *, slots: int, timeout: float = 120) -> dict
 
 @pytest.mark.django_db(transaction=True)
 def test_a_burst_in_one_project_hands_out_one_task_per_turn(team, handed_out):
-    """P-SEC-6: forty turns submitted at once in one project with a cap of 2, drained by
+    """Forty turns submitted at once in one project with a cap of 2, drained by
     two worker slots (``bench/turns.py``'s concurrent run): no claim is declined, so each turn is
     handed to the queue once, by its admission — a completion no longer hands out the project's
     oldest queued turns, whose own tasks are on the way (1.99 tasks a turn before)."""
@@ -467,7 +467,7 @@ def test_a_burst_in_one_project_hands_out_one_task_per_turn(team, handed_out):
 
 @pytest.mark.django_db(transaction=True)
 def test_nothing_is_lost_and_nothing_handed_out_twice_when_slots_are_contended(team, handed_out):
-    """P-SEC-6, a race loop: more worker slots than the cap (4 slots, caps 1 and 2), so
+    """A race loop: more worker slots than the cap (4 slots, caps 1 and 2), so
     claims are declined while completions free slots, over many rounds of a burst of turns in one
     project. With no reconciler, every turn ends; every task beyond a turn's first met a claim
     declined for the cap and none found its job gone (``stale``): at most N + declines tasks,
@@ -495,7 +495,7 @@ ANY_JOIN = re.compile(r"Join|Nested Loop")
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's plans")
 def test_the_wake_ups_plan_does_not_depend_on_the_tables_statistics(team):
-    """P-SEC-6: with 400 turns queued in the project and three of them declined for the
+    """With 400 turns queued in the project and three of them declined for the
     cap, the wake-up finds its candidates through the partial index ``job_waiting_for_slot`` and
     checks each one's branch in a SubPlan — never a join over the project's queued jobs (the NOT
     EXISTS it replaced was planned, without statistics, as a nested loop scanning every queued job

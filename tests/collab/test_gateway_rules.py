@@ -1,4 +1,4 @@
-"""P-SEC-7 (gateway part): through the tool gateway a member acts only as
+"""The tool gateway (docs/contract.md#http-api): through it a member acts only as
 branches they started, maintainers and owners as any; gateway calls continue the branch's
 chain counters, so topology budgets bind across them as they do across turns."""
 
@@ -58,7 +58,7 @@ def test_a_branch_spawned_by_a_members_agent_is_theirs_not_another_members(team,
 
 
 def test_max_messages_binds_across_consecutive_gateway_calls(team, scripted_session, api_as):
-    """OP §5.1 through the gateway: each call continues the acting branch's chain (its running,
+    """Topology budgets through the gateway: each call continues the acting branch's chain (its running,
     else latest, job), so a ping-pong of deliveries made from outside stops at ``max_messages``
     exactly as one made by turns does — with the budget's code, and nothing admitted."""
     from collab.models import Job

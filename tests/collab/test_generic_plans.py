@@ -1,11 +1,11 @@
-"""The hot statements' generic plans read what they are about, however long the queue (SPEC §13
-turn overhead, which must hold at volume). PostgreSQL plans a prepared statement once for all values, on the
-statistics of the moment; a job queue's statistics are taken when the queue is short (a quiet
-moment, a fresh database) and the plan is kept while it is long. With the queue's status in the
-SQL, such a plan read every queued job to find one: the claim scanned ``job_status_lease`` for
-its job's id, the admission's "is the branch occupied?" and the completion's "what is queued
-next here?" scanned it for the branch (``bench/turns.py`` under ``auto_explain``: ~65–80 index
-entries read per turn at a 600-turn backlog, more as it grows).
+"""The hot statements' generic plans read what they are about, however long the queue (the "Turn
+overhead" target of docs/performance.md#targets, which must hold at volume). PostgreSQL plans a
+prepared statement once for all values, on the statistics of the moment; a job queue's statistics
+are taken when the queue is short (a quiet moment, a fresh database) and the plan is kept while it
+is long. With the queue's status in the SQL, such a plan read every queued job to find one: the
+claim scanned ``job_status_lease`` for its job's id, the admission's "is the branch occupied?" and
+the completion's "what is queued next here?" scanned it for the branch (``bench/turns.py`` under
+``auto_explain``: ~65–80 index entries read per turn at a 600-turn backlog, more as it grows).
 
 Each statement is compiled as the service compiles it, then run here as PostgreSQL runs it
 from its plan cache (``PREPARE`` … ``EXECUTE`` with ``plan_cache_mode = force_generic_plan``),

@@ -1,4 +1,5 @@
-"""Governed execution (SPEC §7, §9, §11.1; OP §2.6, §5.1–§5.3, §5.6, §5.10, §6 C1, C4, C5, C6, C9).
+"""Governed execution (docs/contract.md#admission-budgets-and-quotas, #cancel-and-archive,
+#crash-recovery and #results).
 
 Admission, topology budgets, resource quotas, the versioned ``execution.cancel``
 command, crash recovery and bounded results, driven through public entry points
@@ -69,7 +70,7 @@ pytestmark = pytest.mark.slow
 
 LONG_MS = 30_000  # a model call that is always cancelled long before it ends
 # a model call that cannot end by itself within any wait of a test (the scripted provider's
-# longest sleep, SPEC §11.2): a job with this step that reaches a terminal state within WAIT was
+# longest sleep): a job with this step that reaches a terminal state within WAIT was
 # stopped by what the test did (a cancel), not by the sleep running out — "promptly" without a
 # wall-clock bound
 UNENDING_MS = 600_000
@@ -124,7 +125,7 @@ def event_types(api, sid) -> list[tuple[str, dict]]:
     return [(e["type"], e["payload"]) for e in events(api, sid)]
 
 
-# --- OP C1: both agent modes admit Jobs; cancel is the versioned execution command -------------
+# --- both agent modes admit Jobs; cancel is the versioned execution command --------------------
 
 
 def test_background_and_foreground_agent_calls_both_admit_jobs(team, api_as, run_queued):
@@ -171,7 +172,7 @@ def test_background_and_foreground_agent_calls_both_admit_jobs(team, api_as, run
         assert r["is_error"] and r["details"]["code"] == "unknown_tool", r
 
 
-# --- OP §5.3, §5.10: execution.cancel ------------------------------------------------------------
+# --- execution.cancel (docs/contract.md#cancel) --------------------------------------------------
 
 
 def test_cancel_is_versioned_idempotent_and_handles_queued_running_terminal(team, api_as, worker):
@@ -264,7 +265,7 @@ def test_cancel_cascades_through_a_three_level_tree(team, api_as, worker):
         assert api.wait(eid, timeout=WAIT)["status"] == "cancelled", eid
 
     # each cancelled child's result still reaches its caller exactly once, as an error — as a
-    # notice on the cancelled caller's branch, never as a new model turn (SPEC §7: cancel is a fence)
+    # notice on the cancelled caller's branch, never as a new model turn (the cancel fence)
     jobs = settle(api, sid)
     root_job, mid_job = execution(api, root), execution(api, mid["id"])
     for caller, child in ((root_job, mid_job), (mid_job, execution(api, leaf["id"]))):
@@ -412,7 +413,7 @@ def test_database_refuses_illegal_job_transitions(team, api_as, worker):
     assert execution(api, busy)["status"] == "running"
 
 
-# --- P-REL-1 / OW §8: crash recovery -----------------------------------------------------------
+# --- crash recovery (docs/contract.md#crash-recovery) ------------------------------------------
 
 
 def _gone(pid: int) -> bool:
@@ -519,7 +520,7 @@ def test_killed_worker_job_is_interrupted_never_rerun_and_followed_up_once(
         stop_cluster(proc)
 
 
-# --- OP C5: topology budgets -------------------------------------------------------------------
+# --- topology budgets (docs/contract.md#topology-budgets) --------------------------------------
 
 
 def _target_branch(api, owner):
@@ -647,7 +648,7 @@ def test_fanout_exhausted_refuses_the_extra_spawn_and_zero_means_unlimited(team,
     assert all(j["status"] == "succeeded" for j in jobs), jobs
 
 
-# --- OP C6: resource quotas --------------------------------------------------------------------
+# --- resource quotas (docs/contract.md#resource-quotas) ----------------------------------------
 
 
 def test_queue_full_and_jobs_exhausted_are_distinct_and_counted_on_the_executing_session(
@@ -767,7 +768,7 @@ def test_max_live_per_session_runs_background_children_one_at_a_time(team, api_a
     jobs = settle(api, sid)
     assert all(j["status"] == "succeeded" for j in jobs), jobs
     assert len([j for j in jobs if j["parent_job"] == root]) == 3
-    # each child's result reaches the boss exactly once (P-FLW-1/2): as a follow-up turn when the
+    # each child's result reaches the boss exactly once: as a follow-up turn when the
     # boss is idle, or drained into a follow-up already queued or running before its model call
     # — which of the two depends on which job the one live slot goes to first
     delivered = [m for m in transcript_messages(api, address_of(execution(api, root)))
@@ -815,7 +816,7 @@ def test_runtime_and_idle_limits_end_a_turn_as_failed(team, api_as, worker):
         assert field in done["error_reason"]
 
 
-# --- OP C9 / SPEC §9: bounded results and artifacts ---------------------------------------------
+# --- bounded results and artifacts (docs/contract.md#results) -----------------------------------
 
 
 BIG = "HEAD<" + "".join(f"{n:06d}." for n in range(8_000))[: 50_000 - 10] + ">TAIL"
@@ -912,7 +913,7 @@ def test_a_failed_artifact_write_never_yields_a_reference(team, api_as, run_queu
     assert len(r["text"]) <= 30_000
 
 
-# --- OP C4: archive_when_done -----------------------------------------------------------------
+# --- archive_when_done (docs/contract.md#agent) -----------------------------------------------
 
 
 def test_archive_when_done_applies_to_background_and_foreground_runs(team, api_as, run_queued):

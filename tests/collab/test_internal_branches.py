@@ -144,7 +144,7 @@ def test_the_session_page_shows_an_internal_branch_dimmed_with_a_badge(team, ope
 
 
 def test_an_internal_openwork_child_is_not_listed_nor_found_by_task_name(team, scripted_session):
-    """OW §5: the parent's OpenWork ``list_agents`` leaves out an internal
+    """The parent's OpenWork ``list_agents`` leaves out an internal
     child, and ``followup_task`` / ``interrupt_agent`` by its task_name answer ``unknown_agent``
     exactly like a name that does not exist; cleared, the child is listed again."""
     api, ow_sid, child = ow_child(scripted_session, team)

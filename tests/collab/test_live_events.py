@@ -1,8 +1,8 @@
-"""The live event stream: WebSocket ``/ws/sessions/{sid}/?after=SEQ`` (SPEC §11.1, OP §3).
+"""The live event stream: WebSocket ``/ws/sessions/{sid}/?after=SEQ`` (docs/contract.md#events).
 
 First the logged events after ``SEQ``, then the same events live, as JSON text
 frames ``{"seq","type","payload","created_at"}`` in ``seq`` order with no gaps
-and no repeats; members only, Origin checked (P-SEC).
+and no repeats; members only, Origin checked.
 
 Two layers of proof:
 
@@ -11,8 +11,8 @@ Two layers of proof:
   channels' ``WebsocketCommunicator``;
 * cross-process, through a real daphne process and a real qcluster worker: the
   worker's events reach the socket live — through the database relay on the
-  embedded default (P-RUN-1) and through channels-redis when ``REDIS_URL`` is
-  set (P-RUN-2).
+  embedded default and through channels-redis when ``REDIS_URL`` is
+  set (docs/contract.md#deployments).
 
 Every wait is on a condition with a timeout, never a fixed sleep.
 """
@@ -116,7 +116,7 @@ def session_of(scripted_session, team):
 
 
 def test_log_then_live_in_seq_order_after_seq(transactional_db, team, session_of):
-    """SPEC §11.1 WebSocket row, OP §3 (live, audit trail): ``?after=SEQ`` first replays the
+    """``?after=SEQ`` first replays the
     logged events after SEQ — not before, not SEQ itself — then streams new ones, same
     shape as ``GET /api/sessions/{sid}/events``, in seq order with no gaps or repeats."""
     api, sid = session_of
@@ -146,7 +146,7 @@ def test_log_then_live_in_seq_order_after_seq(transactional_db, team, session_of
 
 
 def test_reconnect_with_after_gets_exactly_the_missed_events(transactional_db, team, session_of):
-    """SPEC §11.1 (``?after=SEQ`` resume), OP §3: a client that drops and reconnects with the
+    """Resuming with ``?after=SEQ``: a client that drops and reconnects with the
     last seq it saw gets exactly the events it missed — none repeated, none skipped — and
     then the live ones."""
     api, sid = session_of
@@ -186,7 +186,7 @@ def test_reconnect_with_after_gets_exactly_the_missed_events(transactional_db, t
 
 
 def test_turn_posted_through_the_api_after_connecting_arrives_live(transactional_db, team, session_of):
-    """SPEC §11.1, OP §3 (live): a member watching the session sees the events of a turn posted
+    """A member watching the session sees the events of a turn posted
     through the REST API after the socket opened (the person's message and ``job.queued``),
     in order, identical to the log."""
     api, sid = session_of
@@ -213,7 +213,7 @@ def test_turn_posted_through_the_api_after_connecting_arrives_live(transactional
 
 
 def test_browser_session_cookie_authenticates_the_socket(transactional_db, team, session_of):
-    """SPEC §11.1: the browser's session cookie (no bearer token) is accepted on the handshake."""
+    """The browser's session cookie (no bearer token) is accepted on the handshake."""
     from django.conf import settings
     from django.test import Client
 
@@ -240,7 +240,7 @@ def test_browser_session_cookie_authenticates_the_socket(transactional_db, team,
     ["outsider", "anonymous", "bad_token", "evil_origin", "no_origin", "unknown_session"],
 )
 def test_handshake_is_refused_for_non_members_and_foreign_origins(transactional_db, team, session_of, case):
-    """P-SEC, SPEC §8 and §11.1: a non-member (an owner of another project), an anonymous
+    """A non-member (an owner of another project), an anonymous
     client, a bad token, a foreign or missing Origin, and an unknown session id are all
     refused at the handshake; nothing of the log is sent. A viewer with the same headers
     otherwise is accepted (control)."""
@@ -393,7 +393,7 @@ def auth_header(user) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_worker_events_reach_a_socket_on_the_server_live_and_in_order(team, scripted_session, server, worker):
-    """P-RUN-1 / P-RUN-2, OP §3 (live), SPEC §11.1: a browser-like client on the real daphne
+    """On either deployment, a browser-like client on the real daphne
     process watches a session while a turn runs on the real worker process. The worker's
     events (``job.running``, the answer's ``message.created``, ``job.succeeded``) arrive live —
     ``job.running`` while the job is still running — in seq order with no gaps, identical to
@@ -455,7 +455,7 @@ def test_worker_events_reach_a_socket_on_the_server_live_and_in_order(team, scri
 
 @pytest.mark.slow
 def test_server_refuses_non_members_and_foreign_origins(team, session_of, server):
-    """P-SEC, SPEC §11.1: on the real daphne process the handshake of an outsider, of an
+    """On the real daphne process the handshake of an outsider, of an
     anonymous client and of a foreign Origin is rejected (HTTP 403, no upgrade); a member
     is accepted."""
     _, sid = session_of
@@ -489,7 +489,7 @@ def test_server_refuses_non_members_and_foreign_origins(team, session_of, server
 
 
 def test_a_commits_events_travel_as_one_message_and_arrive_in_order(transactional_db, team, session_of):
-    """OP §3 (live): the events one transaction commits for a session
+    """The events one transaction commits for a session
     go to its listeners as one message of the channel layer (one ``group_send`` per commit, not
     one per event), carrying them in ``seq`` order with ``event`` the last of them (what a reader
     of single events takes; it reads the rest from the log); a socket gets every one of them,

@@ -1,8 +1,8 @@
-"""The live fan-out (SPEC §13): a process reads each event once for all
+"""The live fan-out (the "Live" target of docs/performance.md#targets): a process reads each event once for all
 its sockets on a session and redacts it once per viewer (``collab/realtime/fanout.py``).
 
-What must not change with it: every socket gets every event once, in ``seq`` order (SPEC
-§11.1), each as *its* viewer may see it (P-SEC-9) — two people on one session can be
+What must not change with it: every socket gets every event once, in ``seq`` order
+(docs/contract.md#events), each as *its* viewer may see it — two people on one session can be
 sent different frames of one event — and the database work per event does not grow with the
 number of sockets. Through the real ASGI application with channels' ``WebsocketCommunicator``.
 """
@@ -86,7 +86,7 @@ def test_two_viewers_on_one_session_get_each_their_own_frame_of_one_event(transa
 
 def test_the_queries_per_event_do_not_grow_with_the_sockets(transactional_db, team, private_beside_open, settings,
                                                            monkeypatch):
-    """SPEC §13: 1 socket or 6 sockets of one viewer on a session, the process's database work
+    """1 socket or 6 sockets of one viewer on a session, the process's database work
     per live event is the same — each event that names another session costs one visibility
     query per distinct viewer, not one per socket (before the fan-out: one per socket)."""
     from django.db.backends import utils
@@ -132,7 +132,7 @@ def test_the_queries_per_event_do_not_grow_with_the_sockets(transactional_db, te
 
 def test_a_socket_that_connects_while_events_stream_misses_none_and_repeats_none(transactional_db, team,
                                                                                  private_beside_open):
-    """SPEC §11.1 under the fan-out's hand-over from the log to live frames: sockets opened one
+    """Under the fan-out's hand-over from the log to live frames: sockets opened one
     after another while events are being written each get every event after their ``?after=``
     exactly once, in order."""
     open_sid, _ = private_beside_open
@@ -160,10 +160,10 @@ def test_a_socket_that_connects_while_events_stream_misses_none_and_repeats_none
         assert got[-1]["seq"] == last
 
 
-def test_p_sec_a_socket_whose_access_cannot_be_checked_again_is_closed_not_left_open(transactional_db, team,
+def test_a_socket_whose_access_cannot_be_checked_again_is_closed_not_left_open(transactional_db, team,
                                                                                     api_as, scripted_session,
                                                                                     monkeypatch):
-    """P-SEC (SPEC §8) through the shared fan-out: a membership change makes each affected socket's
+    """Through the shared fan-out, a membership change makes each affected socket's
     access be checked again; when that check fails (the database is unreachable) the socket is
     closed (1011, the client reconnects and is authorized afresh) — it never stays open unchecked
     — and a later change for the same person is still acted on by the process."""

@@ -1,4 +1,4 @@
-"""Liveness is the worker's, not the loop's (SPEC §7 P-REL-1, OW §8).
+"""Liveness is the worker's, not the loop's (docs/contract.md#crash-recovery).
 
 End to end through the REST API on real ``qcluster`` processes started here with a SHORT
 lease (``TRELLIS_LEASE_SECONDS=3``, ``TRELLIS_RECONCILE_SECONDS=1``), so every worker
@@ -194,11 +194,11 @@ def blocked_turn_survives(api, sid, root_id, cluster, **behind) -> dict:
     return ended
 
 
-# --- P-REL-1: a blocked turn outlives its lease -----------------------------------------------------
+# --- a blocked turn outlives its lease ---------------------------------------------------------------
 
 
 def test_turn_blocked_in_job_output_outlives_the_lease(team, api_as, live_cluster):
-    """P-REL-1 / OW-§8: a turn blocked in ``job_output(block=true)`` on a background child that
+    """A turn blocked in ``job_output(block=true)`` on a background child that
     sleeps five leases stays running and succeeds; so does the child."""
     owner = api_as(team.owner)
     make_spec(owner, "sleeper", [{"sleep_ms": BLOCK_MS}, {"text": "slept"}])
@@ -222,7 +222,7 @@ def test_turn_blocked_in_job_output_outlives_the_lease(team, api_as, live_cluste
 
 
 def test_turn_blocked_in_a_sleep_step_outlives_the_lease(team, api_as, live_cluster):
-    """P-REL-1 / OW-§8: a scripted ``sleep_ms`` step of five leases (the turn loop only reads the
+    """A scripted ``sleep_ms`` step of five leases (the turn loop only reads the
     job's status meanwhile; the worker process renews the lease) stays running and succeeds."""
     owner = api_as(team.owner)
     make_spec(owner, "slow", {"user": [{"sleep_ms": BLOCK_MS}, {"text": "done sleeping"}]})
@@ -244,7 +244,7 @@ def fake_server():
 
 
 def test_slow_non_streaming_model_call_outlives_the_lease(team, api_as, live_cluster, fake_server):
-    """P-REL-1 / OW-§8: a non-streaming model call that the (fake, local) OpenAI server answers
+    """A non-streaming model call that the (fake, local) OpenAI server answers
     only after five leases stays running and succeeds."""
     fake_server.reset()
     fake_server.add(OpenAIDialect.text("a slow answer", delay=BLOCK_MS / 1000))
@@ -264,12 +264,12 @@ def test_slow_non_streaming_model_call_outlives_the_lease(team, api_as, live_clu
     assert fake_server.requests[0].body.get("stream") in (None, False)
 
 
-# --- P-REL-1: a dead worker's jobs are recovered ----------------------------------------------------
+# --- a dead worker's jobs are recovered --------------------------------------------------------------
 
 
 def test_killed_worker_jobs_are_recovered_by_a_new_worker(team, api_as, short_lease_env, queue_name,
                                                                   tmp_path, monkeypatch):
-    """P-REL-1 / OW-§8: SIGKILL a whole worker machine (its qcluster process group) while it runs
+    """SIGKILL a whole worker machine (its qcluster process group) while it runs
     two turns, one of which is then cancelled (``stopping`` with nobody to confirm it), and a
     third turn waits behind one of them on its branch. The surviving workers (and a new one
     started afterwards) recover everything by themselves, with no reconcile run from outside:
@@ -343,7 +343,7 @@ def test_killed_worker_jobs_are_recovered_by_a_new_worker(team, api_as, short_le
     ({"TRELLIS_LEASE_SECONDS": "10", "TRELLIS_RECONCILE_SECONDS": "11"}, "must not exceed TRELLIS_LEASE_SECONDS"),
 ])
 def test_lease_and_reconcile_interval_are_validated_loudly(tmp_path, env, message):
-    """P-REL-1: recovery takes up to lease + reconcile interval, so a reconcile interval longer than
+    """Recovery takes up to lease + reconcile interval, so a reconcile interval longer than
     the lease (a bound over 2 x lease) or a value that is not a positive integer stops start-up."""
     from tests.test_settings import load_settings
 
@@ -354,7 +354,7 @@ def test_lease_and_reconcile_interval_are_validated_loudly(tmp_path, env, messag
 @pytest.mark.parametrize(("env", "expected"), [({}, (30, 10)), ({"TRELLIS_LEASE_SECONDS": "5"}, (5, 1)),
                                                ({"TRELLIS_LEASE_SECONDS": "3", "TRELLIS_RECONCILE_SECONDS": "3"}, (3, 3))])
 def test_defaults_state_a_bound_within_two_leases(tmp_path, env, expected):
-    """P-REL-1: the defaults are a 30 s lease and a reconcile every lease/3 (bound 40 s <= 60 s)."""
+    """The defaults are a 30 s lease and a reconcile every lease/3 (bound 40 s <= 60 s)."""
     code = "import config.settings as s; print(s.TRELLIS_LEASE_SECONDS, s.TRELLIS_RECONCILE_SECONDS)"
     from tests.test_settings import CLEAN
 

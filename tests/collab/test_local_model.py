@@ -1,4 +1,4 @@
-"""A real model offline, end to end (SPEC §10): llama.cpp's OpenAI-compatible
+"""A real model offline, end to end (docs/models.md#a-real-model-offline): llama.cpp's OpenAI-compatible
 server with Gemma 3 270M (the ``.[local]`` extra), an AgentSpec saved by ``manage.py
 local_model`` on the ``openai`` provider with a forced tool choice, and one user turn through the
 real worker that calls a collab tool and completes.

@@ -1,4 +1,4 @@
-"""Locks without stale reads (SPEC §7; STYLE §12; OP C1, OP §5.3, §5.4).
+"""Locks without stale reads.
 
 Every row read under a lock is read after the lock is held, in one order (session → branch →
 job, collab/services/locking.py), and a transaction that can still deadlock runs again whole.
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.django_db(transaction=True)
 def test_a_stopping_job_ends_only_cancelled_and_the_database_agrees(team, api_as):
-    """SPEC §7: ``stopping`` → ``succeeded``/``failed``/``interrupted`` is refused
+    """``stopping`` → ``succeeded``/``failed``/``interrupted`` is refused
     by the database guard (migration 0012), ``stopping`` → ``cancelled`` is accepted; and
     ``finish_job`` asked to end a stopping job as succeeded ends it cancelled, without its answer."""
     from django.db import DatabaseError, transaction
@@ -46,7 +46,7 @@ def test_a_stopping_job_ends_only_cancelled_and_the_database_agrees(team, api_as
             Job.objects.filter(pk=ids[0]).update(status=illegal, finished_at=now)
     assert Job.objects.get(pk=ids[0]).status == "stopping"
 
-    # an answer long enough to need an artifact (SPEC §9): not kept, and neither is its full text
+    # an answer long enough to need an artifact: not kept, and neither is its full text
     late = "a late answer " * 3000
     ended = finish_job(Job.objects.get(pk=ids[0]), status="succeeded", final_text=late, result_text=late)
     assert (ended.status, ended.error_code, ended.is_error) == ("cancelled", "cancelled", True)

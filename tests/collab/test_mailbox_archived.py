@@ -1,5 +1,5 @@
 """A mailbox-mode result whose caller branch is archived goes back to its sender, once
-(OP §5.4, OW §6).
+(docs/contract.md#results-come-back-exactly-once).
 
 An OpenWork explorer's result is owed to its parent in mode ``mailbox``: it waits for the
 parent branch's next turn to drain it. An archived branch never has a next turn, so such a
@@ -85,7 +85,7 @@ def assert_bounced_once(api, sid, child):
 
 
 def test_an_explorer_result_to_a_parent_archived_while_it_ran_goes_back_once(team, api_as, worker):
-    """OP §5.4, OW §6: the parent branch is archived while its explorer runs;
+    """The parent branch is archived while its explorer runs;
     when the explorer finishes its result is not left owed but bounced to it once."""
     owner, api = api_as(team.owner), api_as(team.member)
     sid, first, child = spawn_and_answer(api, owner, "mbx1", 3_000)
@@ -96,7 +96,7 @@ def test_an_explorer_result_to_a_parent_archived_while_it_ran_goes_back_once(tea
 
 
 def test_a_finished_explorer_result_goes_back_once_when_its_parent_is_archived(team, api_as, worker):
-    """OP §5.4, OW §6.4: the explorer finished after the parent's answer, so its
+    """The explorer finished after the parent's answer, so its
     result waits owed for the parent's next turn; archiving the parent settles it at once, and
     archiving again bounces nothing more."""
     from collab.models import Job
@@ -114,7 +114,7 @@ def test_a_finished_explorer_result_goes_back_once_when_its_parent_is_archived(t
 
 
 def test_reconcile_settles_a_mailbox_result_stranded_on_an_archived_branch_once(team, api_as, worker):
-    """OP §5.4: a mailbox result found owed to an archived branch (its settling
+    """A mailbox result found owed to an archived branch (its settling
     was lost: simulated by archiving the row directly) is settled by the reconciler, once however
     often it runs."""
     from django.db.models.functions import Now

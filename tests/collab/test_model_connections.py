@@ -1,4 +1,4 @@
-"""Model connections belong to the operator (SPEC §8 P-SEC-0, §10, §11.1).
+"""Model connections belong to the operator (docs/contract.md#authorization-and-visibility).
 
 Two local servers record every request they receive (tests/collab/fake_llm.py): ``listed``
 is the endpoint of the operator's connections, ``elsewhere`` a host no connection of the
@@ -155,7 +155,7 @@ REFUSED_SPECS = {
 @pytest.mark.parametrize("make", list(REFUSED_SPECS.values()), ids=list(REFUSED_SPECS))
 def test_no_spec_a_tenant_can_type_names_a_host_or_variable_the_operator_did_not_list(
         team, api_as, worker, connections, listed, elsewhere, make):
-    """P-SEC-0 / P-SEC-1: every way of naming an endpoint or a key variable that is not a
+    """Every way of naming an endpoint or a key variable that is not a
     connection bound to the project is a 400 ``provider_config``; nothing is saved; no
     request reaches either server."""
     r = save_spec(api_as(team.owner), **make(listed, elsewhere))
@@ -170,7 +170,7 @@ def test_no_spec_a_tenant_can_type_names_a_host_or_variable_the_operator_did_not
 @pytest.mark.parametrize("change", ["unbound", "model-no-longer-allowed", "disabled", "moved-to-other-provider"])
 def test_a_connection_taken_away_later_fails_the_turn_before_any_request(
         team, api_as, run_queued, connections, listed, elsewhere, change):
-    """P-SEC-1: the worker checks the binding again at call time; a spec whose connection was
+    """The worker checks the binding again at call time; a spec whose connection was
     unbound, narrowed or disabled after it was saved fails with ``provider_config`` and sends
     nothing anywhere."""
     r = save_spec(api_as(team.owner), provider="openai", connection="listed-openai")
@@ -199,7 +199,7 @@ def test_a_connection_taken_away_later_fails_the_turn_before_any_request(
 @pytest.mark.parametrize("how", ["connection", "legacy-fields"])
 def test_a_listed_connection_receives_only_its_own_key(team, api_as, run_queued, connections, listed, elsewhere,
                                                                provider, how):
-    """P-SEC-0: the connection's host gets the connection's key and nothing of the operator's
+    """The connection's host gets the connection's key and nothing of the operator's
     other variables (default keys, auth tokens, admin keys, organisation ids, custom headers);
     the older base_url/api_key_env fields are accepted when they name that same connection."""
     dialect = DIALECTS[provider]
@@ -229,7 +229,7 @@ def test_a_listed_connection_receives_only_its_own_key(team, api_as, run_queued,
 
 @pytest.mark.slow
 def test_a_keyless_connection_sends_no_key_at_all(team, api_as, worker, connections, listed):
-    """P-SEC-0: a connection without a key variable (a local server) never falls back to the
+    """A connection without a key variable (a local server) never falls back to the
     SDK's OPENAI_API_KEY: its requests carry no Authorization or x-api-key header."""
     assert save_spec(api_as(team.owner), provider="openai", connection="keyless").status_code == 201
     _, done = run_turn(api_as(team.member))
@@ -245,7 +245,7 @@ def test_a_keyless_connection_sends_no_key_at_all(team, api_as, worker, connecti
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_a_redirect_from_the_listed_host_is_not_followed(team, api_as, worker, connections, listed, elsewhere,
                                                                   provider, status):
-    """P-SEC-0: a redirect from the connection's host to a second server ends the call with a
+    """A redirect from the connection's host to a second server ends the call with a
     provider error code; the second server sees no request of any method (so never the key)."""
     dialect = DIALECTS[provider]
     listed.responder = lambda request: Reply(status=status, headers={"location": elsewhere.url + dialect.path}, body={})
@@ -261,7 +261,7 @@ def test_a_redirect_from_the_listed_host_is_not_followed(team, api_as, worker, c
 @pytest.mark.slow
 @pytest.mark.parametrize("status", [400, 401, 404, 429, 500])
 def test_a_provider_error_never_echoes_the_remote_hosts_text(team, api_as, run_queued, connections, listed, status):
-    """P-SEC-0: the job's reason, its events (retries too) and every API answer show a code,
+    """The job's reason, its events (retries too) and every API answer show a code,
     the connection's name and the HTTP status, never the body the remote host sent."""
     dialect = DIALECTS["openai"]
     listed.responder = lambda request: dialect.error(status, f"{MARKER} internal host 10.1.2.3 said no")

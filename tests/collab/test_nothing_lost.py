@@ -1,4 +1,4 @@
-"""Nothing accepted is lost or silent (SPEC §6–§7, OP §5.4, OP C4, C10).
+"""Nothing accepted is lost or silent (docs/contract.md#delivery-and-follow-ups).
 
 Through the API and the tool gateway, with real worker processes: an inbox drains whenever
 its branch becomes idle, by whatever path (a turn ending, the cancel of a queued turn,
@@ -74,7 +74,7 @@ def _message_turns(target_branch_id):
 
 
 def test_a_message_whose_targets_only_queued_turn_is_cancelled_is_still_delivered(team, api_as, worker):
-    """OP §5.4: cancelling the target's only queued turn makes it idle, and its inbox drains then —
+    """Cancelling the target's only queued turn makes it idle, and its inbox drains then —
     the message's own turn runs with no later turn on the target."""
     api, tsid, root, queued, target, _ = _target_behind_a_queued_turn(team, api_as)
     target_id = execution(api, queued)["branch"]
@@ -94,7 +94,7 @@ def test_a_message_whose_targets_only_queued_turn_is_cancelled_is_still_delivere
 
 
 def test_reconcile_drains_an_idle_branch_with_waiting_messages(team, api_as, worker, process_env):
-    """OP §5.4, P-REL-1: ``manage.py reconcile`` drains any branch with no running job whose inbox
+    """``manage.py reconcile`` drains any branch with no running job whose inbox
     still holds messages, whatever left them there — here the state an earlier release left
     when it cancelled a target's only queued turn without draining (the row is ended directly,
     as that release did)."""
@@ -124,7 +124,7 @@ def test_reconcile_drains_an_idle_branch_with_waiting_messages(team, api_as, wor
 def test_a_message_to_a_target_archived_meanwhile_reaches_the_sender_as_a_failed_result_once(
     team, api_as, worker
 ):
-    """OP §5.4, C4: the inbox of a branch archived while the message waited goes back to each
+    """The inbox of a branch archived while the message waited goes back to each
     sender as one failed result (a follow-up that says so), never silently dropped."""
     # the target stays busy until this test cancels its turn (never a timed busy period)
     api, ssid, sender, tsid, busy, target = sender_and_busy_target(team, api_as, LONG_MS, "quiet: {{prompt}}")
@@ -151,7 +151,7 @@ def test_a_message_to_a_target_archived_meanwhile_reaches_the_sender_as_a_failed
 def test_a_result_to_a_caller_archived_meanwhile_reaches_the_sender_as_a_failed_result_once(
     team, api_as, worker
 ):
-    """SPEC §6, OP C10: a background child's result whose caller branch was archived meanwhile is
+    """A background child's result whose caller branch was archived meanwhile is
     not dropped: the child (the result's sender) gets one failed result saying so, and the
     archived caller is left as it was."""
     owner = api_as(team.owner)
@@ -185,7 +185,7 @@ def test_a_result_to_a_caller_archived_meanwhile_reaches_the_sender_as_a_failed_
 
 
 def test_a_start_refused_on_an_archived_branch_writes_nothing_there(team, api_as, worker):
-    """OP C4, §5.4: a task accepted while its target was busy, refused at start because the target
+    """A task accepted while its target was busy, refused at start because the target
     was archived meanwhile, leaves the branch as it was (no prompt node, no turn), and its
     sender hears of it once."""
     from collab.models import Message
@@ -215,7 +215,7 @@ def test_a_start_refused_on_an_archived_branch_writes_nothing_there(team, api_as
 
 
 def test_fifo_claim_order_and_the_duplicate_window_use_the_database_clock(team, api_as, worker, monkeypatch):
-    """SPEC §7: deliveries accepted by app servers whose clocks disagree (here
+    """Deliveries accepted by app servers whose clocks disagree (here
     this process's clock set ten minutes ahead, then ten minutes behind) still wait, drain and
     run in the order they were accepted, every stored time is the database's, and the 60-s
     duplicate window holds across them."""

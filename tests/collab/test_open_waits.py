@@ -1,4 +1,4 @@
-"""Open waits are bounded per user (P-SEC-4): a ``?wait=`` request or an SSE
+"""Open waits are bounded per user (docs/contract.md#http-api): a ``?wait=`` request or an SSE
 stream parks on the event loop holding no thread, but it holds a socket and a channel-layer
 subscription, so one user (or a leaked token) may keep at most
 ``TRELLIS_MAX_OPEN_STREAMS_PER_USER`` open per web process. Past it: 429 ``too_many_open_waits``

@@ -1,4 +1,4 @@
-"""OpenWork multi-agent acceptance (SPEC §5, §6, §7; OW §10 acceptance 1–24).
+"""OpenWork multi-agent acceptance (docs/contract.md#the-openwork-toolset).
 
 A root session whose AgentSpec has ``toolset="openwork"`` gets the five control
 tools (``spawn_agent``, ``wait_agent``, ``list_agents``, ``followup_task``,
@@ -16,10 +16,10 @@ API does not show (exactly-once dedupe keys, "nothing was written" counts,
 cascades) and to simulate what cannot be caused from outside (a worker that died:
 its lease running out). Waiting is always polling with a timeout.
 
-Not covered here: OW acc. 6 and 11 (compaction: Trellis has none), 21 (the agent
-rail page, tested with the browser elsewhere), 23 (traces), 24 (structural: one
-run loop), and the zero-turn orphan clean-up of acc. 19 (a spawn is one
-transaction here, so a child session without a turn cannot exist).
+Not covered here: fitting a long branch into the context window (test_openwork_models.py), the
+agent rail page (tested with the browser, tests/browser/test_agent_rail.py), traces, the
+structural rule of one run loop, and cleaning up a child session left without a turn (a spawn
+is one transaction here, so a child session without a turn cannot exist).
 """
 
 import io
@@ -60,7 +60,7 @@ pytestmark = pytest.mark.slow
 
 LONG_MS = 30_000  # a child "model call" that is always interrupted long before it ends
 CONTROL_TOOLS = ["followup_task", "interrupt_agent", "list_agents", "spawn_agent", "wait_agent"]
-PLAN_TOOLS = {"todo_create", "todo_update", "todo_list"}  # a root's plan tool (OW: update_plan); never an explorer's
+PLAN_TOOLS = {"todo_create", "todo_update", "todo_list"}  # a root's plan tools; never an explorer's
 
 # The worker is a session-wide subprocess that copies os.environ when it starts (after
 # collection), so a key set while this module is imported reaches it.
@@ -78,7 +78,7 @@ ENVELOPE = re.compile(
 
 
 def openwork_spec(owner_api, agent_id, script, **fields) -> dict:
-    """A scripted agent with the OpenWork toolset (OW §1)."""
+    """A scripted agent with the OpenWork toolset."""
     return make_spec(owner_api, agent_id, script, toolset="openwork", **fields)
 
 
@@ -157,7 +157,7 @@ def gateway_spawn(api, address, task_name, message):
 
 
 def assert_drained_after_tool_results(messages):
-    """OW §6.3 / acc. 8: envelopes never split an assistant(tool_calls) from its tool results;
+    """Envelopes never split an assistant(tool_calls) from its tool results;
     each is followed (after any further envelopes) by the next model call's assistant node."""
     i = 0
     while i < len(messages):
@@ -177,14 +177,14 @@ def assert_drained_after_tool_results(messages):
         i += 1
 
 
-# --- OW acc. 1, 2, 3, 4: child sessions, names -----------------------------------------------------
+# --- child sessions, names -------------------------------------------------------------------------
 
 
 SIMPLE = {"user": [{"text": "mail=[{{mailbox}}]"}], "spawn": [{"text": "explored: {{prompt}}"}]}
 
 
 def test_child_session_records_parent_task_name_and_role(team, api_as, run_queued):
-    """OW acc. 1 (and 5): a spawned child is a Session with parent_session and agent_role
+    """A spawned child is a Session with parent_session and agent_role
     ``explorer`` whose one branch carries the task_name and the parent branch; the root has none
     of these. The child runs a turn whose terminal state is readable; people cannot post turns to it."""
     from collab.models import Branch, Session
@@ -229,7 +229,7 @@ def test_child_session_records_parent_task_name_and_role(team, api_as, run_queue
 
 
 def test_children_are_hidden_from_the_session_list_but_listed_by_their_parent(team, api_as, run_queued, client):
-    """OW acc. 2: the project's session list shows root sessions only, each child listed under its
+    """The project's session list shows root sessions only, each child listed under its
     parent; the parent lists its children with list_agents, sorted by task_name."""
     owner, api = api_as(team.owner), api_as(team.member)
     sid, main, _ = root_with_address(api, owner, "ow2", SIMPLE)
@@ -257,7 +257,7 @@ def test_children_are_hidden_from_the_session_list_but_listed_by_their_parent(te
 
 
 def test_duplicate_task_name_is_refused_under_one_parent_only(team, api_as, run_queued):
-    """OW acc. 3: a second child named like an existing one (idle or not) under the same parent is
+    """A second child named like an existing one (idle or not) under the same parent is
     refused with duplicate_task_name and writes nothing; another parent session may use the name."""
     owner, api = api_as(team.owner), api_as(team.member)
     sid_a, main_a, _ = root_with_address(api, owner, "ow3", SIMPLE)
@@ -279,7 +279,7 @@ def test_duplicate_task_name_is_refused_under_one_parent_only(team, api_as, run_
 
 
 def test_malformed_task_names_and_arguments_are_refused_before_any_row(team, api_as, run_queued):
-    """OW acc. 4 (OW §5): ``^[a-z][a-z0-9_]{0,47}$`` — a bad name is invalid_task_name and no
+    """``^[a-z][a-z0-9_]{0,47}$`` — a bad name is invalid_task_name and no
     session, branch, job or message is written; 48 characters is the longest accepted. The schema
     rejects unknown fields and a blank message (invalid_arguments)."""
     from collab.models import Branch
@@ -311,11 +311,11 @@ def test_malformed_task_names_and_arguments_are_refused_before_any_row(team, api
     assert [a["task_name"] for a in json.loads(ok(tool(api, main, "list_agents"))["text"])] == [longest]
 
 
-# --- OW acc. 5, 7, 8, 12: three explorers in parallel, aggregated in the same turn -----------------
+# --- three explorers in parallel, aggregated in the same turn --------------------------------------
 
 
 def test_three_parallel_explorers_are_aggregated_in_the_same_turn(team, api_as, worker):
-    """OW acc. 5, 7, 8, 12: one parent turn spawns three explorers at once, waits, and sees each
+    """One parent turn spawns three explorers at once, waits, and sees each
     result as an <agent_message> before its next model call — after all tool results, never
     between an assistant's tool calls and their results — exactly once, and its final answer
     aggregates the three bodies. Three waits that deliver never count as a doom loop."""
@@ -346,7 +346,7 @@ def test_three_parallel_explorers_are_aggregated_in_the_same_turn(team, api_as, 
     assert waits[0] == {"delivered": True, "timed_out": False}, waits
     assert all(set(w) == {"delivered", "timed_out"} and w["delivered"] != w["timed_out"] for w in waits)
 
-    # acc. 5: each child is a session of its own that ran one turn to a readable terminal state
+    # each child is a session of its own that ran one turn to a readable terminal state
     children = {}
     for r in results[:3]:
         child = execution(api, r["details"]["execution_id"])
@@ -354,7 +354,7 @@ def test_three_parallel_explorers_are_aggregated_in_the_same_turn(team, api_as, 
         assert api.get(f"/api/sessions/{child['session']}").json()["parent_session"] == sid
         children[r["details"]["task_name"]] = child
 
-    # acc. 7, 12: the final answer of the same turn aggregates all three bodies
+    # the final answer of the same turn aggregates all three bodies
     final = transcript_messages(api, address_of(root))[-1]
     assert final["role"] == "assistant" and final["text"].startswith("summary:")
     got = sorted(envelopes(final["text"]))
@@ -362,7 +362,7 @@ def test_three_parallel_explorers_are_aggregated_in_the_same_turn(team, api_as, 
                    ("db_layer", "final_answer", "answer to question B"),
                    ("ui_shell", "final_answer", "answer to question C")], final["text"]
 
-    # acc. 8: drained after all tool results, as user-role agent_message nodes of this turn
+    # drained after all tool results, as user-role agent_message nodes of this turn
     messages = turn_messages(api, root)
     assert messages[0]["role"] == "user" and messages[0]["kind"] == "normal"
     assert messages[-1]["role"] == "assistant" and not messages[-1]["tool_calls"]
@@ -382,11 +382,11 @@ def test_three_parallel_explorers_are_aggregated_in_the_same_turn(team, api_as, 
     assert [j["id"] for j in settle(api, sid)] == [root["id"]]
 
 
-# --- OW acc. 9: a result after the parent's final answer waits for the next user turn -------------
+# --- a result after the parent's final answer waits for the next user turn ------------------------
 
 
 def test_result_after_the_final_answer_starts_no_turn_and_reaches_the_next_user_turn(team, api_as, worker):
-    """OW acc. 9 (OW §6.3, §6.4): a child that finishes after the parent's final answer creates no
+    """A child that finishes after the parent's final answer creates no
     parent turn; its envelope is drained exactly once, at the start of the next user turn."""
     from collab.models import Job
 
@@ -423,11 +423,11 @@ def test_result_after_the_final_answer_starts_no_turn_and_reaches_the_next_user_
     assert sorted(j["id"] for j in settle(api, sid)) == sorted([first["id"], second["id"], third["id"]])
 
 
-# --- OW acc. 10: failed and interrupted children report back too -------------------------------------
+# --- failed and interrupted children report back too -------------------------------------------------
 
 
 def test_failed_and_interrupted_children_report_back_and_the_parent_never_hangs(team, api_as, worker):
-    """OW acc. 10 (OW §6.4): a child that fails (the explorer's doom loop: the same call three
+    """A child that fails (the explorer's doom loop: the same call three
     times; its model-call budget of 15) and one interrupted by interrupt_agent both produce an
     envelope — ``failed`` with ``<code>: <reason>``, ``interrupted`` — so waiting ends."""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -482,11 +482,11 @@ def test_failed_and_interrupted_children_report_back_and_the_parent_never_hangs(
     assert envelopes(final) == [("budget", "failed", f"max_model_calls: {ended['error_reason']}")], final
 
 
-# --- OW acc. 13, 14: the concurrency limit ---------------------------------------------------------
+# --- the concurrency limit -------------------------------------------------------------------------
 
 
 def test_a_fourth_concurrent_spawn_is_refused_and_the_parent_turn_goes_on(team, api_as, worker):
-    """OW acc. 13 (OW §7.1): with the default max_active_turns=3, a fourth spawn while three child
+    """With the default max_active_turns=3, a fourth spawn while three child
     turns are open is a failed tool result ``agent_limit_reached`` that writes nothing; the parent
     turn goes on, and once a child's turn ends its slot is free again."""
     from collab.models import Job, Session
@@ -529,7 +529,7 @@ def test_a_fourth_concurrent_spawn_is_refused_and_the_parent_turn_goes_on(team, 
 
 
 def test_idle_children_hold_no_slot_and_followup_task_reuses_them(team, api_as, worker):
-    """OW acc. 14 (OW §5, §7.1, §8): an idle child holds no slot; followup_task starts a new turn
+    """An idle child holds no slot; followup_task starts a new turn
     on it (agent_turn_start_failed while it runs); spawn_agent and followup_task share the limit
     (set here to 2 through the limits API); interrupt_agent needs a running turn; unknown names
     are unknown_agent. Cancelled turns found at the next user turn read ``failed: cancelled``."""
@@ -594,7 +594,7 @@ def test_idle_children_hold_no_slot_and_followup_task_reuses_them(team, api_as, 
     assert len(agent_message_rows(sid)) == 5
 
 
-# --- OW acc. 15, 16, 17: the explorer's surface and sandbox -------------------------------------------
+# --- the explorer's surface and sandbox ---------------------------------------------------------------
 
 
 @pytest.fixture
@@ -603,7 +603,7 @@ def git_repo(tmp_path):
 
 
 def test_explorer_reads_and_runs_git_but_cannot_write_the_workspace(team, api_as, worker, git_repo):
-    """OW acc. 15, 16, 17 (OW §4, §5.2): in a real git workspace the explorer's bash runs
+    """In a real git workspace the explorer's bash runs
     ``git log`` directly (no approval), a write to the workspace is refused by the sandbox and no
     file appears, /tmp is writable. Its tool surface is read/grep/glob/list/bash only: no control
     tool, no plan tool, no collab tool; workspace tools exist only while the project has one."""
@@ -659,11 +659,11 @@ def test_explorer_reads_and_runs_git_but_cannot_write_the_workspace(team, api_as
     ok(tool(api, main, "list_agents"))
 
 
-# --- OW acc. 18: wait_agent timeouts, deliveries, doom loop, cancel ----------------------------------
+# --- wait_agent timeouts, deliveries, doom loop, cancel ----------------------------------------------
 
 
 def test_wait_times_out_then_delivers_and_three_timeouts_in_a_row_are_a_doom_loop(team, api_as, worker):
-    """OW acc. 18 (OW §5.1): after a timeout the model goes on and may wait again; a delivery
+    """After a timeout the model goes on and may wait again; a delivery
     resets the timeout count (T, D, T, T does not end the turn); the third timeout in a row ends
     the turn as failed ``doom_loop``. (Costs about 42 s: timeout_ms has a 10 s minimum.)"""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -693,8 +693,8 @@ def test_wait_times_out_then_delivers_and_three_timeouts_in_a_row_are_a_doom_loo
 
 
 def test_cancelling_the_parent_ends_wait_agent_at_once(team, api_as, worker):
-    """OW acc. 18 (OW §5.1): a parent cancelled while in wait_agent(600000) stops at once (and its
-    child with it, SPEC §7 cascade). wait_agent outside 10000..600000 is a parameter error; with a
+    """A parent cancelled while in wait_agent(600000) stops at once (and its
+    child with it: the cancel cascades). wait_agent outside 10000..600000 is a parameter error; with a
     result already owed it answers at once."""
     from collab.models import Message
 
@@ -727,7 +727,7 @@ def test_cancelling_the_parent_ends_wait_agent_at_once(team, api_as, worker):
     assert ok(tool(api, main, "wait_agent", timeout_ms=10_000))["details"] == {"delivered": True, "timed_out": False}
 
 
-# --- OW acc. 19, 20: reconciliation after a dead worker ---------------------------------------------
+# --- reconciliation after a dead worker (docs/contract.md#crash-recovery) ---------------------------
 
 
 def one_idle_one_busy(api, owner, agent_id, script, idle, busy):
@@ -745,7 +745,7 @@ def one_idle_one_busy(api, owner, agent_id, script, idle, busy):
 
 
 def test_reconciliation_reports_interrupted_children_once_and_starts_no_parent_turn(team, api_as, worker):
-    """OW acc. 19, 20 (OW §8, SPEC §7 P-REL-1): a child turn whose worker died (its lease ran out)
+    """A child turn whose worker died (its lease ran out)
     becomes ``interrupted`` through ``manage.py reconcile``; that starts no parent turn and never
     re-runs the child. The parent's next user turn receives the completed results and the
     interruption notice exactly once."""
@@ -769,7 +769,7 @@ def test_reconciliation_reports_interrupted_children_once_and_starts_no_parent_t
     assert ended["status"] == "interrupted" and ended["error_code"] == "interrupted" and ended["is_error"], ended
     assert Message.objects.filter(job_id=long_turn["id"], role="assistant").count() == 0  # not re-run
 
-    # acc. 20: no parent turn, no follow-up job; reconciling again changes nothing
+    # no parent turn, no follow-up job; reconciling again changes nothing
     assert [j["id"] for j in settle(api, sid)] == [first["id"]]
     assert not Job.objects.filter(followup_of_id=long_turn["id"]).exists()
     call_command("reconcile", stdout=io.StringIO())
@@ -777,7 +777,7 @@ def test_reconciliation_reports_interrupted_children_once_and_starts_no_parent_t
     assert [j["id"] for j in executions(api, sid)] == [first["id"]]
     assert agent_message_rows(sid) == []
 
-    # acc. 19: the next user turn gets each result once
+    # the next user turn gets each result once
     nxt = user_turn(api, sid, "after the restart")
     final = transcript_messages(api, address_of(nxt))[-1]["text"]
     assert sorted(envelopes(final)) == sorted([
@@ -796,11 +796,11 @@ def test_reconciliation_reports_interrupted_children_once_and_starts_no_parent_t
     assert len(agent_message_rows(sid)) == 3
 
 
-# --- OW acc. 22: deleting the parent cascades ----------------------------------------------------------
+# --- deleting the parent cascades ----------------------------------------------------------------------
 
 
 def test_deleting_the_parent_session_deletes_its_children(team, api_as, worker):
-    """OW acc. 22: deleting a root session deletes its child sessions with their branches, jobs,
+    """Deleting a root session deletes its child sessions with their branches, jobs,
     messages and events — an idle child and one with a running turn alike — and the running child
     turn stops without writing anything back."""
     from collab.models import Branch, Event, Job, Message, Session
@@ -837,7 +837,7 @@ def test_deleting_the_parent_session_deletes_its_children(team, api_as, worker):
     assert "DoesNotExist" not in written and "Traceback" not in written, written[-3000:]
 
 
-# --- OW §5.3, acc. 8, 17 on the wire: a real provider's requests -------------------------------------
+# --- on the wire: a real provider's requests ---------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -852,7 +852,7 @@ def fake_llm():
 def test_openai_requests_carry_the_rules_the_explorer_prompt_and_end_with_the_envelope(
     team, api_as, worker, fake_llm
 ):
-    """OW §5.3, §4, acc. 8 and 17, over the OpenAI Chat Completions wire (the seed's gap): the
+    """Over the OpenAI Chat Completions wire: the
     root's system prompt ends with the delegation rules carrying max_active_turns and it is offered
     the five control tools (plus its plan tools; no workspace, no collab tools); the explorer gets EXPLORER_SYSTEM_PROMPT and no
     tools; the request that carries a drained <agent_message> ends with that user message, right

@@ -1,6 +1,6 @@
-"""Where the two toolsets meet: an OpenWork sub-agent is directed by its parent alone (SPEC §5,
-OW §3) — other agents can read it, not give it work — and it is not listed at the top level
-(OW acc. 2), through the collab tools as through the pages."""
+"""Where the two toolsets meet: an OpenWork sub-agent is directed by its parent alone
+(docs/contract.md#the-openwork-toolset) — other agents can read it, not give it work — and it
+is not listed at the top level, through the collab tools as through the pages."""
 
 from collab.models import Branch, Job, Message
 
@@ -17,7 +17,7 @@ def ow_child(scripted_session, team):
 
 
 def test_a_collab_agent_cannot_deliver_work_to_someone_elses_sub_agent(team, scripted_session):
-    """SPEC §5: send_message and agent(to=…) aimed at a sub-agent (by SID:HEAD or by its name)
+    """send_message and agent(to=…) aimed at a sub-agent (by SID:HEAD or by its name)
     answer sub_agent_read_only and create nothing; reading its transcript stays possible."""
     api, ow_sid, child = ow_child(scripted_session, team)
     collab_api, sid = scripted_session(team.member, [], agent_id="plain")
@@ -34,7 +34,7 @@ def test_a_collab_agent_cannot_deliver_work_to_someone_elses_sub_agent(team, scr
 
 
 def test_sub_agents_are_not_listed_at_the_top_level_but_by_their_parent(team, scripted_session, client):
-    """OW acc. 2: collab list_agents(scope="all") lists the parent session, not the child; the
+    """The collab toolset's list_agents(scope="all") lists the parent session, not the child; the
     project page lists the child under its parent only; the parent's list_agents lists it."""
     api, ow_sid, child = ow_child(scripted_session, team)
     collab_api, sid = scripted_session(team.member, [], agent_id="plain")
@@ -79,7 +79,7 @@ def test_where_bubblewrap_cannot_start_bash_is_not_offered_and_the_page_says_why
 
 
 def test_the_database_refuses_inconsistent_child_rows_on_its_own(team, scripted_session):
-    """OW §3, acc. 1, 3, 4 (the gaps the seed lists): with the services bypassed, CHECKs and the
+    """With the services bypassed, CHECKs and the
     unique index still refuse a malformed task_name, a duplicate under one parent, half-filled
     topology columns and a session that is its own parent."""
     from django.db import DataError, IntegrityError, transaction
@@ -110,8 +110,8 @@ def test_the_database_refuses_inconsistent_child_rows_on_its_own(team, scripted_
 
 
 def test_a_huge_child_result_is_refused_as_agent_delivery_failed_with_its_full_text_kept(team, scripted_session):
-    """OW §6.2 (before, the body was bounded instead): an envelope of
-    4,000 tokens or more is refused — the parent reads a failed envelope ``agent_delivery_failed``
+    """An envelope of 4,000 tokens or more is refused (before, the body was bounded instead) —
+    the parent reads a failed envelope ``agent_delivery_failed``
     naming the execution and the artifact that keeps the full text, readable by the parent's
     members — no result is lost. Turns run in-process as a worker runs them."""
     from collab.runtime.loop import run_job
@@ -135,7 +135,7 @@ def test_a_huge_child_result_is_refused_as_agent_delivery_failed_with_its_full_t
 
 
 def test_listing_children_costs_the_same_queries_for_two_or_eight(team, scripted_session, api_as):
-    """STYLE (no N+1): OpenWork's list_agents and the session page's agent rail read a constant
+    """No N+1: OpenWork's list_agents and the session page's agent rail read a constant
     number of queries however many children there are."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext

@@ -1,9 +1,9 @@
-"""OpenWork exactness (OW §3, §5, §6.2, SPEC §5, §7).
+"""OpenWork exactness (docs/contract.md#the-openwork-toolset).
 
 - task names are unique per ROOT session (not per parent branch), backed by a unique index;
 - a delivered explorer message of 4,000 tokens or more is refused as ``agent_delivery_failed``
   (the parent is told, never left waiting);
-- error-code precedence as in the seed: ``duplicate_task_name`` before ``agent_limit_reached``
+- error-code precedence: ``duplicate_task_name`` before ``agent_limit_reached``
   for ``spawn_agent``, ``agent_turn_start_failed`` (child running) before ``agent_limit_reached``
   for ``followup_task``;
 - ``interrupt_agent`` goes through the versioned ``execution.cancel`` command (an
@@ -41,7 +41,7 @@ def queued_root(api, owner, agent_id="ow"):
 
 
 def test_task_names_are_unique_per_root_session_across_its_branches(team, api_as, client):
-    """OW §3: "task_name 在一个根会话内唯一" — a second branch of the same root session (a fork)
+    """A task_name is unique within its root session: a second branch of the same root session (a fork)
     cannot spawn a child under a name its sibling branch already uses; the unique index on the
     child sessions backs the check up."""
     from django.db import IntegrityError, transaction
@@ -67,7 +67,7 @@ def test_task_names_are_unique_per_root_session_across_its_branches(team, api_as
 
 
 def test_spawn_reports_duplicate_task_name_before_agent_limit_reached(team, api_as):
-    """OW §5: with every slot taken, a spawn under a name already in use answers
+    """With every slot taken, a spawn under a name already in use answers
     duplicate_task_name (the name is checked before the slot); a fresh name agent_limit_reached."""
     owner, api = api_as(team.owner), api_as(team.member)
     assert owner.patch("/api/projects/alpha/limits", {"max_active_turns": 1}).status_code == 200
@@ -78,7 +78,7 @@ def test_spawn_reports_duplicate_task_name_before_agent_limit_reached(team, api_
 
 
 def test_followup_on_a_running_child_is_agent_turn_start_failed_before_the_limit(team, api_as):
-    """OW §5: followup_task on a child whose turn is still open answers
+    """followup_task on a child whose turn is still open answers
     agent_turn_start_failed even when the slots are all taken (its own turn holds one);
     an idle child with no free slot answers agent_limit_reached."""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -90,7 +90,7 @@ def test_followup_on_a_running_child_is_agent_turn_start_failed_before_the_limit
 
 
 def test_interrupt_agent_records_a_versioned_cancel_command(team, api_as):
-    """SPEC §4/§7: interrupt_agent is the execution.cancel command — an ExecutionCommand with its
+    """interrupt_agent is the execution.cancel command — an ExecutionCommand with its
     command id and the version it expected is recorded, the cancel event names it, and the child's
     queued turn ends cancelled without starting; a second interrupt finds nothing to interrupt."""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -112,7 +112,7 @@ def test_interrupt_agent_records_a_versioned_cancel_command(team, api_as):
 
 
 def test_interrupt_agent_needs_the_right_to_cancel(team, api_as):
-    """SPEC §8, P-SEC-7: a member who did not start the branch cannot act as it through the
+    """A member who did not start the branch cannot act as it through the
     gateway at all (403), so cannot interrupt its child; no command is recorded."""
     owner, api = api_as(team.owner), api_as(team.member)
     sid, main = queued_root(api, owner)
@@ -129,7 +129,7 @@ def test_interrupt_agent_needs_the_right_to_cancel(team, api_as):
 
 @pytest.mark.slow
 def test_an_explorer_message_of_4000_tokens_is_refused_as_agent_delivery_failed(team, api_as, worker):
-    """OW §6.2: an envelope estimated at 4,000 tokens or more (~4 characters a token) is not
+    """An envelope estimated at 4,000 tokens or more (~4 characters a token) is not
     delivered; the parent reads a failed envelope ``agent_delivery_failed: …`` naming the
     execution instead, in the same turn (it never waits for nothing). A message just under the
     cap arrives whole."""

@@ -1,14 +1,17 @@
 """OpenWork with real model APIs (the local fake server of tests/collab/fake_llm.py, through the
 official SDKs): what the models are told and shown.
 
-- OW §5.3: a root's system prompt ends with the delegation rules, carrying the project's limit;
-- OW §4: an explorer's system prompt is the explorer prompt; it is offered only the read-only
-  workspace tools (acc. 17 at the model's side);
-- OW acc. 7, 8: a child's result is seen by the same parent turn, after all tool results, as
+- a root's system prompt ends with the delegation rules, carrying the project's limit;
+- an explorer's system prompt is the explorer prompt; it is offered only the read-only
+  workspace tools (as the model sees them);
+- a child's result is seen by the same parent turn, after all tool results, as
   user-role input — the request never ends with an assistant message (Chat Completions and
   Anthropic Messages both);
-- OW acc. 6, 11: when a long branch is cut to fit the context window, the replayed request is
+- when a long branch is cut to fit the context window, the replayed request is
   the person's, never a delivered ``agent_message``.
+
+The rules are in docs/contract.md#the-openwork-toolset, #results-come-back-exactly-once and
+#results.
 """
 
 import json
@@ -36,7 +39,7 @@ WORKSPACE = {"read", "grep", "glob", "list", "bash"}
 
 
 def test_an_openwork_root_is_told_the_delegation_rules_with_the_projects_limit(fast, fake, llm_session, dialect, team, api_as):
-    """OW §5.3: the root's system prompt is its own prompt, then the delegation rules with the
+    """The root's system prompt is its own prompt, then the delegation rules with the
     configured max_active_turns in place of 3; it is offered the control tools."""
     assert api_as(team.owner).patch("/api/projects/alpha/limits", {"max_active_turns": 2}).status_code == 200
     fake.add(dialect.text("fine"))
@@ -54,7 +57,7 @@ def test_an_openwork_root_is_told_the_delegation_rules_with_the_projects_limit(f
 
 def test_an_explorer_is_told_its_role_and_offered_only_the_read_only_workspace_tools(
         fast, fake, llm_session, dialect, tmp_path):
-    """OW §4, acc. 17: the child's system prompt is the explorer prompt (four points); it is
+    """The child's system prompt is the explorer prompt (four points); it is
     offered read/grep/glob/list/bash and nothing else: no control tools, no todo tools."""
     call_command("workspace", "alpha", str(tmp_path), stdout=open("/dev/null", "w"))
     fake.add(dialect.tools([("s1", "spawn_agent", {"task_name": "scout", "message": "where is X?"})]),
@@ -93,7 +96,7 @@ def openwork_responder(dialect):
 
 @pytest.mark.slow
 def test_the_same_turn_sees_the_envelope_after_all_tool_results_as_user_input(fake, llm_session, dialect, worker):
-    """OW acc. 7, 8: the explorer finishes while the parent waits; the parent's next request (the
+    """The explorer finishes while the parent waits; the parent's next request (the
     same turn) carries the <agent_message> as the last user input, after the tool results of
     spawn_agent and wait_agent; no request ends with an assistant message."""
     fake.responder = openwork_responder(dialect)
@@ -117,7 +120,7 @@ def test_the_same_turn_sees_the_envelope_after_all_tool_results_as_user_input(fa
     assert json.loads(dialect.results(closing[0])["wait_1"]) == {"delivered": True, "timed_out": False}
 
 
-# --- compaction: the real request survives, the envelope is context (OW acc. 6, 11) ----------------
+# --- compaction: the real request survives, the envelope is context ---------------------------------
 
 
 def node(role, text, kind="normal", **extra):
@@ -125,7 +128,7 @@ def node(role, text, kind="normal", **extra):
 
 
 def test_an_agent_message_is_never_the_real_user_request():
-    """OW acc. 6: last_real_user skips agent_message (and other contextual kinds); a history of
+    """last_real_user skips agent_message (and other contextual kinds); a history of
     only contextual user input has no request."""
     request = node("user", "find the flaky test")
     envelope = node("user", "<agent_message>…</agent_message>", kind="agent_message")
@@ -136,7 +139,7 @@ def test_an_agent_message_is_never_the_real_user_request():
 
 
 def test_a_compacted_history_replays_the_persons_request_not_a_delivered_result():
-    """OW acc. 11: a branch too long for the context window keeps its newest messages; the
+    """A branch too long for the context window keeps its newest messages; the
     person's request, cut away, is replayed after a note — the long agent_message after it is not
     taken for the request."""
     request = node("user", "find the flaky test")
@@ -152,7 +155,7 @@ def test_a_compacted_history_replays_the_persons_request_not_a_delivered_result(
 
 
 def test_a_small_context_window_cuts_what_the_model_is_sent(fast, fake, llm_session, dialect):
-    """OW acc. 11 through a provider: with limits.context_window, a turn whose own output outgrew
+    """Compaction through a provider: with limits.context_window, a turn whose own output outgrew
     the window sends the note, the person's request replayed, and the newest messages."""
     api, sid, _ = llm_session(dialect, limits={"context_window": 1000, "stream": False})
     fake.add(dialect.tools([("c1", "todo_list", {})], text="a " * 1500), dialect.text("done"))

@@ -1,4 +1,4 @@
-"""The HTMX pages as a person uses them, through the real URL stack (SPEC §11 Web)."""
+"""The HTMX pages as a person uses them, through the real URL stack (docs/web-app.md)."""
 
 import re
 
@@ -16,7 +16,7 @@ def _session_with_a_turn(api, sid):
 
 
 def test_a_person_forks_from_any_visible_node_and_the_fork_gets_a_label(team, scripted_session, browser_of):
-    """SPEC §11 ("a person can fork from any visible node from the page"), OP §2.4: the fork is a
+    """A person can fork from any visible node from the page: the fork is a
     new branch at that exact node, named by a stage-1 label from its prompt, and it runs."""
     api, sid = scripted_session(team.member, [{"text": "answer"}])
     _session_with_a_turn(api, sid)
@@ -42,7 +42,7 @@ def test_a_person_forks_from_any_visible_node_and_the_fork_gets_a_label(team, sc
 
 
 def test_the_jobs_panel_tells_cancel_requested_from_stopped_and_has_a_cancel_button(team, scripted_session, browser_of):
-    """SPEC §7: the page shows "cancel requested" (stopping) and "stopped" (cancelled) as different
+    """The page shows "cancel requested" (stopping) and "stopped" (cancelled) as different
     states, and each open job has a cancel button that issues the execution.cancel command."""
     api, sid = scripted_session(team.member, [{"text": "answer"}])
     queued = api.post(f"/api/sessions/{sid}/turns", {"prompt": "wait"}).json()["execution_id"]
@@ -75,7 +75,7 @@ def test_the_jobs_panel_shows_cancel_requested_for_a_stopping_job(team, scripted
 
 
 def test_the_limits_form_validates_and_saves_for_owners(team, browser_of):
-    """SPEC §7 limits management: the project page's form; a negative value is refused with the reason."""
+    """Limits management: the project page's form; a negative value is refused with the reason."""
     owner = browser_of(team.owner)
     r = owner.post("/p/alpha/limits", {"max_messages": "-2", "max_spawn_depth": "2"})
     assert r.status_code == 400 and "max_messages: must be &gt;= 0" in r.content.decode()

@@ -1,4 +1,4 @@
-"""Agents stay in their project (SPEC §3, §8; ``P-SEC-2``).
+"""Agents stay in their project (docs/contract.md#addresses).
 
 Two people, two projects, every membership combination between them — none, a pending
 invitation, an accepted invitation, one way and both ways — and a person who belongs to
@@ -214,7 +214,7 @@ COMBINATIONS = [
 
 @pytest.mark.parametrize("ann_in_b,bob_in_a", COMBINATIONS, ids=[f"ann-in-b:{a},bob-in-a:{b}" for a, b in COMBINATIONS])
 def test_no_agent_tool_reaches_the_other_project_whatever_the_memberships(tenants, ann_in_b, bob_in_a):
-    """P-SEC-2, SPEC §3/§8: with every membership combination between the two people (a person
+    """With every membership combination between the two people (a person
     in both projects starting turns in each included), an agent of project A — through the tool
     gateway, acting as its branch — delivers to, reads, forks from, archives, lists and reads
     the jobs of nothing in project B, by name, ``SID:HEAD``, session id or job id: each answer is
@@ -239,7 +239,7 @@ def test_no_agent_tool_reaches_the_other_project_whatever_the_memberships(tenant
 
 
 def test_cross_session_work_inside_the_project_keeps_working(tenants):
-    """P-SEC-2, SPEC §3: confinement takes nothing away inside the project. From session ``a``,
+    """Confinement takes nothing away inside the project. From session ``a``,
     a name in another session of A (``helper``) resolves and receives a message and a task,
     ``list_agents(scope="all")`` lists both of A's sessions, ``read_conversation`` reads the
     other session by id, ``start_from`` forks at its node, and ``job_output`` reads the job
@@ -262,7 +262,7 @@ def test_cross_session_work_inside_the_project_keeps_working(tenants):
 
 
 def test_a_live_reviewer_elsewhere_never_replaces_the_callers_archived_one(tenants):
-    """P-SEC-2, SPEC §3: ``reviewer`` is archived in the caller's session, live in another
+    """``reviewer`` is archived in the caller's session, live in another
     session of the same project and live in project B (whose owner invited the caller, who
     accepted). Delivering to ``reviewer`` is refused as archived — it is never silently sent to
     another branch — and B's reviewer receives nothing. From a session without its own
@@ -288,7 +288,7 @@ def test_a_live_reviewer_elsewhere_never_replaces_the_callers_archived_one(tenan
 
 
 def test_held_deliveries_resolve_inside_the_project_too(tenants):
-    """P-SEC-2, SPEC §7 watch policy: with A's deliveries held for confirmation, a message to
+    """Under a watch policy: with A's deliveries held for confirmation, a message to
     B's ``reviewer`` (by name or ``SID:HEAD``) is "not found" at once — no hold is written that a
     member could approve into B — while a message to A's ``helper`` is held for A's helper."""
     w = tenants("accepted", "accepted")
@@ -304,7 +304,7 @@ def test_held_deliveries_resolve_inside_the_project_too(tenants):
 
 
 def test_rest_routes_resolve_for_the_person_but_the_gateway_acts_as_the_branch(tenants):
-    """P-SEC-2, SPEC §11.1: the routes that take an address resolve it for a *person*, who may
+    """The routes that take an address resolve it for a *person*, who may
     read any project they accepted — ann reads B's reviewer by name and by ``SID:HEAD`` — but the
     tool gateway acts as the branch, so the same read run through A's branch is "not found".
     bob, never invited to A, gets the 404 of a missing branch for A's addresses."""
@@ -322,7 +322,7 @@ def test_rest_routes_resolve_for_the_person_but_the_gateway_acts_as_the_branch(t
 
 
 def test_start_from_refuses_a_read_only_sub_agent_session(team, api_as):
-    """P-SEC-2, SPEC §3/§5, OW acc. 21: ``agent(start_from="SID:MSG")`` at a node of an OpenWork
+    """``agent(start_from="SID:MSG")`` at a node of an OpenWork
     explorer's (child) session — same project, the caller may read it — is refused with
     ``child_session_read_only``: nothing adds branches to a read-only sub-agent session. Its
     history stays readable with ``read_conversation``."""
@@ -353,7 +353,7 @@ def test_start_from_refuses_a_read_only_sub_agent_session(team, api_as):
 
 @pytest.mark.slow
 def test_a_real_worker_turn_reaches_nothing_of_the_other_project(transactional_db, tenants, worker):
-    """P-SEC-2: the same confinement inside a real turn run by the worker process. ann belongs
+    """The same confinement inside a real turn run by the worker process. ann belongs
     to both projects; a scripted spec in A calls, in one step, ``send_message`` and ``agent(to=…)``
     to ``reviewer`` (archived in its own session, live in B), ``agent(to=B's SID:HEAD)``,
     ``list_agents(scope="all")``, ``read_conversation`` of B's session, ``agent(start_from=B's

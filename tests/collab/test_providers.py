@@ -1,4 +1,4 @@
-"""The ``openai`` and ``anthropic`` providers (SPEC §10) against a local server that speaks
+"""The ``openai`` and ``anthropic`` providers (docs/models.md#real-models) against a local server that speaks
 their wire formats (tests/collab/fake_llm.py), through the official SDKs.
 
 Agent specs are saved through ``POST /api/projects/alpha/agent-specs``. Most turns
@@ -75,7 +75,7 @@ def fast(settings):
 
 def operator_connection(name: str, provider: str, base_url: str, key_env: str = "", *, projects=("alpha",),
                         **fields) -> ModelConnection:
-    """What staff define in the admin (P-SEC-0): an endpoint and its key variable, bound to projects."""
+    """What staff define in the admin: an endpoint and its key variable, bound to projects."""
     conn, _ = ModelConnection.objects.update_or_create(
         name=name, defaults={"provider": provider, "base_url": base_url, "key_env": key_env, **fields})
     conn.projects.set(Project.objects.filter(slug__in=projects))
@@ -322,7 +322,7 @@ def test_a_429_is_retried_and_the_retry_is_an_event(fast, fake, llm_session, dia
     assert retry["payload"]["attempt"] == 1 and retry["payload"]["status"] == 429
     assert retry["payload"]["code"] == "provider_rate_limited"
     assert retry["payload"]["reason"] == f"connection {connection_name(dialect)!r} is rate limiting (HTTP 429)"
-    assert "slow down" not in json.dumps(retry)  # P-SEC-0: no text of the remote host
+    assert "slow down" not in json.dumps(retry)  # no text of the remote host
 
 
 @pytest.mark.parametrize(("status", "code"), [(500, "provider_error"), (429, "provider_rate_limited")])
@@ -443,7 +443,7 @@ def test_the_price_table_is_overridable_by_env_json_and_a_bad_value_stops_the_pr
 
 
 def test_history_goes_back_in_order_with_user_input_after_all_tool_results(fast, fake, llm_session, dialect):
-    """OW acceptance 8 on the wire: a second turn sends the first turn's call, its result and
+    """The mailbox on the wire: a second turn sends the first turn's call, its result and
     answer, then the new prompt; no request ends with an assistant message."""
     fake.add(
         dialect.tools([("t1", "todo_create", {"subject": "plan"})], stream=True), dialect.text("made a plan", stream=True),
@@ -659,7 +659,7 @@ def helper_responder(dialect):
 
 @pytest.mark.slow
 def test_a_full_turn_in_the_worker_spawns_a_helper_and_answers_after_its_follow_up(fake, llm_session, dialect, worker):
-    """OP §2.5 / OW 8 with a real model API: the model calls ``agent`` in the background, the
+    """A background result with a real model API: the model calls ``agent`` in the background, the
     helper's result comes back, the final answer is stored; the requests show it all."""
     fake.responder = helper_responder(dialect)
     api, sid, _ = llm_session(dialect)
@@ -717,8 +717,8 @@ def test_cancel_closes_a_slow_stream_promptly(fake, llm_session, dialect, worker
 
 
 @pytest.mark.parametrize("name", ["DJANGO_SECRET_KEY", "DATABASE_URL", "REDIS_URL", "HOME", "DJANGO_DB_TOKEN"])
-def test_p_sec_an_agent_spec_cannot_name_the_servers_own_secrets_as_its_key(team, api_as, name):
-    """P-SEC-1: a tenant cannot name a worker variable at all: api_key_env is accepted only when
+def test_an_agent_spec_cannot_name_the_servers_own_secrets_as_its_key(team, api_as, name):
+    """A tenant cannot name a worker variable at all: api_key_env is accepted only when
     it names the key variable of a connection the project may use."""
     r = api_as(team.owner).post("/api/projects/alpha/agent-specs", {
         "agent_id": "thief", "provider": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1", "api_key_env": name,

@@ -1,5 +1,5 @@
-"""The embedded relay is woken by another process's commit (SPEC §13
-"Live"): it does not wait out a poll interval per event.
+"""The embedded relay is woken by another process's commit (the "Live" target of
+docs/performance.md#targets): it does not wait out a poll interval per event.
 
 The relay (``collab/realtime/relay.py``) of this process watches a session with both its poll intervals
 set to an hour; another process — the way a worker does on the embedded default, with its own

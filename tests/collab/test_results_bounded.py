@@ -1,4 +1,4 @@
-"""Results bounded everywhere (SPEC §9, OP §5.6).
+"""Results bounded everywhere (docs/contract.md#results).
 
 Every tool result — not only ``job_output`` — passes the one bounded summary
 (``collab.services.results.bound_text``, applied once in the tool registry): at most
@@ -31,7 +31,7 @@ def long_branch(team, api_as):
 
 
 def test_a_150k_read_conversation_is_bounded_with_its_marker(long_branch):
-    """OP §5.6 / SPEC §9: read_conversation(max_chars=200000) over a 150k-character branch answers
+    """read_conversation(max_chars=200000) over a 150k-character branch answers
     at most 30,000 characters, head and tail kept around the marker, ``details.truncated``;
     the large ``turns`` detail is left out (named in ``details_omitted``)."""
     api, sid, address = long_branch
@@ -46,7 +46,7 @@ def test_a_150k_read_conversation_is_bounded_with_its_marker(long_branch):
 
 
 def test_the_bound_follows_the_reading_model_s_context_window(long_branch, team, api_as):
-    """SPEC §9: "lower when the model's context is small" — a branch whose spec declares a
+    """The bound is lower when the model's context is small: a branch whose spec declares a
     4,000-token window reads at most 4,000 characters of any tool result."""
     api, sid, address = long_branch
     other = api.post("/api/projects/alpha/sessions", {"title": "small", "agent_id": "small"}).json()["id"]
@@ -70,7 +70,7 @@ def test_a_long_listing_is_bounded_too(long_branch):
 
 @pytest.mark.slow
 def test_a_turn_stores_its_tool_results_bounded(team, api_as, run_queued):
-    """OP §5.6: in a real worker turn, the tool-result node of a 150k read_conversation is the
+    """In a real worker turn, the tool-result node of a 150k read_conversation is the
     bounded summary (what the model reads is what is stored)."""
     owner, api = api_as(team.owner), api_as(team.member)
     assert owner.post("/api/projects/alpha/agent-specs", {"agent_id": "long", "script": [{"text": "ok"}]}).status_code == 201

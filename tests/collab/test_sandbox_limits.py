@@ -1,4 +1,4 @@
-"""The explorers' ``bash`` is a sandbox. Through the tool gateway, on a
+"""The explorers' ``bash`` is a sandbox (docs/contract.md#the-openwork-toolset). Through the tool gateway, on a
 real bubblewrap: a fork bomb, a memory hog and an endless loop each end with a clear error and
 leave nothing running; the command sees only what it needs of ``/usr`` and none of Trellis's own
 files; a workspace that is ``/``, a file, or holds or lies in Trellis's files is refused by

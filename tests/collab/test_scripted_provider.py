@@ -1,4 +1,4 @@
-"""The scripted provider (SPEC §11.2), every step form, through the public API.
+"""The scripted provider (docs/contract.md#the-scripted-provider), every step form, through the public API.
 
 A step rule needs no worker process: the turn runs in this process exactly as a worker runs
 it (``run_job``), in the test's transaction. The mailbox, which needs a background child
@@ -161,7 +161,7 @@ def test_mailbox_is_empty_when_nothing_was_delivered(run_turn):
 
 @pytest.mark.slow
 def test_mailbox_is_the_text_drained_into_this_turn_so_far(run_turn_on_worker):
-    """P-FLW-1: a background child's result reaches the running caller's mailbox before its next model call."""
+    """A background child's result reaches the running caller's mailbox before its next model call."""
     wait_a_little = {"sleep_ms": 500, "tool_calls": [{"name": "todo_list", "arguments": {}}]}
     script = {
         "user": [
@@ -233,7 +233,7 @@ def test_a_sleep_may_share_a_step_with_its_answer(run_turn):
     assert (when(done["finished_at"]) - when(done["started_at"])).total_seconds() >= 0.4
 
 
-# --- the tool-call cap (SPEC §10) -------------------------------------------------------------------
+# --- the tool-call cap (docs/contract.md#limits-and-defaults) ---------------------------------------
 
 
 def test_a_turn_may_make_exactly_the_maximum_number_of_tool_calls(run_turn):

@@ -33,7 +33,7 @@ from collab.selectors.specs import spec_by_agent_id
 from collab.services.acting import Actor, message_header, task_header
 from collab.text import OMISSION_MARKER, RESULT_LIMIT, BoundedStream, bound_text
 
-# --- the branch address (SPEC §3) ------------------------------------------------------------
+# --- the branch address (docs/contract.md#addresses) -----------------------------------------
 
 
 def test_an_address_is_sid_colon_head_and_none_without_a_head():
@@ -142,7 +142,7 @@ def test_a_spec_is_looked_up_by_agent_id_in_its_project_only(team):
         assert caught.value.code == "unknown_agent_id" and repr(agent_id) in caught.value.detail
 
 
-# --- bounded text: head and tail (SPEC §9) -------------------------------------------------------
+# --- bounded text: head and tail (docs/contract.md#results) --------------------------------------
 
 
 def test_a_text_that_fits_is_kept_whole():

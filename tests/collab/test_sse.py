@@ -190,7 +190,7 @@ def test_a_turn_streams_live_in_seq_order_then_end_and_resumes(team, scripted_se
 
 @pytest.mark.slow
 def test_stream_has_the_apis_auth_scopes_and_authorization(team, scripted_session, server):
-    """P-SEC-7: an outsider's stream of a job they may not see is a 404
+    """An outsider's stream of a job they may not see is a 404
     identical to a missing id's; a token without the ``read`` scope gets the API's 403
     (``token_scope``); no credentials is a 401; a browser's session cookie opens it (GET: no
     CSRF token), for the member, not for the outsider."""

@@ -1,7 +1,7 @@
-"""Storage per turn (SPEC §13 "History": storage grows linearly, ≈ the text plus
-a small constant per message). ``bench/storage.py`` measures the bytes; these tests pin what was
-cut so the bytes cannot creep back: a ``message.created`` event stores a reference to its message,
-not a second copy of the text, while every reader still gets the whole payload (SPEC §11.1); and
+"""Storage per turn (the "History" target of docs/performance.md#targets: storage grows linearly, ≈
+the text plus a small constant per message). ``bench/storage.py`` measures the bytes; these tests
+pin what was cut so the bytes cannot creep back: a ``message.created`` event stores a reference to
+its message, not a second copy of the text, while every reader still gets the whole payload; and
 indexes no query needs do not exist (migration 0018); a turn's prompt and answer are stored once
 (0019); the job's columns that are NULL for most turns are indexed only where set (0020), and a
 node's metadata keeps no copy of its job."""
@@ -457,7 +457,7 @@ TURN_ROW_BYTES_BEYOND_TEXT = 1_300
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="pg_column_size: PostgreSQL's row sizes")
 def test_a_turns_rows_hold_its_text_once_plus_a_small_constant(team, scripted_session, run_queued):
-    """SPEC §13 "storage ≈ the text plus a small constant per message": the rows
+    """Storage ≈ the text plus a small constant per message: the rows
     a ~400-character turn writes hold its text once and a bounded constant beside it."""
     prompt = ("Storage bench: the quick brown fox jumps over the lazy dog. " * 4)[:200]
     api, sid = scripted_session(team.member, [{"text": "{{prompt}}"}])

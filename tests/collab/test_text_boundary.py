@@ -1,4 +1,4 @@
-"""One boundary for text (STYLE §13; requirement P-TXT-1).
+"""One boundary for text (docs/contract.md#results, its last paragraph).
 
 Everything stored passes ``collab.text.clean_text``: NUL and lone surrogates — which
 PostgreSQL cannot store and SQLite can — become U+FFFD, so both databases hold the same
@@ -40,7 +40,7 @@ def unstorable(value) -> bool:
 
 @given(UNSAFE_TEXT)
 def test_clean_text_replaces_exactly_the_unstorable_characters(text):
-    """P-TXT-1: each NUL or lone surrogate becomes one U+FFFD; every other character is kept, in
+    """Each NUL or lone surrogate becomes one U+FFFD; every other character is kept, in
     place; cleaning twice changes nothing; the result encodes as UTF-8."""
     cleaned = clean_text(text)
     assert len(cleaned) == len(text)
@@ -66,7 +66,7 @@ def test_clean_data_cleans_every_string_of_a_json_value_keys_included(value):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(title=UNSAFE_TEXT, subject=UNSAFE_TEXT.filter(lambda s: clean_text(s).strip()))
 def test_api_string_fields_store_the_replacement_character(team, api_as, title, subject):
-    """P-TXT-1: a session title and a todo subject carrying NULs and lone surrogates (sent as
+    """A session title and a todo subject carrying NULs and lone surrogates (sent as
     JSON escapes) are accepted and stored with U+FFFD — never a 500 — and read back the same
     through the API; the events recording them are clean too."""
     api = api_as(team.member)
@@ -90,7 +90,7 @@ def test_api_string_fields_store_the_replacement_character(team, api_as, title, 
 
 
 def test_a_token_name_and_a_project_name_keep_a_visible_replacement(team, api_as, client):
-    """P-TXT-1: API and page alike store a token name with NUL / surrogate replaced."""
+    """API and page alike store a token name with NUL / surrogate replaced."""
     api = api_as(team.member)
     r = api.post("/api/tokens", {"name": f"ci{NUL}bot{SURROGATE}"})
     assert r.status_code == 201, r.content
@@ -121,7 +121,7 @@ def assert_clean_and_terminal(api, sid, execution_id, status="succeeded"):
 
 @pytest.mark.slow
 def test_nul_in_a_prompt_a_tool_argument_a_tool_result_and_a_final_text_ends_the_turn(team, api_as, worker):
-    """P-TXT-1: a prompt with NUL and a lone surrogate, a scripted todo_create whose
+    """A prompt with NUL and a lone surrogate, a scripted todo_create whose
     subject has both, todo_list reading it back and a final text echoing it: the worker's turn
     succeeds on both databases, and everything is stored with U+FFFD."""
     owner, api = api_as(team.owner), api_as(team.member)
@@ -160,7 +160,7 @@ def openai_session(team, api_as, fake, stream):  # noqa: F811 (the fixture impor
 @pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_model_output_with_nul_and_surrogates_is_stored_replaced(team, api_as, fake, worker, stream):  # noqa: F811
-    """P-TXT-1: a model's answer and its tool-call arguments and ids carrying NUL and lone
+    """A model's answer and its tool-call arguments and ids carrying NUL and lone
     surrogates (JSON escapes on the wire, as a real server may send them) reach the database as
     U+FFFD on both databases; the turn succeeds (before: internal_error, or a job left running
     until reconcile on PostgreSQL)."""
@@ -184,7 +184,7 @@ def test_model_output_with_nul_and_surrogates_is_stored_replaced(team, api_as, f
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is needed for the sandboxed bash")
 def test_bash_output_with_nul_and_non_utf8_file_names_end_an_explorer_turn(team, api_as, run_queued, tmp_path):
-    """P-TXT-1: ``printf 'a\\0b'`` (like ``find -print0``) in the sandboxed bash, and
+    """``printf 'a\\0b'`` (like ``find -print0``) in the sandboxed bash, and
     ``list``/``glob``/``grep`` over a file whose name is not UTF-8, inside a real OpenWork turn:
     the results are stored with U+FFFD and the turn succeeds on both databases."""
     from io import StringIO

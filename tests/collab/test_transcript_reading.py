@@ -264,7 +264,7 @@ def test_results_tasks_and_messages_are_cards_not_the_text_the_model_read(team, 
 
 
 def test_openwork_deliveries_are_cards_and_record_where_their_body_is(team, scripted_session):
-    """OW §6.2: an explorer's ``<agent_message>`` drained into its parent renders
+    """An explorer's ``<agent_message>`` drained into its parent renders
     as a "result from <task name>" card with the body only; the message records the body's span
     and its source in its metadata (written for people, beside the text the model reads)."""
     script = {"user": [{"text": "summary ready"}], "spawn": [{"text": "found it in auth.py"}]}
@@ -343,7 +343,7 @@ def test_a_cancelled_or_a_failed_turn_leaves_a_marker_where_it_stopped(team, scr
 
 
 def test_a_card_from_a_session_the_viewer_cannot_see_names_nothing_of_it(team, api_as, make_user, scripted_session):
-    """OP-§5.9: an agent of a project-wide session forks into its creator's
+    """An agent of a project-wide session forks into its creator's
     private session; the result comes home as a card. The creator sees who and where; a member
     who may not see the private session sees the card with neither its id, its name nor a link."""
     colleague = make_user("colleague")

@@ -1,4 +1,5 @@
-"""What one scripted turn costs the database (SPEC §13 "Turn overhead"): queries
+"""What one scripted turn costs the database (the "Turn overhead" target of
+docs/performance.md#targets): queries
 and commits of a session's second turn — the admission the API makes (``access_session`` for
 ``turn.start``, then ``do_start_user_turn``: the API's ``POST …/turns`` once the request's caller
 is authenticated)
@@ -125,7 +126,7 @@ def second_turn(transactional_db, team, no_worker):
 
 
 def test_a_scripted_turn_costs_a_bounded_number_of_queries(second_turn):
-    """SPEC §13: a scripted turn's queries, admission and worker side, stay within the counts
+    """A scripted turn's queries, admission and worker side, stay within the counts
     measured when they were cut; the turn's result is what it was."""
     from collab.access import access_session
     from collab.runtime.loop import run_job
@@ -145,7 +146,7 @@ def test_a_scripted_turn_costs_a_bounded_number_of_queries(second_turn):
           f"worker {len(worker)} queries / {worker.commits} commits")
     assert len(admission) <= ADMISSION_QUERIES, admission.listing()
     assert len(worker) <= WORKER_QUERIES, worker.listing()
-    # the physical minimum (SPEC §13): the admission; the claim and the completion
+    # the physical minimum: the admission; the claim and the completion
     assert (admission.commits, worker.commits) == (ADMISSION_COMMITS, WORKER_COMMITS)
 
 

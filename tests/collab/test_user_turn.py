@@ -1,4 +1,4 @@
-"""A user turn end to end through the public API and a real worker process (SPEC §10, §11.1)."""
+"""A user turn end to end through the public API and a real worker process."""
 
 import pytest
 
@@ -50,7 +50,7 @@ def test_turns_on_one_branch_run_one_after_another_in_order(team, scripted_sessi
 
 
 def test_a_session_opened_without_an_agent_spec_runs_its_turn_on_the_scripted_default(team, api_as, worker):
-    """SPEC §11.1/§11.2: ``agent_id`` is optional when a session is opened; its turns run on the
+    """``agent_id`` is optional when a session is opened; its turns run on the
     embedded default (the scripted model, whose answer is ``ok: `` and the prompt). A job with no
     spec must be claimed like any other (a claim that assumed a spec left it queued for good)."""
     api = api_as(team.member)

@@ -1,4 +1,4 @@
-"""Row-level visibility: private and shared sessions inside a project (P-SEC-9, OP §5.9).
+"""Row-level visibility: private and shared sessions inside a project (docs/contract.md#visibility).
 
 The cross-tenant authorization matrix of ``test_authorization`` grows a dimension: alpha's
 session (and its OpenWork session, whose sub-agent follows it) is made ``shared`` by its
@@ -94,7 +94,7 @@ def other_project(values: dict, beta_rows) -> dict:
 @pytest.mark.parametrize("method,path,operation", SESSION_ROUTES, ids=[f"{m} {p}" for m, p, _ in SESSION_ROUTES])
 def test_every_api_route_answers_a_non_listed_member_like_a_missing_row(team, alpha, beta, hidden, method, path,
                                                                               operation):
-    """P-SEC-9 / OP-§5.9: a member of alpha not listed on a shared session calls every API route
+    """A member of alpha not listed on a shared session calls every API route
     that names a session's row: 404, the same body as for missing rows and as for beta's session,
     nothing written, no title or preview. The creator, the listed member and a maintainer keep
     their access (every method for the maintainer, reads for all three)."""
@@ -125,7 +125,7 @@ def test_every_api_route_answers_a_non_listed_member_like_a_missing_row(team, al
 
 @pytest.mark.parametrize("name,params", SESSION_PAGES, ids=[n for n, _ in SESSION_PAGES])
 def test_every_session_page_answers_a_non_listed_member_like_a_missing_row(team, alpha, hidden, name, params):
-    """P-SEC-9 / OP-§5.9: every page that names a session's row answers the non-listed member
+    """Every page that names a session's row answers the non-listed member
     exactly as for missing rows (404, same body); the creator, the listed member and a
     maintainer open the GET pages, and the maintainer uses the POST ones."""
     accepted, data = PAGES[name]
@@ -163,7 +163,7 @@ def colleague_branch(team, hidden, api_as, scripted_session):
 
 @pytest.mark.parametrize("tool", sorted(t for t, probes in COLLAB_PROBES.items() if probes))
 def test_every_tool_answers_a_non_listed_members_agent_like_about_nothing(team, alpha, hidden, colleague_branch, tool):
-    """P-SEC-9 / OP-§5.9: the colleague's agent (a branch of their own session in the same project)
+    """The colleague's agent (a branch of their own session in the same project)
     names the shared session's addresses, names, ids and jobs through the gateway: every answer
     is the answer for a target that does not exist, and nothing is written."""
     token = bearer_token(hidden.colleague)
@@ -185,7 +185,7 @@ def test_every_tool_answers_a_non_listed_members_agent_like_about_nothing(team, 
 
 def test_listings_leave_a_hidden_session_out_and_list_it_for_those_who_see_it(team, alpha, api_as, make_user,
                                                                                      scripted_session):
-    """P-SEC-9 / OP-§5.9: ``list_agents(scope="all")``, ``list_jobs`` and the project page of a
+    """``list_agents(scope="all")``, ``list_jobs`` and the project page of a
     non-listed member show nothing of a private session (no title, id or count), before and
     after it existed being indistinguishable; the creator's own listing has it."""
     colleague = join(team.alpha, make_user("colleague"), "member")
@@ -227,7 +227,7 @@ def test_listings_leave_a_hidden_session_out_and_list_it_for_those_who_see_it(te
     ("shared", {"owner", "maintainer", "member", "friend"}),
 ])
 def test_who_sees_a_session_by_visibility(team, api_as, make_user, scripted_session, visibility, sees):
-    """OP-§5.9: project — every member; private — its creator, maintainers and owners; shared —
+    """Project — every member; private — its creator, maintainers and owners; shared —
     its creator, the listed members, maintainers and owners. Everyone else (and another
     project's owner) gets the 404 of a missing session. ``SessionOut`` says which."""
     friend = join(team.alpha, make_user("friend"), "member")
@@ -251,7 +251,7 @@ def test_who_sees_a_session_by_visibility(team, api_as, make_user, scripted_sess
 
 
 def test_a_share_gives_the_lesser_of_its_role_and_the_project_role(team, api_as, make_user, scripted_session):
-    """OP-§5.9: a member shared as viewer reads but cannot start turns; shared as member, they
+    """A member shared as viewer reads but cannot start turns; shared as member, they
     can; a share wider than the project role is refused; only project members can be listed."""
     friend = join(team.alpha, make_user("friend"), "member")
     creator, sid = scripted_session(team.member, [{"text": "x"}])
@@ -274,7 +274,7 @@ def test_a_share_gives_the_lesser_of_its_role_and_the_project_role(team, api_as,
 
 def test_only_the_creator_or_a_maintainer_changes_it_and_each_change_is_an_event(team, api_as, make_user,
                                                                                          scripted_session):
-    """OP-§5.9: a listed member or another member may not change who sees a session (403 when they
+    """A listed member or another member may not change who sees a session (403 when they
     see it, 404 when they do not); the creator and a maintainer may, from the API and the page;
     each change is an audited Event, and unsharing deletes nothing of the session."""
     friend = join(team.alpha, make_user("friend"), "member")
@@ -306,7 +306,7 @@ def test_only_the_creator_or_a_maintainer_changes_it_and_each_change_is_an_event
 
 
 def test_the_admin_changes_visibility_through_the_same_service(team, scripted_session, django_user_model):
-    """OP-§5.9: an operator's admin action makes a session private and shares it, writing the
+    """An operator's admin action makes a session private and shares it, writing the
     same Events; a refused share (not a member) changes nothing."""
     root = django_user_model.objects.create_superuser("root", "root@example.invalid", PASSWORD)
     admin = logged_in(root)
@@ -324,7 +324,7 @@ def test_the_admin_changes_visibility_through_the_same_service(team, scripted_se
 
 
 def test_a_sub_agent_session_follows_its_root(team, alpha, hidden, api_as):
-    """OP-§5.9: the OpenWork child of a shared session is hidden from the non-listed member like a
+    """The OpenWork child of a shared session is hidden from the non-listed member like a
     missing session, readable by the listed member, says its root's visibility, and cannot be
     given a visibility of its own."""
     missing = new_id()
@@ -340,7 +340,7 @@ def test_a_sub_agent_session_follows_its_root(team, alpha, hidden, api_as):
 
 
 def test_attach_cards_name_no_session_the_viewer_cannot_see(team, api_as, make_user, scripted_session):
-    """OP-§5.9: an agent of a project-wide session forks into its creator's private session; the
+    """An agent of a project-wide session forks into its creator's private session; the
     attach card on the project-wide session is shown to the creator and left out for a member
     who cannot see the private one (no id, no name)."""
     colleague = join(team.alpha, make_user("colleague"), "member")
@@ -366,7 +366,7 @@ def test_attach_cards_name_no_session_the_viewer_cannot_see(team, api_as, make_u
 
 def test_unsharing_refuses_the_next_gateway_call_of_the_person_who_lost_access(team, api_as, make_user,
                                                                                       scripted_session):
-    """OP-§5.9: the listed member works in a shared session through the gateway; once unshared,
+    """The listed member works in a shared session through the gateway; once unshared,
     their next call there is "not found", like a missing branch."""
     friend = join(team.alpha, make_user("friend"), "member")
     creator, sid = scripted_session(team.member, [{"text": "x"}])
@@ -394,7 +394,7 @@ def test_unsharing_refuses_the_next_gateway_call_of_the_person_who_lost_access(t
 
 def test_the_socket_refuses_a_non_listed_member_like_a_missing_session(transactional_db, team, make_user,
                                                                               scripted_session):
-    """P-SEC-9: the WebSocket handshake of a non-listed member for a private session is refused
+    """The WebSocket handshake of a non-listed member for a private session is refused
     exactly as for a missing one; the creator and a maintainer are accepted."""
     colleague = join(team.alpha, make_user("colleague"), "member")
     creator, sid = scripted_session(team.member, [{"text": "x"}])
@@ -413,7 +413,7 @@ def test_the_socket_refuses_a_non_listed_member_like_a_missing_session(transacti
 
 @pytest.mark.slow
 def test_making_a_session_private_closes_the_socket_of_who_lost_access(team, make_user, scripted_session, server):
-    """P-SEC-9 / OP-§5.9: on a real daphne, a member follows a project-wide session; its creator
+    """On a real daphne, a member follows a project-wide session; its creator
     makes it private through the server's API; the member's socket is closed (4403) while the
     creator's own socket stays open and receives the ``session.visibility_changed`` event."""
     from tests.collab.test_live_events import WsClient, ws_url
@@ -460,7 +460,7 @@ def test_making_a_session_private_closes_the_socket_of_who_lost_access(team, mak
 @pytest.mark.slow
 def test_a_real_worker_turn_of_a_non_listed_member_reaches_nothing_of_a_private_session(
         team, api_as, make_user, scripted_session, worker):
-    """P-SEC-9 / OP-§5.9: a non-listed member's agent, in a real turn run by the worker, lists all
+    """A non-listed member's agent, in a real turn run by the worker, lists all
     agents, reads, forks from, delegates and sends to a private session of the same project, and
     asks for its job: "not found" everywhere, and the private session receives nothing."""
     colleague = join(team.alpha, make_user("colleague"), "member")
@@ -523,7 +523,7 @@ def add_sessions(team, n: int) -> None:
 
 def test_the_project_page_list_agents_and_the_audit_view_cost_the_same_as_sessions_grow(
         team, make_user, scripted_session, api_as):
-    """OP-§5.9 (queries stay cheap): the project page (as a member), ``list_agents(scope="all")``
+    """Queries stay cheap: the project page (as a member), ``list_agents(scope="all")``
     (as a member's agent) and the audit view (as a maintainer) filter visible sessions in the
     query: the same number of queries with 3 or 12 sessions of each visibility."""
     colleague = join(team.alpha, make_user("colleague"), "member")
@@ -560,7 +560,7 @@ def test_the_project_page_list_agents_and_the_audit_view_cost_the_same_as_sessio
 
 def test_an_agent_delivers_into_a_shared_session_only_with_the_shares_role(team, api_as, make_user,
                                                                                   scripted_session):
-    """OP-§5.9: the friend's own agent may read a session shared with them as viewer, but not
+    """The friend's own agent may read a session shared with them as viewer, but not
     deliver into it (the share narrows their member role there); shared as member, it may."""
     friend = join(team.alpha, make_user("friend"), "member")
     creator, sid = scripted_session(team.member, [{"text": "x"}])

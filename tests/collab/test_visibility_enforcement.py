@@ -1,4 +1,4 @@
-"""Row-level visibility where control and history are concerned (P-SEC-9).
+"""Row-level visibility where control and history are concerned (docs/contract.md#visibility).
 
 * Cancelling an execution is decided by the effective role in its session (``collab.access.
   require_can_cancel``), not the project role: a member whose share was narrowed to viewer

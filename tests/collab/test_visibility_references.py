@@ -1,4 +1,4 @@
-"""A visible session that *names* a session the viewer may not see (P-SEC-9).
+"""A visible session that *names* a session the viewer may not see (docs/contract.md#visibility).
 
 The creator (``member``) keeps a private session P and works in a project-wide session B that
 ``colleague`` (a member of the same project, not listed on P) may read. Agents cross between
@@ -86,7 +86,7 @@ def leaked(text: str, secrets: set[str]) -> list[str]:
 
 
 def test_events_of_a_visible_session_name_no_session_the_viewer_cannot_see(team, api_as, crossing):
-    """P-SEC-9: ``GET /api/sessions/B/events`` for the colleague has every
+    """``GET /api/sessions/B/events`` for the colleague has every
     event of B (the same ``seq``s as the creator's) but no id, branch, job, message, title or
     branch name of P — the fields pointing there are ``null`` and the payload says
     ``"redacted": true``; the creator's log names P (the ``agent.spawned`` event into P, the
@@ -116,7 +116,7 @@ def test_events_of_a_visible_session_name_no_session_the_viewer_cannot_see(team,
 
 
 def test_a_result_text_and_tool_calls_written_in_a_visible_session_name_nothing_hidden(team, api_as, crossing):
-    """P-SEC-9: what a worker writes into B when P's agent reports back — a
+    """What a worker writes into B when P's agent reports back — a
     result headed ``[result from P:…] Agent 'plans-in-private' finished`` — and a model's tool call
     in B whose arguments name P (``agent(start_from=P:…, description=…)``): the colleague's events
     and socket name neither P nor its branch; the call keeps its name, not its arguments. The
@@ -240,7 +240,7 @@ def test_a_held_delivery_to_a_hidden_session_is_shown_without_its_name(team, api
 
 
 def test_the_socket_names_no_session_the_viewer_cannot_see(transactional_db, team, crossing):
-    """P-SEC-9: the colleague's socket on B, caught up from ``after=0`` and
+    """The colleague's socket on B, caught up from ``after=0`` and
     then live while the agents cross, carries every ``seq`` of B without a gap and nothing of
     P; the creator's socket, over the same events, names P."""
     c = crossing

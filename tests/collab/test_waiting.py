@@ -57,7 +57,7 @@ def in_thread(fn):
 
 @pytest.mark.django_db(transaction=True)
 def test_job_output_block_answers_when_the_job_ends(team, open_session, monkeypatch):
-    """SPEC §4 ``job_output(block=True, timeout=600000)``: the call answers with the result once
+    """``job_output(block=True, timeout=600000)``: the call answers with the result once
     the job ends — woken by the job's end, long before its 10-minute timeout."""
     looked = Looked(monkeypatch)
     a = open_session()

@@ -1,4 +1,4 @@
-"""The watch policy (SPEC §7, OP §3 and §5.8): deliveries held for a member's confirmation."""
+"""The watch policy (docs/contract.md#watch-policy): deliveries held for a member's confirmation."""
 
 
 import pytest
@@ -21,7 +21,7 @@ def _two_branches(team, scripted_session, api_as):
     return api, sid, main, target
 
 
-def test_p_sec_watch_policy_holds_messages_until_a_member_approves(team, scripted_session, api_as, run_queued):
+def test_watch_policy_holds_messages_until_a_member_approves(team, scripted_session, api_as, run_queued):
     api, sid, main, target = _two_branches(team, scripted_session, api_as)
     jobs_before = len(api.get("/api/executions", session=sid).json())
 
@@ -39,7 +39,7 @@ def test_p_sec_watch_policy_holds_messages_until_a_member_approves(team, scripte
     assert again.status_code == 409 and again.json()["code"] == "already_decided"
 
 
-def test_p_sec_a_rejected_delegation_returns_an_explicit_result_to_the_sender(team, scripted_session, api_as, worker):
+def test_a_rejected_delegation_returns_an_explicit_result_to_the_sender(team, scripted_session, api_as, worker):
     api, sid, main, target = _two_branches(team, scripted_session, api_as)
     r = api.post(f"/api/branches/{main}/tools/agent", {"arguments": {"to": target, "prompt": "do it"}}).json()
     assert r["details"]["held"] is True

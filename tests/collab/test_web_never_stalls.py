@@ -1,4 +1,4 @@
-"""P-SEC-4: no request can stall the web process. On a real daphne process:
+"""No request can stall the web process (docs/contract.md#http-api). On a real daphne process:
 a pathological ``grep`` pattern answers and a plain read goes on meanwhile; 50 concurrent
 blocking gateway calls are bounded per user (the excess 429 with a code) and a plain read
 answers while the admitted ones wait; a socket's huge ``?after=`` silences no one. In process:

@@ -1,5 +1,5 @@
 """Project webhooks, through the API, a real worker and a real receiver.
-Tenants are untrusted (SPEC §8, P-SEC-0): their URLs reach only the operator's hosts, never
+Tenants are untrusted (docs/security.md#who-is-trusted): their URLs reach only the operator's hosts, never
 another project's webhook, and no secret reaches the event log.
 
 The receiver is a threaded ``http.server`` in this process; the worker posts to it on

@@ -1,4 +1,4 @@
-"""The explorer workspace (OW §4, acc. 15, 16): confined file tools and bash under
+"""The explorer workspace (docs/contract.md#the-openwork-toolset): confined file tools and bash under
 bubblewrap, on real files and a real bwrap. The same tools through real explorer turns are in
 test_openwork.py (test_explorer_reads_and_runs_git_but_cannot_write_the_workspace)."""
 

@@ -1,4 +1,4 @@
-"""R1 (SPEC §7 P-REL-1, P-FLW-1): SIGKILL the workers at random moments across
+"""R1 (docs/contract.md#crash-recovery): SIGKILL the workers at random moments across
 many background jobs → 0 lost, 0 doubled results, every job terminal, every caller's transcript
 well-formed.
 

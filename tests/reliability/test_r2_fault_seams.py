@@ -1,4 +1,4 @@
-"""R2 (SPEC §6–§7, OP §5.4, P-REL-1): a worker dies at the seams where a
+"""R2 (docs/contract.md#delivery-and-follow-ups): a worker dies at the seams where a
 delivery could be lost or doubled → each delivery arrives exactly once.
 
 The seams are real code paths, reached by real turns on real worker machines; the fault is a

@@ -1,4 +1,4 @@
-"""R3 (SPEC §7, OP §5.3, OP C1): cancel racing admission and
+"""R3 (docs/contract.md#the-cancel-fence): cancel racing admission and
 execution, many iterations → 0 illegal transitions, 0 children running after a confirmed cancel.
 
 Each iteration starts a turn whose one model step calls ``agent(run_in_background=true)`` five

@@ -1,4 +1,4 @@
-"""R4 (P-TXT-1, BRIEF house rules): bad input on every route of the OpenAPI
+"""R4 (docs/contract.md#http-api): bad input on every route of the OpenAPI
 schema → 0 answers 5xx, and every 4xx JSON answer carries ``{"detail", "code"}``.
 
 The routes are not listed by hand: each operation of ``/api/openapi.json`` is probed, with its path

@@ -1,4 +1,4 @@
-"""R5 (SPEC §11.1): schemathesis against ``/api/openapi.json`` with two users and
+"""R5 (docs/contract.md#http-api): schemathesis against ``/api/openapi.json`` with two users and
 every check → 0 answers 5xx, 0 conformance failures.
 
 The schema is the one the server publishes; schemathesis generates requests for every operation

@@ -1,4 +1,4 @@
-"""R6 (SPEC §11.1 live events, P-RUN-2): a web process restarted under many
+"""R6 (live events, docs/contract.md#events, on the scaled deployment): a web process restarted under many
 WebSocket clients → after resync every client's last ``seq`` equals the server's, none received
 twice, none skipped.
 

@@ -1,4 +1,4 @@
-"""R7 (SPEC §7, STYLE §12, OP C1): concurrent clients forking
+"""R7 (docs/contract.md#admission-budgets-and-quotas): concurrent clients forking
 one session at one node and posting → 0 cycles, 0 orphans, 0 shared tips; answers 202/409/429
 (and the page's 302), never a 500.
 

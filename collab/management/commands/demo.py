@@ -4,7 +4,7 @@ The demo user is an operator (staff + superuser) only on the embedded default (n
 DATABASE_URL: one person's SQLite file on 127.0.0.1). On a DATABASE_URL deployment it
 is an ordinary user, and an existing demo user there loses staff and superuser: a
 login whose password sits in a file under var/ is never an admin of a shared
-deployment (P-SEC-8)."""
+deployment."""
 
 import secrets
 

@@ -1,6 +1,6 @@
-"""``manage.py limits``: the operator's door to a project's limits (SPEC §7), through the same
-audited service as the settings page, the API and the admin (a ``limits.changed`` event with no
-actor: the operator at the console)."""
+"""``manage.py limits``: the operator's door to a project's limits
+(docs/contract.md#limits-and-defaults), through the same audited service as the settings page,
+the API and the admin (a ``limits.changed`` event with no actor: the operator at the console)."""
 
 from django.core.management.base import BaseCommand, CommandError
 

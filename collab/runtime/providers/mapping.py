@@ -13,8 +13,8 @@ A branch's history (``TurnContext.history()``: root → tip, including what a
   result whose call is unknown becomes plain user-role text;
 - consecutive user-role inputs merge into one message (Anthropic requires
   alternation; strict chat templates of OpenAI-compatible servers do too), with
-  tool results first and user text after them (OW acceptance 8: the mailbox
-  follows all tool results);
+  tool results first and user text after them (the mailbox
+  follows all tool results, docs/contract.md#results-come-back-exactly-once);
 - the request always starts and ends with user-role input, never with an
   assistant message (no prefill).
 

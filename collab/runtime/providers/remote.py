@@ -2,15 +2,15 @@
 the API key, options, bounded retries with backoff, errors as ``ProviderError``, cost, and
 secrecy.
 
-Endpoint and key come ONLY from the spec's operator-owned ``ModelConnection`` (P-SEC-0):
-before every model call the connection is read fresh and checked against the spec's
-project, provider and model (services/connections.py; a binding may have changed since the
-spec was saved), else the call ends with ``provider_config`` and no request leaves the
-worker. The key is read at call time from the worker variable the connection names and is
-never stored, logged, put in an event or in an error reason. The SDK clients never follow
-redirects and are given every setting explicitly (no SDK environment fallbacks). Error
-reasons name the connection, the HTTP status and the error class, never text from the
-remote host (which is only logged, scrubbed of the key).
+Endpoint and key come ONLY from the spec's operator-owned ``ModelConnection``
+(docs/contract.md#authorization-and-visibility): before every model call the connection is read
+fresh and checked against the spec's project, provider and model (services/connections.py; a
+binding may have changed since the spec was saved), else the call ends with ``provider_config`` and
+no request leaves the worker. The key is read at call time from the worker variable the connection
+names and is never stored, logged, put in an event or in an error reason. The SDK clients never
+follow redirects and are given every setting explicitly (no SDK environment fallbacks). Error
+reasons name the connection, the HTTP status and the error class, never text from the remote host
+(which is only logged, scrubbed of the key).
 
 Per-spec model options live in ``AgentSpec.limits`` (all optional):
 ``stream`` (default true), ``max_tokens``, ``temperature``, ``timeout_seconds``,

@@ -1,4 +1,4 @@
-"""The ``scripted`` provider (SPEC §11.2): the embedded default and the test double.
+"""The ``scripted`` provider (docs/contract.md#the-scripted-provider): the embedded default and the test double.
 
 ``AgentSpec.script`` is a list of steps (for every turn) or an object keyed by
 turn kind (``user``, ``task``, ``message``, ``followup``, ``spawn``). One step per
