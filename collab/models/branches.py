@@ -90,8 +90,8 @@ class Branch(FastLoad, models.Model):
     )
     merged_into = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
-        help_text="kept for SPEC §2's branch record (merged and archived are stored apart, OP §2.6); Trellis has "
-                  "no merge operation, so nothing sets it yet and it is always empty",
+        help_text="the branch this one was merged into (kept apart from archived); Trellis has no merge "
+                  "operation, so nothing sets it yet and it is always empty",
     )
     internal = models.BooleanField(default=False, help_text="hidden from agents' listings; shown in the UI")
     lane = models.PositiveSmallIntegerField(

@@ -45,7 +45,7 @@ class AgentSpec(FastLoad, models.Model):
     toolset = models.CharField(max_length=16, choices=Toolset.choices, default=Toolset.COLLAB)
     role = models.CharField(max_length=16, choices=AgentRole.choices, default=AgentRole.GENERAL)
     tools = models.JSONField(default=list, blank=True, help_text="allow-list of tool names; empty = the whole toolset")
-    script = models.JSONField(default=list, blank=True, help_text="scripted provider steps (SPEC §11.2)")
+    script = models.JSONField(default=list, blank=True, help_text="scripted provider steps (docs/contract.md#the-scripted-provider)")
     followup_mode = models.CharField(max_length=16, choices=FollowupMode.choices, default=FollowupMode.TURN)
     limits = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
