@@ -109,7 +109,7 @@ def test_the_real_worker_introduces_itself_by_a_neutral_name(worker):
     import re
 
     log = worker.log.read_text(errors="replace")
-    assert re.search(r"Q Cluster trellis-\S+-\d+ \[[^\]]+\] running\.", log), log[-2000:]
+    assert re.search(r"Q Cluster trellis-\S+:\d+ \[[^\]]+\] running\.", log), log[-2000:]
 
 
 def test_the_older_link_opens_the_next_page_and_live_updates_keep_it(team, scripted_session, server, page):

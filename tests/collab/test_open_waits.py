@@ -4,6 +4,8 @@ subscription, so one user (or a leaked token) may keep at most
 ``TRELLIS_MAX_OPEN_STREAMS_PER_USER`` open per web process. Past it: 429 ``too_many_open_waits``
 — before anything is admitted — and other people are not affected. In-process, through the API."""
 
+import json
+
 import pytest
 
 from tests.collab.test_web_never_stalls import http
@@ -117,9 +119,9 @@ def test_past_the_process_bound_every_user_is_refused_until_a_connection_ends(te
 @pytest.mark.slow
 def test_an_mcp_stream_past_its_users_bound_is_refused_with_a_429(team, scripted_session, server):
     """MCP's event stream (``GET /mcp``) is a long-lived connection like a ``?wait=``: with the
-    member's 32 slots of the server process held by parked waits, their MCP stream is a 429; once
-    the waits have answered it opens."""
-    import asyncio
+    member's slots of the server process held by parked waits, their MCP stream is a 429; once
+    the waits have answered, their slots serve again."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     import httpx
     from django.conf import settings
@@ -129,21 +131,15 @@ def test_an_mcp_stream_past_its_users_bound_is_refused_with_a_429(team, scripted
     api, sid = scripted_session(team.member, [{"sleep_ms": 600_000}, {"text": "never"}])
     address, _ = head_address(api, sid)
     eid = turn(api, sid, "no worker takes it")
-    raw = token(team.member)
-    auth = {"Authorization": f"Bearer {raw}"}
-    mcp = {**auth, "X-Trellis-Branch": address, "Accept": "text/event-stream"}
-
-    async def main():
-        async with httpx.AsyncClient(timeout=30) as client:
-            parked = [asyncio.create_task(client.get(f"{server.url}/api/executions/{eid}?wait=3", headers=auth))
-                      for _ in range(settings.TRELLIS_MAX_OPEN_STREAMS_PER_USER)]
-            await asyncio.sleep(1.5)  # every wait parked, none answered yet
-            refused = await client.get(f"{server.url}/mcp", headers=mcp)
-            answered = [r.status_code for r in await asyncio.gather(*parked)]
-            async with client.stream("GET", f"{server.url}/mcp", headers=mcp) as opened:
-                return refused, answered, opened.status_code
-
-    refused, answered, opened = asyncio.run(main())
-    assert answered == [200] * len(answered)
-    assert refused.status_code == 429 and refused.json()["code"] == "too_many_open_waits", refused.text
-    assert opened == 200
+    mcp = {"Authorization": f"Bearer {token(team.member)}", "X-Trellis-Branch": address, "Accept": "text/event-stream"}
+    waits = settings.TRELLIS_MAX_OPEN_STREAMS_PER_USER + 1  # one more than the bound: exactly one is refused
+    with http(server, team.member) as client, ThreadPoolExecutor(waits) as pool:
+        parked = [pool.submit(client.get, f"/api/executions/{eid}?wait=10") for _ in range(waits)]
+        first = next(as_completed(parked, timeout=9)).result().status_code  # every wait has arrived
+        with httpx.Client(timeout=10) as mcp_client, mcp_client.stream("GET", f"{server.url}/mcp", headers=mcp) as r:
+            refused = (r.status_code, r.read() if r.status_code != 200 else b"")
+        answered = sorted(f.result(timeout=60).status_code for f in parked)
+        after = client.get(f"/api/executions/{eid}?wait=0.01").status_code
+    assert first == 429 and answered == [200] * (waits - 1) + [429], (first, answered)
+    assert refused[0] == 429 and json.loads(refused[1])["code"] == "too_many_open_waits", refused
+    assert after == 200  # the slots came back once the waits answered
