@@ -120,7 +120,7 @@ def test_past_the_process_bound_every_user_is_refused_until_a_connection_ends(te
 def test_an_mcp_stream_past_its_users_bound_is_refused_with_a_429(team, scripted_session, server):
     """MCP's event stream (``GET /mcp``) is a long-lived connection like a ``?wait=``: with the
     member's slots of the server process held by parked waits, their MCP stream is a 429; once
-    the waits have answered, their slots serve again."""
+    the waits have answered (the execution they wait for is cancelled), their slots serve again."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     import httpx
@@ -138,6 +138,9 @@ def test_an_mcp_stream_past_its_users_bound_is_refused_with_a_429(team, scripted
         first = next(as_completed(parked, timeout=9)).result().status_code  # every wait has arrived
         with httpx.Client(timeout=10) as mcp_client, mcp_client.stream("GET", f"{server.url}/mcp", headers=mcp) as r:
             refused = (r.status_code, r.read() if r.status_code != 200 else b"")
+        version = api.get(f"/api/executions/{eid}").json()["version"]  # end the waits: cancel what they wait for
+        assert api.post(f"/api/executions/{eid}/commands", {"command_id": "end-waits", "action": "execution.cancel",
+                                                            "expected_version": version, "payload": {}}).status_code == 202
         answered = sorted(f.result(timeout=60).status_code for f in parked)
         after = client.get(f"/api/executions/{eid}?wait=0.01").status_code
     assert first == 429 and answered == [200] * (waits - 1) + [429], (first, answered)
