@@ -20,13 +20,13 @@ own instead of sharing the sockets it inherited (the parent's client stays refer
 so nothing in the child closes the parent's sockets).
 """
 
-import os
-import threading
 
 from django.conf import settings
 from django.db import transaction
 from django_q.brokers.redis_broker import Redis
 from django_q.tasks import async_task
+
+from config.per_process import PerProcess
 
 
 def broker_in_database() -> bool:
@@ -42,18 +42,10 @@ def hand_to_broker(task_path, *args, **kwargs) -> None:
     else:
         transaction.on_commit(lambda: async_task(task_path, *args, **kwargs))
 
-_lock = threading.Lock()
-_clients: dict[int, object] = {}
+_client = PerProcess(lambda: Redis.get_connection())
 
 
 class SharedRedis(Redis):
     @staticmethod
     def get_connection(list_key: str = None):
-        pid = os.getpid()
-        client = _clients.get(pid)
-        if client is None:
-            with _lock:
-                client = _clients.get(pid)
-                if client is None:
-                    client = _clients[pid] = Redis.get_connection(list_key)
-        return client
+        return _client()

@@ -39,6 +39,7 @@ from collab.events import send_event_on_commit
 from collab.runtime.providers.base import ProviderError
 from collab.runtime.providers.mapping import clean_title
 from collab.services.connections import check_spec_connection
+from config.per_process import PerProcess
 
 log = logging.getLogger(__name__)
 
@@ -47,26 +48,12 @@ MAX_REASON_CHARS = 300
 KEYLESS = "no-key"  # what a keyless connection (a local server) sends; the SDKs require some key
 TITLE_RETRIES = 1
 
-_tls_lock = threading.Lock()
-_tls_contexts: dict[int, object] = {}
-
-
-def verified_tls():
-    """The TLS context of this process's model calls: the one the SDKs' HTTP client builds when
-    given none (``httpx2.create_ssl_context()``: certificates and host names verified against
-    the default CA bundle, ``SSL_CERT_FILE``/``SSL_CERT_DIR`` honoured), built once per process
-    instead of once per call. Building it loads the CA bundle — ~20 ms of CPU and ~1 MB — which
-    every model call paid while a new client per call built its own (a turn slot's call would
-    cost more CPU than many turns' platform work). A context is shared by threads safely; a
-    forked process builds its own."""
-    pid = os.getpid()
-    context = _tls_contexts.get(pid)
-    if context is None:
-        with _tls_lock:
-            context = _tls_contexts.get(pid)
-            if context is None:
-                context = _tls_contexts[pid] = httpx2.create_ssl_context()
-    return context
+# The TLS context of this process's model calls: the one the SDKs' HTTP client builds when given
+# none (certificates and host names verified against the default CA bundle, ``SSL_CERT_FILE`` /
+# ``SSL_CERT_DIR`` honoured), built once per process instead of once per call. Building it loads
+# the CA bundle — ~20 ms of CPU and ~1 MB — which every model call paid while a new client per
+# call built its own. Threads share it safely; a forked process builds its own.
+verified_tls = PerProcess(httpx2.create_ssl_context)
 
 
 # Headers a model request may carry besides the connection's key (all set by the SDKs).
