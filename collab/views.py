@@ -213,7 +213,7 @@ def _branches_context(request, session) -> dict:
 
 
 def _jobs_context(request, session) -> dict:
-    jobs = pages.recent_jobs(session)
+    jobs = pages.recent_jobs(session, request.user)
     for j in jobs:  # only open jobs can be cancelled: the rule is asked for those few
         _mark_cancel_right(request, j)
     return {"jobs": jobs, "usage": session_usage(session)}
@@ -356,7 +356,7 @@ def job_row(request, sid, job_id):
     tokens are final then: one aggregate per finished job, not per event), and — when ``?branch=``
     is the job's branch — the running indicator."""
     session = access.access_session(request.user, sid)
-    job = pages.session_job(session, job_id)
+    job = pages.session_job(session, job_id, request.user)
     _mark_cancel_right(request, job)
     shown = request.GET.get("branch")
     t = _running_context(request, job.branch) if shown == job.branch_id else None

@@ -13,6 +13,9 @@ session's length, a page costs the same fixed set of queries (``DAG_QUERIES`` at
 6. results that left the page's rows and arrived below it (only when there are such);
 7. the branches with an open turn (live lanes);
 8. which of the other sessions named by those edges the viewer may see (only when there are any);
+9. which of the sessions named by id in the rows' labels the viewer may not see (only when a label
+   holds an id-shaped token; when one names a hidden session, up to four more read its names
+   and rows so that the label says "another session" instead — ``redact_texts``);
 
 and a replay (``at``) one more: the time of event ``at``.
 
@@ -29,11 +32,12 @@ from django.utils.html import format_html, format_html_join
 from collab.access import visible_sessions
 from collab.dag_layout import End, Lane, Link, Row, layout
 from collab.errors import Invalid
+from collab.selectors.redact import redact_texts
 from collab.models import ACTIVE_STATUSES, Branch, Event, FollowupState, Job, JobKind, Message, MessageKind
 
 PAGE_ROWS = 150
 SINCE_MAX_ROWS = 2 * PAGE_ROWS  # a live refresh of the newest block (its bound per event); past this it starts a fresh newest page
-DAG_QUERIES = 8
+DAG_QUERIES = 9
 SNIPPET = 160
 
 _KIND_LABEL = {
@@ -60,6 +64,8 @@ def row_label(m) -> str:
     header = (m.metadata or {}).get("header") if isinstance(m.metadata, dict) else ""
     if header and text.startswith(header):
         text = text[len(header):]
+    elif header and header.startswith(text):  # the snippet ends inside the header: nothing of the body
+        text = ""
     if m.kind in _KIND_LABEL:
         who = _KIND_LABEL[m.kind]
         if m.kind in (MessageKind.AGENT_MESSAGE, MessageKind.NOTICE, MessageKind.FOLLOWUP):
@@ -276,12 +282,13 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
             continue
         lanes.append(Lane(b.pk, b.lane, b.display_name, archived, b.archive_reason if archived else "",
                           live.get(b.pk, ""), above, below))
+    labels, _ = redact_texts(viewer, [result_label.get(m.pk) or row_label(m) for m in rows], own=sid)
     graph_rows = [
-        Row(m.pk, m.branch_id, m.role, m.kind, result_label.get(m.pk) or row_label(m),
+        Row(m.pk, m.branch_id, m.role, m.kind, label,
             f"{by_id[m.branch_id].display_name if m.branch_id in by_id else ''} · {m.role}"
             f"{'' if m.kind == 'normal' else ' · ' + m.kind} · {m.created_at:%Y-%m-%d %H:%M:%S}",
             f"{url}?branch={m.branch_id}&head={m.pk}")
-        for m in rows
+        for m, label in zip(rows, labels)
     ]
     graph = layout(graph_rows, lanes, links)
     graph.nodes_svg = nodes_svg(graph.nodes, selected)

@@ -6,7 +6,7 @@ from collab.access import visible_sessions
 from collab.errors import NotFound
 from collab.models import Branch, Job, Message, MessageKind, Session, is_busy
 from collab.selectors.transcript import generating_text, lineage, page_transcript, present_rows
-from collab.selectors.redact import hidden_among
+from collab.selectors.redact import hidden_among, redact_jobs
 
 
 def shown_branch(session: Session, branch_id: str | None = None, head_id: str | None = None) -> Branch | None:
@@ -82,11 +82,11 @@ def message_row(session: Session, message_id: str, *, viewer, branch: Branch | N
     return message
 
 
-def session_job(session: Session, job_id: str) -> Job:
+def session_job(session: Session, job_id: str, viewer) -> Job:
     job = session.jobs.select_related("branch").filter(pk=job_id).first()
     if job is None:
         raise NotFound()
-    return job
+    return redact_jobs(viewer, [job], own=session.pk)[0]
 
 
 def branch_row(session: Session, branch_id: str) -> Branch:
@@ -98,8 +98,9 @@ def branch_row(session: Session, branch_id: str) -> Branch:
     return branch
 
 
-def recent_jobs(session: Session, limit: int = 20) -> list[Job]:
-    return list(session.jobs.select_related("branch").order_by("-created_at")[:limit])
+def recent_jobs(session: Session, viewer, limit: int = 20) -> list[Job]:
+    return redact_jobs(viewer, list(session.jobs.select_related("branch").order_by("-created_at")[:limit]),
+                       own=session.pk)
 
 
 def branches(session: Session) -> list[Branch]:

@@ -138,6 +138,20 @@ def scrub(value, hidden: dict[str, str]):
     return value
 
 
+def redact_texts(viewer, texts: list, *, own: str | None = None) -> tuple[list, dict]:
+    """``texts`` (strings or JSON-like values) as ``viewer`` may read them: every hidden session's
+    id, address, title and branch names, and its rows' ids where it is named, read ``another
+    session`` (``scrub``). The one scrubbing path of every reader of free text — transcripts,
+    graph labels, execution results. Returns (texts, the hidden sessions found): none found and
+    no query when no text holds an id-shaped token but ``own``; else one or two queries, and
+    three more when a hidden session is named beside other ids."""
+    hidden = hidden_among(viewer, _ids_in(texts), own=own)
+    if not hidden:
+        return texts, {}
+    hidden = with_hidden_rows(hidden, texts)
+    return [scrub(t, hidden) for t in texts], hidden
+
+
 def _fill(memo_map: dict, model, ids: set) -> None:
     missing = {i for i in ids if isinstance(i, str) and i not in memo_map}
     if missing:
@@ -307,28 +321,46 @@ def redact_events(viewer, session_id: str, events) -> list[dict]:
 
 
 def redact_messages(viewer, session_id: str, messages) -> dict[str, str]:
-    """Scrub hidden sessions' ids out of the messages' text and tool calls, in place (the rows
-    are for display; never saved). Returns the hidden sessions found (one query at most)."""
-    hidden = hidden_among(viewer, _ids_in([m.text for m in messages] + [m.tool_calls for m in messages]
-                                          + [m.metadata for m in messages]), own=session_id)
+    """Scrub hidden sessions' ids out of the messages' text, tool calls and metadata, in place
+    (the rows are for display; never saved). Returns the hidden sessions found."""
+    texts, hidden = redact_texts(viewer, [m.text for m in messages] + [m.metadata for m in messages]
+                                 + [m.tool_calls for m in messages], own=session_id)
     if hidden:
-        hidden = with_hidden_rows(hidden, [m.text for m in messages])
-        for m in messages:
-            m.text = scrub(m.text, hidden)
+        n = len(messages)
+        for i, m in enumerate(messages):
+            m.text, m.metadata = texts[i], texts[n + i]
             if isinstance(m.tool_calls, list):
                 m.tool_calls = redact_calls(m.tool_calls, hidden)[0]
-            m.metadata = scrub(m.metadata, hidden)
     return hidden
 
 
+def redact_jobs(viewer, jobs: list, *, own: str | None = None) -> list:
+    """Job rows for display with their error text scrubbed (``redact_texts``), in place: the rows
+    are never saved."""
+    texts, hidden = redact_texts(viewer, [j.error_reason for j in jobs], own=own)
+    if hidden:
+        for job, text in zip(jobs, texts):
+            job.error_reason = text
+    return jobs
+
+
+EXECUTION_TEXT_KEYS = ("result", "error_reason")
+
+
 def redact_executions(viewer, shapes: list[dict]) -> list[dict]:
-    """Execution shapes with ``caller_session`` / ``parent_job`` blanked where they are in a
-    session ``viewer`` may not see (a task sent from a private session; two queries at most)."""
+    """Execution shapes as ``viewer`` may read them: ``caller_session`` / ``parent_job`` blanked
+    where they are in a session ``viewer`` may not see (a task sent from a private session), and
+    the result and error text scrubbed (``redact_texts``: a result may name where the agent worked)."""
     parent_ids = {s["parent_job"] for s in shapes if s.get("parent_job")}
     parents = dict(Job.objects.filter(pk__in=parent_ids).values_list("pk", "session_id")) if parent_ids else {}
     hidden = hidden_among(viewer, {s.get("caller_session") for s in shapes} | set(parents.values()))
-    if not hidden:
+    if hidden:
+        shapes = [{**s, "caller_session": None if s.get("caller_session") in hidden else s.get("caller_session"),
+                   "parent_job": None if parents.get(s.get("parent_job")) in hidden else s.get("parent_job")}
+                  for s in shapes]
+    owns = {s.get("session") for s in shapes}
+    texts, named = redact_texts(viewer, [[s.get(k) for k in EXECUTION_TEXT_KEYS] for s in shapes],
+                                own=next(iter(owns)) if len(owns) == 1 else None)
+    if not named:
         return shapes
-    return [{**s, "caller_session": None if s.get("caller_session") in hidden else s.get("caller_session"),
-             "parent_job": None if parents.get(s.get("parent_job")) in hidden else s.get("parent_job")}
-            for s in shapes]
+    return [{**s, **dict(zip(EXECUTION_TEXT_KEYS, scrubbed))} for s, scrubbed in zip(shapes, texts)]

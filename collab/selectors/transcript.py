@@ -20,7 +20,7 @@ from collab.models import (
     MessageKind,
     Session,
 )
-from collab.selectors.redact import redact_messages, scrub
+from collab.selectors.redact import redact_jobs, redact_messages, scrub
 from collab.deliveries import split_delivery
 
 _CHAIN_SQL = """
@@ -429,6 +429,7 @@ def present_rows(branch: Branch | None, messages: list[Message], viewer) -> Job 
     # A hidden session's id in text, tool calls or card bodies reads "another session"
     # (the cards were cut from the unscrubbed text, whose recorded body spans it matches).
     hidden = redact_messages(viewer, branch.session_id if branch is not None else None, messages) if messages else {}
+    redact_jobs(viewer, [j for found in stops.values() for j in found], own=branch.session_id if branch else None)
     for m in messages:
         if hidden and m.card is not None:
             m.card.body, m.card.note = scrub(m.card.body, hidden), scrub(m.card.note, hidden)
