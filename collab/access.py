@@ -23,6 +23,7 @@ session follows its root session's visibility.
 
 from dataclasses import dataclass
 
+from django.contrib.auth import get_user_model
 from django.db.models import OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 
@@ -186,6 +187,13 @@ def access_session(user, session_id: str, capability: str = "project.read", *, p
     session, role = _session_and_role(user, session_id, project_id)
     _checked(role, capability)
     return session
+
+
+def as_now(user):
+    """The person as the database has them now, or None when deactivated or deleted: a
+    long-lived connection re-checks its access with this (its user was read when it opened)."""
+    pk = getattr(user, "pk", None)
+    return None if pk is None else get_user_model().objects.filter(pk=pk, is_active=True).first()
 
 
 def _session_and_role(user, session_id: str, project_id: int | None = None) -> tuple[Session | None, str | None]:

@@ -3,6 +3,7 @@ import logging
 from django.apps import AppConfig
 from django.conf import settings
 from django.db import close_old_connections, connections
+from django.db.models.signals import post_delete, post_save
 
 from collab import task_queue, worker_name
 from collab.realtime.push import warm_push
@@ -19,6 +20,14 @@ class CollabConfig(AppConfig):
         from collab.middleware import refuse_unsupported_settings  # it imports django.contrib.auth's models
 
         refuse_unsupported_settings()
+
+        # app registry: the user model and collab's services need the models loaded
+        from django.contrib.auth import get_user_model
+
+        from collab.services.members import user_deleted, user_saved
+
+        post_save.connect(user_saved, sender=get_user_model(), dispatch_uid="collab-user-saved")
+        post_delete.connect(user_deleted, sender=get_user_model(), dispatch_uid="collab-user-deleted")
 
         post_spawn.connect(_unlocked_task_queue, dispatch_uid="collab-unlocked-task-queue")
         post_spawn.connect(_pool_in_worker, dispatch_uid="collab-pool-in-worker")

@@ -14,10 +14,11 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import timezone
 
-from collab.access import access_session
+from collab.access import access_session, as_now
 from collab.errors import DomainError
 from collab.realtime.bounds import WEBSOCKET_REFUSED, open_wait
 from collab.realtime.fanout import fanout
+from collab.services.members import EVERY_PROJECT
 from collab.text import loads_bounded
 
 MAX_FRAME_CHARS = 4096  # a client's frame (it only ever asks to catch up)
@@ -30,6 +31,19 @@ def _after(scope) -> int:
         return max(int(raw), 0)
     except ValueError:
         return 0
+
+
+def _may_still_see(user, sid: str) -> bool:
+    """Whether the person, as they are now (the socket's user row was read when it opened), may
+    see the session."""
+    user = as_now(user)
+    if user is None:
+        return False
+    try:
+        access_session(user, sid)
+    except DomainError:
+        return False
+    return True
 
 
 class SessionConsumer(AsyncJsonWebsocketConsumer):
@@ -115,15 +129,12 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             self.subscription.catch_up()
 
     async def still_allowed(self, message) -> bool | None:
-        """A membership of this user, or the session's visibility, changed: may they still see
-        the session? None when the change is about another project (nothing to check)."""
-        if message.get("project") != self.project_id:
+        """A membership of this user, the session's visibility, or the user's account (deactivated,
+        deleted) changed: may they still see the session? None when the change is about another
+        project (nothing to check)."""
+        if message.get("project") not in (EVERY_PROJECT, self.project_id):
             return None
-        try:
-            await database_sync_to_async(access_session)(self.scope.get("user"), self.sid)
-        except DomainError:
-            return False
-        return True
+        return await database_sync_to_async(_may_still_see)(self.scope.get("user"), self.sid)
 
     async def lost_access(self):
         """Nothing more is sent; the socket closes (4403)."""

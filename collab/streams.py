@@ -132,6 +132,9 @@ def _still_allowed(viewer, token_id: int | None, job_id: str) -> bool:
     """The viewer may still see the job, and the token they came with is still usable."""
     if token_id is not None and not ApiToken.objects.active().filter(pk=token_id).exists():
         return False
+    viewer = access.as_now(viewer)
+    if viewer is None:  # deactivated or deleted since the stream opened
+        return False
     try:
         access.access_job(viewer, job_id)
     except DomainError:

@@ -122,7 +122,8 @@ MAX_JSON_DEPTH = 64  # arrays and objects nested in a request body or a socket f
 def loads_bounded(raw: str | bytes, *, max_chars: int, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """JSON from outside (an MCP request, a socket frame), refused before parsing when it is too
     long or nested too deep — the parser would otherwise recurse until Python's own limit and fail
-    with an error no caller expects. Raises ``ValueError`` saying which; ``json.loads``'s own
+    with an error no caller expects. ``NaN``, ``Infinity`` and numbers out of a float's range are
+    refused as the API refuses them. Raises ``ValueError`` saying which; ``json.loads``'s own
     errors are ``ValueError`` too."""
     if isinstance(raw, bytes):
         if len(raw) > max_chars:
@@ -147,4 +148,15 @@ def loads_bounded(raw: str | bytes, *, max_chars: int, max_depth: int = MAX_JSON
                 raise ValueError(f"nested deeper than {max_depth} levels")
         elif ch in "]}":
             depth -= 1
-    return json.loads(raw)
+    return json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text[:40]} is out of range")
+    return value

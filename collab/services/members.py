@@ -89,6 +89,24 @@ def _tell_sockets(user_id: int, project_id: int) -> None:
     send_to_user(user_id, {"type": "collab.access_changed", "project": project_id})
 
 
+EVERY_PROJECT = "*"  # an access change that concerns each of the user's sockets
+
+
+def user_saved(sender, instance, created=False, **kwargs) -> None:
+    """A deactivated person's sockets re-check their access after the change commits (and close:
+    4403). Connected to the user model's ``post_save`` (``collab.apps``): the admin's change form,
+    a script or ``manage.py`` all save through it."""
+    if not created and not instance.is_active:
+        transaction.on_commit(lambda pk=instance.pk: send_to_user(pk, {"type": "collab.access_changed",
+                                                                       "project": EVERY_PROJECT}))
+
+
+def user_deleted(sender, instance, **kwargs) -> None:
+    """A deleted person's sockets close as a deactivated person's do."""
+    transaction.on_commit(lambda pk=instance.pk: send_to_user(pk, {"type": "collab.access_changed",
+                                                                   "project": EVERY_PROJECT}))
+
+
 def send_to_user(user_id: int, message: dict) -> None:
     layer = get_channel_layer()
     if layer is not None:
