@@ -123,9 +123,13 @@ def test_the_queries_per_event_do_not_grow_with_the_sockets(transactional_db, te
             for comm in socks:
                 await comm.disconnect()
 
+    # a first round, not counted: on Redis a receive a previous test's event loop left on the
+    # shared layer makes this process's first reads fail once, and the fan-out's safety net then
+    # reads the event counters (extra SELECTs that say nothing about the fan-out)
+    run(body, 1)
     one, six = run(body, 1), run(body, 6)
-    # equal but for the fan-out's safety net: a failed layer read is followed by one read of the
-    # event counters (on Redis, a receive lock a previous test's event loop left behind does that)
+    # equal but for the fan-out's safety net (a failed layer read is followed by one read of the
+    # event counters)
     assert abs(six - one) <= 2, f"{one} SELECTs for 3 events with 1 socket, {six} with 6"
     assert six < 3 * 6 and one <= 3 * 2 + 2
 
