@@ -4,6 +4,7 @@
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/14 \\
       .venv/bin/python bench/turns.py [--turns 100] [--workers 2] [--web daphne|testclient] [--brokers orm redis] [--history N]
+    .venv/bin/python bench/turns.py --stock NAME [--pairs 3] [--brokers orm|redis]   # A/B one bypass
 
 Creates a throw-away database ``<db>_bench_turns`` next to DATABASE_URL's and prints, in one
 table beside the targets:
@@ -28,6 +29,11 @@ table beside the targets:
     (default 8, each on its own connection), one turn per session, then
     turns/s (first admission → last finish, from the jobs' own timestamps) and p50/p99 of
     each job's admission → terminal.
+
+``--stock NAME`` instead times ``--pairs`` pairs of runs (sequential p50, turns/s, CPU per turn of
+the web process and of the workers), one on Trellis's path and one with ``TRELLIS_STOCK=NAME``
+(docs/infrastructure.md), in alternating order, and prints the medians beside the spread of
+Trellis's own runs (the host's drift).
 """
 
 import argparse
@@ -253,9 +259,14 @@ def main():
     parser.add_argument("--phase", choices=["trace", "run"], help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--cpu-roles", help=argparse.SUPPRESS)
+    parser.add_argument("--stock", metavar="NAME",
+                        help="A/B: alternate runs on Trellis's path and with TRELLIS_STOCK=NAME (docs/infrastructure.md)")
+    parser.add_argument("--pairs", type=int, default=3, help="with --stock: A/B pairs, in alternating order")
     args = parser.parse_args()
     if _common.run_phase(args, {"trace": phase_trace, "run": phase_run}):
         return
+    if args.stock:
+        return stock_ab(args)
     bench_url = _common.create_database("bench_turns")
     try:
         raw = _common.raw_insert_rate(bench_url)
@@ -322,6 +333,55 @@ def main():
         _common.table(rows)
     finally:
         _common.drop_database(bench_url)
+
+
+def _one_run(args, bench_url: str, broker: str, stock: str) -> dict:
+    """One run of the timed phase with its own worker and web process, ``TRELLIS_STOCK=stock``."""
+    env = _common.bench_env(bench_url, broker, args.workers, tag="bench-turns")
+    env.pop("TRELLIS_STOCK", None)
+    if stock:
+        env["TRELLIS_STOCK"] = stock
+    with _common.worker(env) as cluster, _web(env, args.web) as (url, web_pid):
+        roles = {**({"web": ("pid", web_pid)} if web_pid else {}), "workers": ("pgid", cluster.pid)}
+        r = _common.child("turns.py", "run", env, "--turns", str(args.turns), "--cpu-roles", json.dumps(roles),
+                          "--clients", str(args.clients), "--history", "0", *(["--url", url] if url else []))
+    cpu = {name: float(ms) for name, ms in (part.split(":") for part in r["cpu"].split(","))}
+    return {"seq p50 ms": _common.percentile([float(x) * 1000 for x in r["seq"].split(",")], 0.5),
+            "turns/s": float(r["turns_per_s"]), "web CPU ms/turn": cpu.get("web", 0.0),
+            "workers CPU ms/turn": cpu.get("workers", 0.0), "failed": int(r["failed"])}
+
+
+def stock_ab(args) -> None:
+    """``--stock NAME``: ``--pairs`` pairs of runs, one on Trellis's path (A) and one with
+    ``TRELLIS_STOCK=NAME`` (B), in alternating order (A B, B A, …) in one process and database, so
+    that the host's drift over the run falls on both alike. Prints each run, the medians, B
+    against A, and the drift: the spread of A's own runs, which a difference must exceed."""
+    import statistics
+
+    broker = next((b for b in args.brokers if b == "orm" or os.environ.get("REDIS_URL")), "orm")
+    bench_url = _common.create_database("bench_turns")
+    runs: dict[str, list[dict]] = {"A": [], "B": []}
+    try:
+        for pair in range(args.pairs):
+            for side in (("A", "B") if pair % 2 == 0 else ("B", "A")):
+                runs[side].append(_one_run(args, bench_url, broker, args.stock if side == "B" else ""))
+    finally:
+        _common.drop_database(bench_url)
+    label = f"[{broker}, {args.workers} workers, {args.turns} turns, {args.web}]"
+    rows = []
+    for side, name in (("A", "Trellis's path"), ("B", f"TRELLIS_STOCK={args.stock}")):
+        for i, run in enumerate(runs[side], 1):
+            rows.append((f"{label} {name}, run {i}", ", ".join(
+                f"{k} {v:,.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in run.items()), ""))
+    for metric in ("seq p50 ms", "turns/s", "web CPU ms/turn", "workers CPU ms/turn"):
+        a = [run[metric] for run in runs["A"]]
+        b = [run[metric] for run in runs["B"]]
+        ma, mb = statistics.median(a), statistics.median(b)
+        drift = (max(a) - min(a)) / ma if ma else 0.0
+        change = (mb - ma) / ma if ma else 0.0
+        rows.append((f"{label} {metric}: median A / B", f"{ma:,.2f} / {mb:,.2f} (B {change:+.1%} of A; "
+                     f"A's own spread {drift:.1%})", "a gain beyond the spread earns the bypass its place"))
+    _common.table(rows)
 
 
 if __name__ == "__main__":

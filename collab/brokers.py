@@ -1,5 +1,5 @@
 """Handing tasks to django-q2's broker, and its Redis broker with one Redis client per process
-(``Q_CLUSTER["broker_class"]``).
+(``Q_CLUSTER["broker_class"]``; ``TRELLIS_STOCK=brokers``: django-q2's own broker class).
 
 ``hand_to_broker`` is how every task is enqueued for the transaction in progress. With the
 database as the broker (the embedded default: django-q2's ORM broker) the task's row is written
@@ -37,6 +37,8 @@ def broker_in_database() -> bool:
 def hand_to_broker(task_path, *args, **kwargs) -> None:
     """``async_task(task_path, *args, **kwargs)`` for the transaction in progress (none: now): in
     it when the broker is the database, after its commit otherwise (the module's docstring)."""
+    if "task_paths" in settings.TRELLIS_STOCK:
+        task_path = str(task_path)  # django-q2 looks the path up at each task (config.task_paths)
     if broker_in_database():
         async_task(task_path, *args, **kwargs)
     else:

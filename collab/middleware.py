@@ -29,7 +29,8 @@ class OnTheLoop:
 
     def __init__(self, get_response):
         super().__init__(get_response)
-        if iscoroutinefunction(get_response) and hasattr(self, "process_view"):
+        self.stock = "middleware" in settings.TRELLIS_STOCK  # Django's hops (docs/infrastructure.md)
+        if iscoroutinefunction(get_response) and hasattr(self, "process_view") and not self.stock:
             # the handler hops to a thread for a plain process_view, not for a coroutine function
             view = self.process_view
 
@@ -42,6 +43,8 @@ class OnTheLoop:
         return False
 
     async def __acall__(self, request):
+        if self.stock:
+            return await super().__acall__(request)
         response = self.process_request(request) if hasattr(self, "process_request") else None
         response = response or await self.get_response(request)
         if hasattr(self, "process_response"):

@@ -10,6 +10,9 @@ the name).
 import os
 import socket
 import sys
+import uuid
+
+from django.conf import settings
 
 
 def process_name(pid: int | None = None) -> str:
@@ -30,6 +33,8 @@ def install() -> str:
     import django_q.cluster
 
     name = cluster_name()
+    if "worker_name" in settings.TRELLIS_STOCK:  # django-q2's own words for the cluster
+        return django_q.cluster.humanize(uuid.uuid4().hex)
     django_q.cluster.humanize = lambda _hex, name=name: name
     return name
 

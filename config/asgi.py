@@ -5,6 +5,7 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
+from django.conf import settings  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
@@ -25,7 +26,8 @@ async def http_app(scope, receive, send):
 
 application = ProtocolTypeRouter(
     {
-        "http": RequestThreads(http_app),
+        # TRELLIS_STOCK=request_threads: asgiref's thread per request, as Django's handler makes it
+        "http": http_app if "request_threads" in settings.TRELLIS_STOCK else RequestThreads(http_app),
         "websocket": OriginCheckedStack(URLRouter(websocket_urlpatterns)),
     }
 )

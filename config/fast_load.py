@@ -18,9 +18,10 @@ the same instance directly when doing so cannot differ from ``__init__``:
 - nothing listens to ``pre_init`` or ``post_init`` for the model (checked at each load: a
   receiver connected later is honoured).
 
-Otherwise it is ``Model.from_db``, unchanged.
+Otherwise — and everywhere with ``TRELLIS_STOCK=fast_load`` — it is ``Model.from_db``, unchanged.
 """
 
+from django.conf import settings
 from django.db.models.base import ModelState
 from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
 from django.db.models.query_utils import DeferredAttribute
@@ -39,7 +40,7 @@ class FastLoad:
         if names is None:
             names = _plain_attnames(cls)
             setattr(cls, _NAMES, names)
-        if (not names or len(values) != len(names)
+        if (not names or len(values) != len(names) or "fast_load" in settings.TRELLIS_STOCK
                 or pre_init.has_listeners(cls) or post_init.has_listeners(cls)):
             return super().from_db(db, field_names, values)
         instance = cls.__new__(cls)

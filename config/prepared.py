@@ -29,6 +29,7 @@ import re
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Expression
 from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesListIterable, get_related_populators
@@ -197,6 +198,12 @@ def _cached(key: tuple, compile_):
     return connection, compiled
 
 
+def stock() -> bool:
+    """``TRELLIS_STOCK=prepared``: every statement is built and run by the ORM at each call, as
+    Django does (docs/infrastructure.md)."""
+    return "prepared" in settings.TRELLIS_STOCK
+
+
 # --- SELECT ---------------------------------------------------------------------------------------
 
 
@@ -208,6 +215,9 @@ class Select:
         self.name, self.build = name, build
 
     def rows(self, *shape, **values) -> list:
+        if stock():  # the queryset, built and compiled by the ORM at each call
+            with _binding(values):
+                return list(self.build(*shape))
         connection, compiled = _cached((self.name, *shape), lambda conn: _CompiledSelect(self.build(*shape), conn))
         return compiled.run(connection, values)
 
@@ -294,8 +304,8 @@ class Update:
 
     def run(self, *shape, **values) -> list:
         connection = connections[DEFAULT_DB_ALIAS]
-        if not connection.features.can_return_columns_from_insert:
-            with _binding(values):  # no RETURNING: through the ORM, each time (see update_returning)
+        if stock() or not connection.features.can_return_columns_from_insert:
+            with _binding(values):  # through the ORM, each time (see update_returning)
                 queryset, sets, returning = self.build(*shape)
                 return update_returning(queryset, sets, returning)
         connection, compiled = _cached((self.name, *shape), lambda conn: _checked(compile_update_returning(
@@ -384,16 +394,29 @@ def update_returning(queryset, values: dict, returning: dict) -> list:
     ``returning``'s expressions set on them (``collab.services.locking.update_returning``)."""
     db = queryset.db
     connection = connections[db]
-    if not connection.features.can_return_columns_from_insert:  # SQLite before 3.35: no RETURNING
-        # (its write transaction holds the whole database, so reading the rows first is the same)
-        pks = list(queryset.values_list("pk", flat=True))
-        rows = queryset.model._base_manager.using(db).filter(pk__in=pks)
-        rows.update(**values)
-        return list(rows.annotate(**returning))
+    if stock() or not connection.features.can_return_columns_from_insert:  # (SQLite before 3.35)
+        return _update_returning_by_orm(queryset, values, returning)
     compiled = compile_update_returning(queryset, values, returning, connection=connection)
     if compiled is None:
         return []
     return compiled.run(connection, {})
+
+
+def _update_returning_by_orm(queryset, values: dict, returning: dict) -> list:
+    """``update_returning`` through the ORM's public API (the stock path, and a database without
+    ``RETURNING``): in one transaction, lock the rows that match (PostgreSQL re-checks the
+    condition on a row another transaction changed meanwhile; SQLite's write transaction holds the
+    whole database), update those, read them back with ``returning``'s expressions."""
+    db = queryset.db
+    features = connections[db].features
+    with transaction.atomic(using=db):
+        locking = queryset.select_for_update(of=("self",)) if features.has_select_for_update_of \
+            else queryset.select_for_update()
+        pks = list(locking.values_list("pk", flat=True))
+        rows = queryset.model._base_manager.using(db).filter(pk__in=pks)
+        if pks:
+            rows.update(**values)
+        return list(rows.annotate(**returning)) if pks else []
 
 
 # --- INSERT (one row) ----------------------------------------------------------------------------
@@ -413,7 +436,7 @@ class Insert:
     def create(self, **fields):
         connection = connections[DEFAULT_DB_ALIAS]
         meta = self.model._meta
-        if not connection.features.can_return_columns_from_insert or any(
+        if stock() or not connection.features.can_return_columns_from_insert or any(
                 f.attname in fields for f in meta.local_concrete_fields if f.has_db_default()):
             return self.model._base_manager.create(**fields)
         instance = self.model(**fields)

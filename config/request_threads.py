@@ -19,6 +19,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import SyncToAsync, ThreadSensitiveContext
+from django.conf import settings
 from django.db import close_old_connections
 
 
@@ -97,8 +98,8 @@ def release_thread() -> None:
     again, any other shut down. Its sync code until ``retake_thread`` must not need the thread:
     asgiref would make a new one for it."""
     context = _context()
-    if context is None or getattr(context, "_executor", None) is not None:
-        return  # no request context, or one whose executor its owner keeps
+    if context is None or getattr(context, "_executor", None) is not None or "request_threads" in settings.TRELLIS_STOCK:
+        return  # no request context, one whose executor its owner keeps, or the stock path
     executor = SyncToAsync.context_to_thread_executor.pop(context, None)
     if isinstance(executor, RequestThread):
         executor.give_back()

@@ -74,6 +74,15 @@ INSTALLED_APPS = [
     "axes",
 ]
 
+# Framework behaviour Trellis replaces (docs/infrastructure.md), each named here to restore the
+# stock path: comma-separated, e.g. TRELLIS_STOCK=prepared,fast_load. Read at start-up.
+STOCK_PATHS = ("task_queue", "prepared", "fast_load", "request_threads", "middleware", "channel_layer", "push_loop",
+               "task_paths", "brokers", "worker_name")
+TRELLIS_STOCK = frozenset(env_list("TRELLIS_STOCK", []))
+if TRELLIS_STOCK - set(STOCK_PATHS):
+    raise ImproperlyConfigured(f"TRELLIS_STOCK names unknown paths {sorted(TRELLIS_STOCK - set(STOCK_PATHS))}: "
+                               f"known are {', '.join(STOCK_PATHS)}")
+
 MIDDLEWARE = [
     # Django's own, run on the event loop under ASGI where they do no I/O (collab.middleware.OnTheLoop)
     "collab.middleware.SecurityMiddleware",
@@ -90,6 +99,18 @@ MIDDLEWARE = [
     "collab.middleware.DomainErrorMiddleware",
     "axes.middleware.AxesMiddleware",  # last, as django-axes asks
 ]
+if "middleware" in TRELLIS_STOCK:  # Django's and WhiteNoise's own classes (ours hop as Django's do)
+    MIDDLEWARE = [{"collab.middleware.SecurityMiddleware": "django.middleware.security.SecurityMiddleware",
+                   "collab.middleware.StaticFilesMiddleware": "whitenoise.middleware.WhiteNoiseMiddleware",
+                   "collab.middleware.SessionMiddleware": "django.contrib.sessions.middleware.SessionMiddleware",
+                   "collab.middleware.CommonMiddleware": "django.middleware.common.CommonMiddleware",
+                   "collab.middleware.CsrfViewMiddleware": "django.middleware.csrf.CsrfViewMiddleware",
+                   "collab.middleware.AuthenticationMiddleware":
+                       "django.contrib.auth.middleware.AuthenticationMiddleware",
+                   "collab.middleware.MessageMiddleware": "django.contrib.messages.middleware.MessageMiddleware",
+                   "collab.middleware.XFrameOptionsMiddleware":
+                       "django.middleware.clickjacking.XFrameOptionsMiddleware"}.get(name, name)
+                  for name in MIDDLEWARE]
 
 ROOT_URLCONF = "config.urls"
 ASGI_APPLICATION = "config.asgi.application"
@@ -290,13 +311,6 @@ TRELLIS_EVENT_NOTIFY_POLL_INTERVAL = env_int("TRELLIS_EVENT_NOTIFY_POLL_MS", 100
 
 # --- worker (django-q2) ----------------------------------------------------
 Q_TIMEOUT = env_int("TRELLIS_TASK_TIMEOUT", 3600, minimum=1)
-# Framework behaviour Trellis replaces (docs/infrastructure.md), named here to restore the
-# stock path: comma-separated, e.g. TRELLIS_STOCK=task_queue.
-STOCK_PATHS = ("task_queue",)
-TRELLIS_STOCK = frozenset(env_list("TRELLIS_STOCK", []))
-if TRELLIS_STOCK - set(STOCK_PATHS):
-    raise ImproperlyConfigured(f"TRELLIS_STOCK names unknown paths {sorted(TRELLIS_STOCK - set(STOCK_PATHS))}: "
-                               f"known are {', '.join(STOCK_PATHS)}")
 # Turns one worker process runs at once, each on a thread of its own (collab/runtime/slots.py,
 # docs/capacity.md): a turn waiting on its model holds a slot and nothing else. Worker processes
 # stay few (TRELLIS_WORKERS, about one per core); this is what sets how many agents think at once.
@@ -334,7 +348,8 @@ Q_CLUSTER = {
 if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
     # django-q2's Redis broker over one client per process: its own opens a connection per enqueue
-    Q_CLUSTER["broker_class"] = "collab.brokers.SharedRedis"
+    if "brokers" not in TRELLIS_STOCK:
+        Q_CLUSTER["broker_class"] = "collab.brokers.SharedRedis"
 else:
     Q_CLUSTER["orm"] = "default"
 

@@ -1,11 +1,22 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.http import HttpResponseRedirect
+from django.templatetags.static import static
 from django.urls import include, path, re_path
 
 from config import health
 from config.api import api, no_such_route
 
+
+async def favicon(request):
+    """Browsers ask for ``/favicon.ico`` whatever the page links: sent to the SVG one, not a 404."""
+    response = HttpResponseRedirect(static("collab/favicon.svg"))
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
+
+
 urlpatterns = [
+    path("favicon.ico", favicon, name="favicon"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("admin/", admin.site.urls),

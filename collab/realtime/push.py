@@ -111,6 +111,8 @@ def _push_loop(layer) -> asyncio.AbstractEventLoop | None:
     global _loop
     if isinstance(layer, InMemoryChannelLayer):  # its queues belong to the consumers' loop
         return None
+    if "push_loop" in settings.TRELLIS_STOCK:
+        return None  # asgiref's async_to_sync each time (docs/infrastructure.md)
     if getattr(SyncToAsync.threadlocal, "main_event_loop", None) is not None:
         return None  # a thread of an async server: async_to_sync hands the push back to its loop
     try:
