@@ -8,7 +8,7 @@ from django.db.models import DateTimeField
 from django.utils import timezone
 
 from accounts.models import ApiToken, Membership, Project, Role, hash_token
-from config.prepared import Param, Select
+from collab.infra.prepared import Param, Select
 
 ROLE_RANK = {Role.VIEWER: 1, Role.MEMBER: 2, Role.MAINTAINER: 3, Role.OWNER: 4}
 
@@ -105,7 +105,7 @@ def user_for_token(raw: str):
     return token.user if token is not None else None
 
 
-# every API request reads its token: one statement, compiled once per process (config.prepared)
+# every API request reads its token: one statement, compiled once per process (collab.infra.prepared)
 _TOKEN = Select("token_for", lambda: ApiToken.objects.active(Param("now", DateTimeField())).select_related("user")
                 .filter(key_hash=Param("hash"), user__is_active=True)[:1])
 

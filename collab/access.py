@@ -39,7 +39,7 @@ from accounts.policy import (
     roles_of_user_id,
 )
 from collab.errors import Forbidden, Invalid, NotFound
-from config.prepared import Param, Select
+from collab.infra.prepared import Param, Select
 from collab.models import Artifact, Branch, HeldDelivery, Job, Message, Session, SessionShare, Visibility, Webhook
 
 
@@ -161,7 +161,7 @@ def _by_id(rows, to_session: str, within_project: bool):
     agents stay in their project, so an agent-side lookup passes the acting branch's
     project, and a row of any other project answers like a missing one. The statement of
     ``access_session`` and ``access_job``, compiled once per process and shape
-    (``config.prepared``): every API request on a session or execution makes one."""
+    (``collab.infra.prepared``): every API request on a session or execution makes one."""
     # the id typed as the primary key (a value not a string is made one, as the ORM would)
     rows = _with_viewer_role(rows, Param("user"), to_session).filter(pk=Param("id", rows.model._meta.pk))
     if within_project:

@@ -26,7 +26,7 @@ from collab.services.cancel import CANCEL, do_execution_command
 from collab.services.visibility import do_set_visibility, do_share, do_unshare
 from collab.services.specs import SPEC_FIELDS, do_add_agent_spec, do_delete_agent_spec, do_update_agent_spec
 from collab.services.connections import sync_settings_connections
-from config.model_connections import KEY_ENV_RE, check_base_url, check_prices
+from collab.conf.model_connections import KEY_ENV_RE, check_base_url, check_prices
 
 from collab.models import (
     AgentSpec,

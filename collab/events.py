@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from collab.models import Event, Job, Message
 from collab.realtime.push import push_events
 from collab.text import bound_text, clean_data
-from config.prepared import mark_saved
+from collab.infra.prepared import mark_saved
 
 
 MAX_TEXT_IN_EVENT = 4000

@@ -3,7 +3,7 @@
 Project owners are untrusted tenants (docs/security.md#who-is-trusted), so a request leaves only under
 these rules, all here:
 
-- the URL passes ``config.webhook_hosts.check_webhook_url`` against the operator's list
+- the URL passes ``collab.conf.webhook_hosts.check_webhook_url`` against the operator's list
   *now* (a host the operator removed is no longer called);
 - the host is resolved once and the connection goes to that address (*pinned*): a name
   whose answer changes between the check and the connect (DNS rebinding) cannot steer it
@@ -24,7 +24,7 @@ import ssl
 import threading
 from dataclasses import dataclass
 
-from config.webhook_hosts import WebhookTarget, WebhookUrlError, check_webhook_url
+from collab.conf.webhook_hosts import WebhookTarget, WebhookUrlError, check_webhook_url
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collab.models import CANCEL, MAX_PROMPT_CHARS, STRATEGIES, AgentRole, Follo
 from collab.models.sessions import SHARE_ROLES, Visibility
 from collab.provider_specs import IMPLEMENTED_PROVIDERS, SCRIPT_SCHEMA
 from collab.text import NOT_WHITESPACE, WHITESPACE
-from config.webhook_hosts import MAX_URL_LENGTH, URL_PATTERN
+from collab.conf.webhook_hosts import MAX_URL_LENGTH, URL_PATTERN
 
 NOT_BLANK = NOT_WHITESPACE  # what ``value.strip()`` leaves something of
 EMPTY_OR_NOT_BLANK = f"^(?!{WHITESPACE}+$)"  # "" (absent) or not only whitespace
@@ -435,7 +435,7 @@ class HoldOut(Schema):
     execution_id: str | None
 
 
-# a URL the service reads as one (``config.webhook_hosts``); its host must also be on the
+# a URL the service reads as one (``collab.conf.webhook_hosts``); its host must also be on the
 # operator's list (``TRELLIS_WEBHOOK_HOSTS``), which is this deployment's, not the schema's
 WEBHOOK_URL = stated({"type": "string", "maxLength": MAX_URL_LENGTH, "pattern": URL_PATTERN,
                       "description": "http(s); the host must be on the operator's list (TRELLIS_WEBHOOK_HOSTS)"})

@@ -16,7 +16,7 @@ after the execution's terminal event (``job.succeeded`` / ``failed`` / ``cancell
 and authorization as ``GET /api/executions/{id}``.
 
 No thread is busy per open stream: the view is async and the body an async iterator that
-daphne drains on its event loop (the request's own sync thread, ``config.request_threads``,
+daphne drains on its event loop (the request's own sync thread, ``collab.infra.request_threads``,
 stays reserved for the stream's reads, idle between them). It listens on a subscription to the
 session (``collab.realtime.subscription``: its channel-layer group, poked by this process's
 database relay on the embedded default) and reads the log only when something about this

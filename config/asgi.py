@@ -15,7 +15,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from collab.mcp_server import PATHS as MCP_PATHS, mcp_app  # noqa: E402
 from collab.routing import websocket_urlpatterns  # noqa: E402
 from collab.ws_auth import OriginCheckedStack  # noqa: E402
-from config.request_threads import RequestThreads  # noqa: E402
+from collab.infra.request_threads import RequestThreads  # noqa: E402
 
 
 async def http_app(scope, receive, send):

@@ -18,9 +18,9 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_decimal, env_int, env_list, env_str
-from config.model_connections import model_connections_from_env
-from config.webhook_hosts import webhook_hosts_from_env
+from collab.conf.env import env_bool, env_decimal, env_int, env_list, env_str
+from collab.conf.model_connections import model_connections_from_env
+from collab.conf.webhook_hosts import webhook_hosts_from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("TRELLIS_VAR_DIR", str(BASE_DIR / "var")))
@@ -86,7 +86,7 @@ if TRELLIS_STOCK - set(STOCK_PATHS):
 MIDDLEWARE = [
     # Django's own, run on the event loop under ASGI where they do no I/O (collab.middleware.OnTheLoop)
     "collab.middleware.SecurityMiddleware",
-    "config.security.ContentSecurityPolicyMiddleware",
+    "collab.security_headers.ContentSecurityPolicyMiddleware",
     "collab.middleware.StaticFilesMiddleware",  # WhiteNoise, async-capable
     "collab.middleware.CleanInputMiddleware",
     "collab.middleware.SessionMiddleware",
@@ -286,7 +286,7 @@ CHANNEL_REDIS_SOCKET_TIMEOUT = 15  # seconds; channels-redis blocks 5 s (brpop_t
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "config.channel_layer.RedisChannelLayer",  # channels-redis's, + a blocking group_send
+            "BACKEND": "collab.infra.channel_layer.RedisChannelLayer",  # channels-redis's, + a blocking group_send
             # socket_timeout: redis-py 8 reads with a 5 s timeout by default, the length of the
             # BZPOPMIN channels-redis blocks in while a channel is idle — the read then raised
             # "Timeout reading from …" into whichever consumer was receiving, killing it
@@ -461,12 +461,12 @@ def _model_prices() -> dict:
 
 TRELLIS_MODEL_PRICES = _model_prices()
 # Operator-owned model connections (collab.ModelConnection): besides those staff define in
-# the admin, a JSON list mirrored into the table on use (config/model_connections.py).
+# the admin, a JSON list mirrored into the table on use (collab/conf/model_connections.py).
 # Give every process (web and workers) the same value.
 TRELLIS_MODEL_CONNECTIONS = model_connections_from_env("TRELLIS_MODEL_CONNECTIONS")
 
 # --- project webhooks ---------------------------------------------------------------------
-# The hosts a project's webhook URL may name (config/webhook_hosts.py; empty = none). Give web
+# The hosts a project's webhook URL may name (collab/conf/webhook_hosts.py; empty = none). Give web
 # and workers the same value: the workers check it again before every attempt.
 TRELLIS_WEBHOOK_HOSTS = webhook_hosts_from_env("TRELLIS_WEBHOOK_HOSTS")
 TRELLIS_WEBHOOK_TIMEOUT = env_int("TRELLIS_WEBHOOK_TIMEOUT", 10, minimum=1)  # per socket operation; 2x per attempt

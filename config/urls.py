@@ -4,7 +4,7 @@ from django.http import HttpResponseRedirect
 from django.templatetags.static import static
 from django.urls import include, path, re_path
 
-from config import health
+from collab import health
 from config.api import api, no_such_route
 
 

@@ -1,4 +1,4 @@
-"""The Redis channel layer's blocking ``group_send`` (config/channel_layer.py, part of reaching ≥ 100
+"""The Redis channel layer's blocking ``group_send`` (collab/infra/channel_layer.py, part of reaching ≥ 100
 turns/s): what it writes is received through channels-redis exactly as what the layer's own
 ``group_send`` writes — by a process-local channel and a plain one, with the group's and the
 channels' expiry and each channel's capacity — and a thread pushing events uses it, not a loop."""
@@ -12,7 +12,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.conf import settings
 
-from config.channel_layer import RedisChannelLayer
+from collab.infra.channel_layer import RedisChannelLayer
 
 pytestmark = pytest.mark.skipif(not settings.REDIS_URL, reason="the Redis channel layer is used with REDIS_URL only")
 

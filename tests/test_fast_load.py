@@ -1,4 +1,4 @@
-"""Rows loaded without ``Model.__init__`` (config/fast_load.py, part of reaching ≥ 100 turns/s): the
+"""Rows loaded without ``Model.__init__`` (collab/infra/fast_load.py, part of reaching ≥ 100 turns/s): the
 instance is the one Django's own ``from_db`` makes, and Django's path is taken wherever the two
 could differ (deferred columns, a field with a descriptor of its own, an init signal listened to)."""
 
@@ -11,7 +11,7 @@ from accounts.models import Project
 from collab.models import Branch, Job, Message, Session
 from collab.services.turns import do_start_user_turn
 from collab.services.sessions import do_create_session
-from config.fast_load import FastLoad
+from collab.infra.fast_load import FastLoad
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The web process's CPU per turn: each HTTP request's sync code runs on a thread
-lent for the request and kept for the next one (``config.request_threads``), instead of a thread
+lent for the request and kept for the next one (``collab.infra.request_threads``), instead of a thread
 started, and joined by another new thread, for every request — never two requests on one thread
 at once, and a parked ``?wait=`` request holds none."""
 
@@ -13,7 +13,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.core.signals import request_started
 
 from collab.realtime.threads import release_request_thread, retake_request_thread
-from config.request_threads import SCOPE_KEY, RequestThread, RequestThreads
+from collab.infra.request_threads import SCOPE_KEY, RequestThread, RequestThreads
 
 SCOPE = {"type": "http", "method": "GET", "path": "/", "query_string": b"", "headers": [], "root_path": ""}
 

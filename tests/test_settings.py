@@ -32,7 +32,7 @@ def test_database_and_redis_urls_switch_to_the_scaled_deployment(tmp_path):
     r = load_settings(tmp_path, DATABASE_URL="postgres://u:p@db.example:5432/trellis", REDIS_URL="redis://cache:6379/0",
                       DJANGO_SECRET_KEY="s3cret")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["django.db.backends.postgresql", "redis", "config.channel_layer.RedisChannelLayer"]
+    assert r.stdout.split() == ["django.db.backends.postgresql", "redis", "collab.infra.channel_layer.RedisChannelLayer"]
 
 
 def test_the_redis_channel_layer_reads_longer_than_its_blocking_receive(tmp_path):

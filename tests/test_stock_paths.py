@@ -92,7 +92,7 @@ def test_the_stock_path_is_taken_when_named(team, scripted_session, run_queued, 
     process's cache and every row is made by ``Model.__init__`` (Django's ``from_db``)."""
     from django.db.models import Model
 
-    from config import prepared
+    from collab.infra import prepared
 
     settings.TRELLIS_STOCK = frozenset({"prepared", "fast_load"})
     api, sid = scripted_session(team.member, SCRIPT, agent_id="stock")
@@ -198,7 +198,7 @@ def test_each_switch_named_in_trellis_stock_takes_the_stock_path(settings, monke
     from collab import brokers, worker_name
     from collab.realtime import push
     from collab.services.admission import RUN_TURN
-    from config.channel_layer import RedisChannelLayer
+    from collab.infra.channel_layer import RedisChannelLayer
 
     settings.TRELLIS_STOCK = frozenset(STOCK_NAMES)
     humanize = django_q.cluster.humanize

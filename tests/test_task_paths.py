@@ -11,7 +11,7 @@ from django_q.utils import get_func_repr
 from collab.services.admission import RUN_TURN
 from collab.services.naming import NAME_BRANCH
 from collab.services.webhooks import DELIVER_WEBHOOK
-from config.task_paths import TaskPath
+from collab.infra.task_paths import TaskPath
 
 
 def test_a_task_path_is_the_path_and_runs_the_function_it_names(monkeypatch):

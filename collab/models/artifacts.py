@@ -3,7 +3,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from collab.models.ids import id_field
-from config.fast_load import FastLoad
+from collab.infra.fast_load import FastLoad
 
 
 class Artifact(FastLoad, models.Model):

@@ -5,7 +5,7 @@ from django.utils import timezone
 
 from collab.models.ids import id_field
 from collab.models.sessions import TASK_NAME_DB
-from config.fast_load import FastLoad
+from collab.infra.fast_load import FastLoad
 
 # How a text (a delivery header, a result notice) names a sender that has no address yet.
 NO_ADDRESS = "an agent with no messages yet"

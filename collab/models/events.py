@@ -2,7 +2,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from config.fast_load import FastLoad
+from collab.infra.fast_load import FastLoad
 
 
 class Event(FastLoad, models.Model):

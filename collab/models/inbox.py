@@ -3,7 +3,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from config.fast_load import FastLoad
+from collab.infra.fast_load import FastLoad
 
 
 class InboxKind(models.TextChoices):

@@ -6,8 +6,8 @@ from django.utils import timezone
 
 from collab.models.ids import id_field
 from collab.models.sessions import Message, MessageRole
-from config.fast_load import FastLoad
-from config.prepared import Param, Select
+from collab.infra.fast_load import FastLoad
+from collab.infra.prepared import Param, Select
 
 
 class JobKind(models.TextChoices):
@@ -83,7 +83,7 @@ def is_occupied(branch) -> bool:
 
 
 # one job of the branch in those statuses, or none: every admission and completion asks
-# (compiled once per process and shape: config.prepared)
+# (compiled once per process and shape: collab.infra.prepared)
 _ANY_ON_BRANCH = Select("any_job_on_branch", lambda statuses: getattr(Job.objects, statuses)()
                         .filter(branch_id=Param("branch")).order_by().values_list("pk", flat=True)[:1])
 

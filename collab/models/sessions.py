@@ -4,7 +4,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from collab.models.ids import id_field
-from config.fast_load import FastLoad
+from collab.infra.fast_load import FastLoad
 
 # The OpenWork task_name format for the database CHECKs: ``\A``/``\Z`` anchor at the very start and end
 # on both PostgreSQL (ARE) and SQLite (Python ``re``), where ``$`` would accept a trailing newline

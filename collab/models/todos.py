@@ -2,7 +2,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from config.fast_load import FastLoad
+from collab.infra.fast_load import FastLoad
 
 
 class TodoStatus(models.TextChoices):

@@ -13,7 +13,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from collab.models.ids import id_field
-from config.fast_load import FastLoad
+from collab.infra.fast_load import FastLoad
 
 
 class Webhook(FastLoad, models.Model):

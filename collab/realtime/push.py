@@ -44,7 +44,7 @@ def push_events(session_id: str, wires: list[dict]) -> None:
     """Best effort, after a commit: the commit's events of one session to its live listeners, in
     order, as one message of the channel layer (one ``group_send`` per commit, however many events;
     a listener that misses a push catches up from the log by ``seq``). With Redis, a thread without
-    an event loop sends it itself (``config.channel_layer``: one round trip when nobody listens,
+    an event loop sends it itself (``collab.infra.channel_layer``: one round trip when nobody listens,
     two when someone does); elsewhere it goes through the layer's ``group_send`` on a loop."""
     layer = get_channel_layer()
     if layer is None or not wires:
@@ -78,7 +78,7 @@ def push_events(session_id: str, wires: list[dict]) -> None:
 
 
 def _blocking_sender(layer):
-    """The layer's ``group_send`` for this thread (``config.channel_layer``), or None: where the
+    """The layer's ``group_send`` for this thread (``collab.infra.channel_layer``), or None: where the
     layer has none, and on a running event loop, which a blocking send would stall."""
     sender = getattr(layer, "blocking_sender", None)
     if sender is None:

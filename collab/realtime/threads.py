@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
 
-from config.request_threads import release_thread, retake_thread
+from collab.infra.request_threads import release_thread, retake_thread
 
 
 async def give_back_request_connection(request) -> None:
@@ -67,7 +67,7 @@ async def release_request_thread(request) -> None:
     """Before a long wait under ASGI: close the database connection of the request's own
     thread (authentication and middleware ran there) and let that thread go. Django gives each
     ASGI request a thread of its own for sync code (asgiref's thread-sensitive context; lent by
-    ``config.request_threads``) that would otherwise idle — with its connection — until the
+    ``collab.infra.request_threads``) that would otherwise idle — with its connection — until the
     request ends; a lent thread goes back to be lent again. Sync work during the wait runs on
     the shared pool (``in_thread``); ``retake_request_thread`` ends the wait. When ``in_thread``
     has already closed that connection, no hop to the thread is needed for it."""

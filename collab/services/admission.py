@@ -29,14 +29,14 @@ from collab.models import (
     is_occupied,
 )
 from collab.models.ids import new_id
-from config.prepared import Insert
+from collab.infra.prepared import Insert
 from collab.services.budgets import check_admission_quota
 from collab.services.locking import lock_branch, lock_job, lock_sessions
 from collab.services.messages import append_message
 from collab.text import clean_text
-from config.task_paths import TaskPath
+from collab.infra.task_paths import TaskPath
 
-RUN_TURN = TaskPath("collab.tasks.run_turn")  # django-q2 calls it as it is (config.task_paths)
+RUN_TURN = TaskPath("collab.tasks.run_turn")  # django-q2 calls it as it is (collab.infra.task_paths)
 PROMPT_KIND = {
     JobKind.USER: MessageKind.NORMAL,
     JobKind.SPAWN: MessageKind.AGENT_SPAWN,
@@ -157,7 +157,7 @@ def admit_job(
     return job
 
 
-# every admission writes one (compiled once per process: config.prepared)
+# every admission writes one (compiled once per process: collab.infra.prepared)
 _NEW_JOB = Insert("new_job", Job)
 
 FENCED = (JobStatus.STOPPING, JobStatus.CANCELLED)

@@ -48,7 +48,7 @@ from collab.services.budgets import live_slots_free
 from collab.services.locking import lock_branch, lock_branch_if_any, lock_job, lock_sessions, refresh_from_row
 from collab.services.messages import append_message
 from collab.services.naming import schedule_naming
-from config.prepared import Param, Select, Update
+from collab.infra.prepared import Param, Select, Update
 from collab.services.retry import retry_on_deadlock
 from collab.services.webhooks import owe_webhook_deliveries
 from collab.text import clean_text
@@ -65,7 +65,7 @@ def lease_length() -> timezone.timedelta:
     return timezone.timedelta(seconds=settings.TRELLIS_LEASE_SECONDS)
 
 
-# The claim's statements, compiled once per process (config.prepared: a worker makes
+# The claim's statements, compiled once per process (collab.infra.prepared: a worker makes
 # them at every turn). The first look, no lock (everything is read again after its lock): the
 # branch and session come with it, for the archived check and the session's parent (set once,
 # at creation), and the spec the job was admitted with (the turn's; never locked, so read here

@@ -35,7 +35,7 @@ from accounts.models import Project
 from collab.models import ACTIVE_STATUSES, Job, JobStatus
 from collab.services.admission import enqueue_job
 from collab.services.locking import update_returning
-from config.prepared import Param, Select
+from collab.infra.prepared import Param, Select
 
 
 def _in_worker_slots(project_id: int):
@@ -51,7 +51,7 @@ def _running_count(project_id: int) -> Subquery:
 
 # NO KEY: it serializes claims, yet never waits for (or blocks) the key-share locks every
 # insert of a job or an event of the project takes on this row through its foreign key.
-# Compiled once per process (config.prepared): every claim takes it
+# Compiled once per process (collab.infra.prepared): every claim takes it
 _LOCK_PROJECT = Select("lock_project", lambda: Project.objects.select_for_update(no_key=True)
                        .filter(pk=Param("id")).order_by())
 

@@ -34,11 +34,11 @@ helpers only read the rows.
 from contextlib import contextmanager
 
 from collab.models import Branch, Job, Session
-from config import prepared
-from config.prepared import Param, Select
+from collab.infra import prepared
+from collab.infra.prepared import Param, Select
 
 
-# each lock below is one statement compiled once per process (config.prepared): the
+# each lock below is one statement compiled once per process (collab.infra.prepared): the
 # claim and the completion take them at every turn
 _LOCK_SESSION = Select("lock_session", lambda: Session.objects.select_for_update(no_key=True)
                        .filter(pk=Param("id", Session._meta.pk)).order_by())
@@ -127,7 +127,7 @@ def update_returning(queryset, *, returning=None, **values):
     matched nothing returns []. Rows are converted as a SELECT of the model would convert them.
     ``returning``: {name: expression} evaluated by the same statement on each changed row (after
     the change), set on the instances as attributes (booleans: EXISTS …). The same statement,
-    compiled once per shape: ``config.prepared.Update``."""
+    compiled once per shape: ``collab.infra.prepared.Update``."""
     return prepared.update_returning(queryset, values, returning or {})
 
 

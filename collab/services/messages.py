@@ -19,7 +19,7 @@ from collab.events import (
 from collab.models import Branch, Message, MessageKind
 from collab.services.locking import lock_session
 from collab.text import clean_data, clean_text
-from config.prepared import mark_saved
+from collab.infra.prepared import mark_saved
 
 
 def _deferring(events: list):

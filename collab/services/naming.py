@@ -13,7 +13,7 @@ from collab.events import send_event_on_commit
 from collab.models import Branch, NameStage, effective_spec
 from collab.services.locking import lock_session
 from collab.text import fit_text
-from config.task_paths import TaskPath
+from collab.infra.task_paths import TaskPath
 
 NAME_BRANCH = TaskPath("collab.tasks.name_branch")
 NAMING_TURNS = frozenset({1, 6, 16, 40})

@@ -48,7 +48,7 @@ from collab.services.branches import create_branch, name_for
 from collab.services.cancel import CANCEL, do_execution_command
 from collab.services.locking import lock_branch, lock_sessions
 from collab.services.retry import retry_on_deadlock
-from config.prepared import Param, Select
+from collab.infra.prepared import Param, Select
 
 ENQUEUE, REJECT, INTERRUPT, ROLLBACK = STRATEGIES
 ROLLED_BACK = "rolled back"
@@ -66,7 +66,7 @@ def check_not_child(session: Session) -> None:
         )
 
 
-# every person's turn without a ``branch`` asks one of these (compiled once per process: config.prepared)
+# every person's turn without a ``branch`` asks one of these (compiled once per process: collab.infra.prepared)
 _HEAD_BRANCH = Select("head_branch", lambda: Branch.objects.filter(
     pk=Subquery(Message.objects.filter(pk=Param("head")).values("branch_id")))[:1])
 _FIRST_BRANCH = Select("first_branch", lambda: Branch.objects.filter(session_id=Param("session"))

@@ -4,7 +4,7 @@
   ``do_rotate_webhook_secret``): maintainers and owners (``project.webhooks``, checked by
   ``collab.access``), audited as project events that name the webhook and its host — never
   its URL (which may itself be a credential) nor its secret. The URL's host must be on the
-  operator's ``TRELLIS_WEBHOOK_HOSTS`` (``config.webhook_hosts.check_webhook_url``). The
+  operator's ``TRELLIS_WEBHOOK_HOSTS`` (``collab.conf.webhook_hosts.check_webhook_url``). The
   secret is generated here and returned by the create and rotate calls only.
 - **Owing** (``owe_webhook_deliveries``): the completion transaction of every execution
   (``collab.services.execution.finish_job``) writes one ``WebhookDelivery`` per active
@@ -42,8 +42,8 @@ from collab.events import record_project_event
 from collab.models import DeliveryEvent, DeliveryStatus, Job, Session, Webhook, WebhookDelivery
 from collab.selectors.shapes import execution_shape
 from collab.text import clean_text
-from config.webhook_hosts import DEFAULT_PORTS, WebhookUrlError, check_webhook_url
-from config.task_paths import TaskPath
+from collab.conf.webhook_hosts import DEFAULT_PORTS, WebhookUrlError, check_webhook_url
+from collab.infra.task_paths import TaskPath
 
 DELIVER_WEBHOOK = TaskPath("collab.tasks.deliver_webhook")
 MAX_WEBHOOKS_PER_PROJECT = 10

@@ -57,7 +57,7 @@ from collab.models import (
     WebhookDelivery,
 )
 from collab.models.ids import new_id
-from config.webhook_hosts import parse_webhook_hosts
+from collab.conf.webhook_hosts import parse_webhook_hosts
 from tests.conftest import SharedWorld, api_client_of, copy_of_team, make_team, scripted_sessions
 
 PASSWORD = "pw-secret-123"

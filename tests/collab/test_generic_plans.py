@@ -22,7 +22,7 @@ from psycopg import sql as psycopg_sql
 
 from collab.models import Job, JobStatus
 from collab.models.ids import new_id
-from config.prepared import _PLACEHOLDER, _STATEMENTS, Select, Update, _bind
+from collab.infra.prepared import _PLACEHOLDER, _STATEMENTS, Select, Update, _bind
 
 pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's plan cache")
 

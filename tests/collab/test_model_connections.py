@@ -25,7 +25,7 @@ from django.test import Client
 from accounts.models import Project
 from collab.models import AgentSpec, Job, ModelConnection
 from collab.runtime.loop import run_job
-from config.model_connections import model_connections_from_env
+from collab.conf.model_connections import model_connections_from_env
 from tests.collab.fake_llm import DIALECTS, FakeLLM, Reply
 from tests.conftest import ROOT
 

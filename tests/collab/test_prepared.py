@@ -1,4 +1,4 @@
-"""Statements compiled once per process and shape (config.prepared; the
+"""Statements compiled once per process and shape (collab.infra.prepared; the
 CPU of a turn): a cached statement runs the same SQL with new values bound each time,
 reads rows as the ORM reads them, and is compiled once per process, whatever the connection —
 on SQLite and PostgreSQL alike (the suite runs on both)."""
@@ -13,7 +13,7 @@ from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
 from collab.models import Branch, Job, JobStatus, Message, Session
-from config.prepared import Param, Select, Update
+from collab.infra.prepared import Param, Select, Update
 
 
 @pytest.fixture
@@ -210,7 +210,7 @@ def test_a_cached_insert_writes_the_row_create_would(two_jobs):
     """A one-row INSERT compiled once: each call writes its own row (its id from the model's
     default at each call, not frozen), with the values ``create`` would write, and reads back the
     column the database fills (``created_at``, ``db_default``) — the instance is as the row."""
-    from config.prepared import Insert
+    from collab.infra.prepared import Insert
 
     source = two_jobs[0]
     fields = dict(project_id=source.project_id, session_id=source.session_id, branch_id=source.branch_id,
@@ -233,7 +233,7 @@ def test_a_statements_constants_are_in_its_sql_on_postgresql(two_jobs):
     proves nothing about a partial index's predicate (``status IN ('queued', …)``) or a status's
     frequency. On PostgreSQL the constants a builder puts in a statement are written into its SQL
     as quoted literals, only the Params left as parameters; rows read and written are the same."""
-    from config.prepared import _STATEMENTS, _Slot
+    from collab.infra.prepared import _STATEMENTS, _Slot
 
     odd = "it's 50%"  # a quote and a percent sign, as SQL and the driver's placeholders see them
     statement = Select("test.constants", lambda: Job.objects.filter(
@@ -263,7 +263,7 @@ def test_a_hidden_constant_stays_a_parameter_with_its_value(two_jobs):
     reads the job by its key, not every queued job (a generic plan made while the queue was short
     scanned ``job_status_lease`` for the id). The caller passes no value for it; it matches as the
     constant would, on both databases."""
-    from config.prepared import _STATEMENTS, _Slot
+    from collab.infra.prepared import _STATEMENTS, _Slot
 
     statement = Select("test.hidden", lambda: Job.objects.filter(
         pk=Param("job"), status=Param.hidden("queued", JobStatus.QUEUED)).values_list("pk", flat=True))

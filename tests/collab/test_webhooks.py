@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from config.webhook_hosts import parse_webhook_hosts
+from collab.conf.webhook_hosts import parse_webhook_hosts
 from tests.conftest import WEBHOOK_TEST_HOSTS, poll
 
 RECEIVER_TEXT = "receiver-private-text-7f3a"  # what the receiver writes in every answer body
@@ -372,7 +372,7 @@ def test_an_approved_name_that_resolves_to_an_address_not_globally_routable_is_n
     and the cloud metadata addresses, whatever range they sit in: a name leading to one is refused
     before any connection is made."""
     from collab import outbound
-    from config.webhook_hosts import WebhookTarget
+    from collab.conf.webhook_hosts import WebhookTarget
 
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     monkeypatch.setattr(outbound.socket, "getaddrinfo", lambda *a, **kw: [(family, socket.SOCK_STREAM, 6, "", (address, 443))])
@@ -383,7 +383,7 @@ def test_an_approved_name_that_resolves_to_an_address_not_globally_routable_is_n
 
 def test_an_approved_name_that_resolves_to_a_public_address_is_pinned_to_it(monkeypatch):
     from collab import outbound
-    from config.webhook_hosts import WebhookTarget
+    from collab.conf.webhook_hosts import WebhookTarget
 
     found = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.5", 443)),
              (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", 443))]

@@ -19,7 +19,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from collab.management.commands.demo import Command as Demo
-from config.env import env_bool
+from collab.conf.env import env_bool
 
 
 def process_commands(python: str, manage: str, host: str, port: int, *, verbose: bool) -> list[tuple[list[str], dict]]:

@@ -39,7 +39,7 @@ from collab.events import send_event_on_commit
 from collab.runtime.providers.base import ProviderError
 from collab.runtime.providers.mapping import clean_title
 from collab.services.connections import check_spec_connection
-from config.per_process import PerProcess
+from collab.infra.per_process import PerProcess
 
 log = logging.getLogger(__name__)
 
