@@ -1,6 +1,7 @@
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.translation import ngettext
 from datetime import UTC
 
 from accounts.models import ApiToken, Membership, Project, Role, TokenScope, default_token_scopes
@@ -12,8 +13,8 @@ class SlugTaken(Exception):
 
 class ProjectLimitReached(Exception):
     def __init__(self, limit: int):
-        super().__init__(f"you already own {limit} projects, the most one person may own here "
-                         "(TRELLIS_MAX_PROJECTS_PER_USER); ask the operator, or give one to another owner")
+        super().__init__(f"you already own {limit} {ngettext('project', 'projects', limit)}, the most one person "
+                         "may own here (TRELLIS_MAX_PROJECTS_PER_USER); ask the operator, or give one to another owner")
         self.limit = limit
 
 
@@ -25,7 +26,7 @@ def create_project(user, *, slug: str, name: str) -> Project:
         with transaction.atomic():
             limit = settings.TRELLIS_MAX_PROJECTS_PER_USER
             if limit and not user.is_staff:
-                type(user).objects.select_for_update().filter(pk=user.pk).first()
+                user._meta.model.objects.select_for_update().filter(pk=user.pk).first()  # (a page's user is lazy)
                 owned = Membership.objects.accepted().filter(user=user, role=Role.OWNER).count()
                 if owned >= limit:
                     raise ProjectLimitReached(limit)

@@ -15,6 +15,7 @@ import uuid
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
+from django.utils.translation import ngettext
 
 from collab import admin_accounts  # noqa: F401 - registers the accounts models (edits through collab services)
 from collab.admin_base import ReadOnlyAdmin, ServiceAdmin
@@ -45,6 +46,10 @@ from collab.models import (
     SessionShare,
     Todo,
 )
+
+admin.site.site_header = "Trellis administration"  # the banner on every admin page
+admin.site.site_title = "Trellis admin"  # the browser tab's suffix
+admin.site.index_title = "Trellis administration"
 
 
 @admin.register(AgentSpec)
@@ -182,7 +187,8 @@ class SessionAdmin(ReadOnlyAdmin):
         sessions = list(queryset)
         for session in sessions:
             change(session)
-        self.message_user(request, f"{len(sessions)} sessions changed", messages.SUCCESS)
+        noun = ngettext("session", "sessions", len(sessions))
+        self.message_user(request, f"{len(sessions)} {noun} changed", messages.SUCCESS)
 
     def _set(self, request, queryset, visibility):
         self._each(request, queryset, lambda s: do_set_visibility(request.user, s, visibility, operator=True))
@@ -238,11 +244,12 @@ class BranchAdmin(ServiceAdmin):
         branches = list(queryset.select_related("session"))
         for branch in branches:
             do_archive_branch(branch, user=request.user, reason=reason or "archived by an operator")
-        self.message_user(request, f"archived {len(branches)} branches", messages.SUCCESS)
+        noun = ngettext("branch", "branches", len(branches))
+        self.message_user(request, f"archived {len(branches)} {noun}", messages.SUCCESS)
 
     def _set_internal(self, request, queryset, value: bool):
         changed = sum(do_set_branch_internal(request.user, branch, value) for branch in queryset)
-        self.message_user(request, f"{changed} branches changed", messages.SUCCESS)
+        self.message_user(request, f"{changed} {ngettext('branch', 'branches', changed)} changed", messages.SUCCESS)
 
     @admin.action(description="Mark selected branches internal (hidden from agents' listings)", permissions=["change"])
     def mark_internal(self, request, queryset):

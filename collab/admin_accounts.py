@@ -7,6 +7,7 @@ imports nothing from collab). Every edit needs its Django permission.
 
 from django import forms
 from django.contrib import admin, messages
+from django.utils.translation import ngettext
 
 from accounts.limits import FIELDS as LIMIT_FIELDS
 from accounts.models import ApiToken, Membership, Project
@@ -115,7 +116,8 @@ class MembershipAdmin(ServiceAdmin):
         rows = list(queryset.select_related("user", "project"))
         for membership in rows:
             do_remove_member(request.user, membership.project, membership.user.username)
-        self.message_user(request, f"removed {len(rows)} memberships", messages.SUCCESS)
+        noun = ngettext("membership", "memberships", len(rows))
+        self.message_user(request, f"removed {len(rows)} {noun}", messages.SUCCESS)
 
 
 @admin.register(ApiToken)
@@ -148,4 +150,5 @@ class ApiTokenAdmin(ServiceAdmin):
         revoked = []
         for token in queryset.filter(revoked_at__isnull=True):
             revoked += do_revoke_token(request.user, token)
-        self.message_user(request, f"revoked {len(revoked)} tokens", messages.SUCCESS)
+        noun = ngettext("token", "tokens", len(revoked))
+        self.message_user(request, f"revoked {len(revoked)} {noun}", messages.SUCCESS)

@@ -172,6 +172,14 @@ def test_the_favicon_is_an_svg_linked_from_every_page(team, browser_of):
     assert r.status_code == 200 and b"<svg" in b"".join(r.streaming_content if r.streaming else [r.content])
 
 
+def test_favicon_ico_leads_to_the_svg_favicon_not_a_404(db):
+    """Browsers ask for /favicon.ico on their own, signed in or not; it is never a 404 in the log."""
+    r = Client().get("/favicon.ico")
+    assert r.status_code in (301, 302) and r["Location"] == "/static/collab/favicon.svg"
+    followed = Client().get("/favicon.ico", follow=True)
+    assert followed.status_code == 200
+
+
 # --- pictures ------------------------------------------------------------------------------
 
 

@@ -80,6 +80,7 @@ class WebhookDelivery(FastLoad, models.Model):
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
+        verbose_name_plural = "webhook deliveries"
         ordering = ["-created_at", "id"]
         indexes = [
             models.Index(fields=["status", "next_attempt_at"], name="delivery_status_due"),

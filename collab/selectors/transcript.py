@@ -7,6 +7,7 @@ from urllib.parse import urlencode
 from django.db import connection
 from django.db.models import Q
 from django.urls import reverse
+from django.utils.translation import ngettext
 
 from collab.access import visible_sessions
 from collab.errors import NotFound
@@ -108,7 +109,8 @@ def render_transcript(branch, *, viewer, start_turn: int = 0, end_turn: int | No
     base = {"session_id": branch.session_id, "branch": branch.pk, "name": branch.display_name,
             "address": branch.address, "archived": branch.archived, "total_turns": total}
     if not indices:
-        return {**base, "text": f"(no turns in range; the branch has {total} turns)", "turns": [], "omitted_turns": 0}
+        text = f"(no turns in range; the branch has {total} {ngettext('turn', 'turns', total)})"
+        return {**base, "text": text, "turns": [], "omitted_turns": 0}
     first, last = indices[0], indices[-1]
     messages = [m for m in lineage_from_turn(tip, first + 1) if m.turn <= last + 1]
     redact_messages(viewer, branch.session_id, messages)
@@ -133,7 +135,8 @@ def render_transcript(branch, *, viewer, start_turn: int = 0, end_turn: int | No
         ]})
     text = "\n\n".join(parts)
     if omitted:
-        text += f"\n\n[{omitted} later turns omitted by max_chars={max_chars}; read on with start_turn={turns[-1]['index'] + 1}]"
+        text += (f"\n\n[{omitted} later {ngettext('turn', 'turns', omitted)} omitted by max_chars={max_chars}; "
+                 f"read on with start_turn={turns[-1]['index'] + 1}]")
     return {**base, "text": text, "turns": turns, "omitted_turns": omitted}
 
 

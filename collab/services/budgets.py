@@ -6,6 +6,8 @@ Resources (null = no limit) are counted on the *executing* session and checked
 with the session row locked, so concurrent admissions cannot overshoot.
 """
 
+from django.utils.translation import ngettext
+
 from accounts.limits import effective_limit
 from accounts.models import Project
 from collab.errors import DomainError
@@ -84,14 +86,15 @@ def check_admission_quota(session: Session) -> None:
         total = Job.objects.filter(session=session).count()
         if total >= max_jobs:
             raise QuotaExceeded(
-                f"this session has admitted its {max_jobs} jobs (max_jobs_per_session)",
+                f"this session has admitted its {max_jobs} {ngettext('job', 'jobs', max_jobs)} (max_jobs_per_session)",
                 code="quota.jobs_exhausted", retryable=False,
             )
     if max_queued:
         queued = Job.objects.filter(session=session, status=JobStatus.QUEUED).count()
         if queued >= max_queued:
             raise QuotaExceeded(
-                f"{queued} jobs are already waiting in this session (max_queued_per_session); try again later",
+                f"{queued} {ngettext('job is', 'jobs are', queued)} already waiting in this session "
+                "(max_queued_per_session); try again later",
                 code="quota.queue_full", retryable=True,
             )
 
