@@ -16,7 +16,8 @@ from collab.selectors.children import list_children
 from collab.services import subagents
 from collab.realtime.bounds import AGENT_WAIT_DEFAULT_MS, AGENT_WAIT_MAX_MS, AGENT_WAIT_MIN_MS
 from collab.services.waiting import idle_connection
-from collab.workspace import Workspace, WorkspaceError, run_bash
+from collab.sandbox import run_bash
+from collab.workspace import Workspace, WorkspaceError
 from collab.tools.registry import ToolParams, ToolResult, register
 
 OPENWORK = ("openwork",)

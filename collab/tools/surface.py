@@ -7,7 +7,7 @@ never more than its parent branch; workspace tools need the project's workspace,
 """
 
 from collab.models import AgentRole, Branch, effective_spec
-from collab.workspace import sandbox_status
+from collab.sandbox import sandbox_status
 from collab.tools.registry import Tool, tools_for
 
 EXPLORER_TOOLS = frozenset({"read", "grep", "glob", "list", "bash"})

@@ -17,7 +17,7 @@ from django.core.management import CommandError, call_command
 
 from accounts.models import Project
 from collab.models import Event
-from collab import workspace as ws
+from collab import sandbox as ws
 from tests.conftest import make_git_repo
 
 

@@ -9,8 +9,9 @@ import uuid
 
 import pytest
 
-from collab import workspace as ws
-from collab.workspace import MAX_OUTPUT_CHARS, MAX_READ_BYTES, Workspace, WorkspaceError, open_workspace, run_bash
+from collab import sandbox as sb
+from collab.sandbox import run_bash
+from collab.workspace import MAX_OUTPUT_CHARS, MAX_READ_BYTES, Workspace, WorkspaceError, open_workspace
 from tests.conftest import make_git_repo
 
 
@@ -245,13 +246,13 @@ def repo(tmp_path):
 
 @pytest.fixture
 def fresh_probe():
-    ws._probe.cache_clear()
+    sb._probe.cache_clear()
     yield
-    ws._probe.cache_clear()
+    sb._probe.cache_clear()
 
 
 def test_the_sandbox_is_available_here():
-    assert ws.sandbox_status() == (True, "")
+    assert sb.sandbox_status() == (True, "")
 
 
 def test_bash_runs_git_in_the_workspace(repo):
@@ -333,7 +334,7 @@ def test_bash_refuses_out_of_range_timeouts(repo):
 
 def test_bash_is_never_run_without_the_sandbox(repo, monkeypatch, fresh_probe):
     monkeypatch.setattr(shutil, "which", lambda name, *args, **kwargs: None)
-    assert ws.sandbox_status() == (False, "bubblewrap is not installed (no bwrap on PATH)")
+    assert sb.sandbox_status() == (False, "bubblewrap is not installed (no bwrap on PATH)")
     with pytest.raises(WorkspaceError) as caught:
         run_bash(repo, "touch ran-unsandboxed")
     assert caught.value.code == "sandbox_unavailable"

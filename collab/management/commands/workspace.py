@@ -3,7 +3,7 @@ from django.core.management.base import BaseCommand, CommandError
 from accounts.models import Project
 from collab.errors import DomainError
 from collab.services.projects import do_set_workspace
-from collab.workspace import sandbox_status
+from collab.sandbox import sandbox_status
 
 
 class Command(BaseCommand):
