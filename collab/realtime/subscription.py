@@ -34,6 +34,13 @@ logger = logging.getLogger(__name__)
 # to before the route has found the session (a group name must be short and plain)
 _PLAIN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 _closing_tasks: set[asyncio.Task] = set()
+CLOSED = "collab.subscription_closed"  # the last message of a closed subscription's channel
+
+
+def _consume(read: asyncio.Future) -> None:
+    """A dropped read's outcome, taken so that asyncio logs no "exception never retrieved"."""
+    if not read.cancelled():
+        read.exception()
 
 
 class Subscription:
@@ -45,6 +52,7 @@ class Subscription:
     def __init__(self, layer, session_id: str):
         self.layer, self.session_id = layer, session_id
         self.group, self.channel, self.relay = session_group(session_id), None, None
+        self._pending: asyncio.Future | None = None  # the layer's read, kept across ``next`` calls
 
     @property
     def listening(self) -> bool:
@@ -72,9 +80,41 @@ class Subscription:
         return await cls.open(session_id)
 
     async def next(self, seconds: float) -> dict | None:
-        """The next message of the session's group within ``seconds``, else None (``receive_within``).
-        Precondition: ``listening``."""
-        return await receive_within(self.layer, self.channel, seconds)
+        """The next message of the session's group within ``seconds``, else None. Precondition:
+        ``listening``.
+
+        The layer's read is never cancelled: it stays pending for the next call, and ``close``
+        ends it with a last message to this channel. (channels-redis reads a process's
+        channels under one lock, in a loop of blocking pops; a read cancelled as redis-py's own
+        read timer fires can lose the cancellation and go on popping until some message reaches
+        the process — with ``asyncio.wait_for``, whose timeout waits for the cancelled read to
+        end, a ``?wait=`` then hung past its bound: 1 of 20 concurrent waits ending together, on
+        this machine.) A failed read is None too (logged): callers re-read the database, which
+        holds the truth, and never fail a request over it."""
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self.layer.receive(self.channel))
+        done, _ = await asyncio.wait({self._pending}, timeout=max(seconds, 0))
+        if not done:
+            return None
+        read, self._pending = self._pending, None
+        try:
+            return read.result()
+        except Exception:  # noqa: BLE001 — any layer failure means "look again", never a 500
+            logger.warning("channel layer read failed; re-reading from the database", exc_info=True)
+            await asyncio.sleep(min(max(seconds, 0), 0.1))  # not a hot loop while the layer is down
+            return None
+
+    async def _end_pending(self) -> None:
+        """End the read left pending (see ``next``) without cancelling it: a last message sent to
+        this subscription's own channel completes it. Only if that send fails is it cancelled."""
+        read, self._pending = self._pending, None
+        if read is None:
+            return
+        read.add_done_callback(_consume)
+        try:
+            await self.layer.send(self.channel, {"type": CLOSED})
+        except Exception:  # noqa: BLE001 — the layer is down: the read may as well be cancelled
+            read.cancel()
 
     def _unwatch(self) -> None:
         if self.relay:
@@ -103,22 +143,7 @@ class Subscription:
             await self.layer.group_discard(self.group, self.channel)
         except Exception:  # noqa: BLE001 — the group's entry expires with the layer's group_expiry
             logger.warning("leaving %s failed", self.group, exc_info=True)
-
-
-async def receive_within(layer, channel: str, seconds: float) -> dict | None:
-    """The next message on ``channel`` within ``seconds``, else None. A failed read of the layer
-    is None too (logged): callers re-read the database, which holds the truth, and never fail a
-    request over it. (channels-redis: when ``wait_for`` cancels a blocking read just as redis-py's
-    own read timeout fires, redis-py raises its ``TimeoutError`` — not the builtin one — out of
-    the cancelled read.)"""
-    try:
-        return await asyncio.wait_for(layer.receive(channel), seconds)
-    except TimeoutError:
-        return None
-    except Exception:  # noqa: BLE001 — any layer failure means "look again", never a 500
-        logger.warning("channel layer read failed; re-reading from the database", exc_info=True)
-        await asyncio.sleep(min(max(seconds, 0), 0.1))  # not a hot loop while the layer is down
-        return None
+        await self._end_pending()
 
 
 def _wakes(message: dict, execution_id: str) -> bool:

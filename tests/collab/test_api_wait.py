@@ -175,3 +175,42 @@ def test_a_waiting_turn_leaves_the_session_group_whatever_its_answer(team, scrip
         assert r.status_code == 404, r.text
     poll(lambda: (_group_size(sid), _group_size(missing)) == (0, 0), timeout=15,
          what="every waiting turn to leave its session's group")
+
+
+@pytest.mark.slow
+def test_many_waits_ending_together_each_answer_at_their_bound(team, scripted_session, server):
+    """Thirty-two ``?wait=2`` on an execution that does not end meanwhile (queued, or running a
+    long scripted step if a worker takes it), all at once, six rounds against one daphne: every
+    wait answers 200 with the open execution about two seconds after it was asked, none later
+    than five. (With Redis, a wait that ended by
+    cancelling its channel-layer read could lose the cancellation and never answer: about one
+    round in two hung a request here.)"""
+    import asyncio
+    import time
+
+    import httpx
+
+    from accounts.models import ApiToken, TokenScope
+
+    api, sid = scripted_session(team.member, [{"sleep_ms": 60_000}, {"text": "ok"}], agent_id="slow-waits")
+    eid = api.post(f"/api/sessions/{sid}/turns", {"prompt": "stays open"}).json()["execution_id"]
+    raw = ApiToken.issue(team.member, name="waits", scopes=TokenScope.values)[1]
+
+    async def round_of(n: int) -> list[tuple[int, float]]:
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {raw}"},
+                                     timeout=30, limits=httpx.Limits(max_connections=n)) as client:
+            async def one():
+                start = time.monotonic()
+                r = await client.get(f"/api/executions/{eid}?wait=2")
+                return r.status_code, time.monotonic() - start, r.json()["status"]
+            return await asyncio.gather(*[one() for _ in range(n)])
+
+    try:
+        for _ in range(6):
+            answers = asyncio.run(round_of(32))
+            assert {code for code, _, _ in answers} == {200}, answers
+            assert {status for _, _, status in answers} <= {"queued", "running"}, answers
+            assert all(1.9 <= took <= 5 for _, took, _ in answers), sorted(took for _, took, _ in answers)
+    finally:
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {raw}"}, timeout=30) as client:
+            _cancel(client, eid)
