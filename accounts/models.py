@@ -38,12 +38,18 @@ def _null_or_positive(name):
     )
 
 
+# A project's slug, as every entry point accepts it (the API's schema, the projects page's form,
+# ``collab.services.projects.do_create_project``): lowercase letters, digits and "-", 1–64.
+PROJECT_SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
+PROJECT_NAME_CHARS = 200
+
+
 class Project(FastLoad, models.Model):
     """A tenant. Limits live here (docs/contract.md#limits-and-defaults): topology counts use 0 = unlimited,
     resource limits use null = inherit the deployment default."""
 
     slug = models.SlugField(max_length=64, unique=True)
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=PROJECT_NAME_CHARS)
     created_at = models.DateTimeField(default=timezone.now)
 
     # topology budgets (docs/contract.md#topology-budgets), 0 = unlimited

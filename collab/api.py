@@ -8,10 +8,9 @@ from ninja import Query, Router, Status
 from accounts.limits import LimitError, limits_report
 from accounts.models import TokenScope
 from accounts.policy import member_roles, role_of, visible_projects
-from accounts.services import ProjectLimitReached, SlugTaken, create_project
 from collab import access
 from collab.scopes import request_token, token_scope
-from collab.errors import Conflict, Forbidden, Invalid
+from collab.errors import Invalid
 from collab.realtime.bounds import MAX_WAIT_SECONDS, open_wait, parse_wait
 from collab.realtime.subscription import Subscription, until_terminal
 from collab.realtime.threads import in_thread
@@ -72,7 +71,7 @@ from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MA
 from collab.services.branches import do_set_internal
 from collab.services.archive import do_archive_branch
 from collab.services.cancel import do_execution_command
-from collab.services.projects import do_set_limits, do_update_project
+from collab.services.projects import do_create_project, do_set_limits, do_update_project
 from collab.services.holds import do_decide_hold
 from collab.services.members import (
     do_accept_invitation,
@@ -117,12 +116,8 @@ def list_projects(request: HttpRequest):
 
 @router.post("projects", response={201: ProjectOut, **ERRORS}, tags=["projects"])
 def post_project(request: HttpRequest, payload: ProjectIn):
-    try:
-        project = create_project(request.auth, slug=payload.slug, name=payload.name)
-    except SlugTaken:
-        raise Conflict(f"a project with slug {payload.slug!r} already exists", code="slug_taken") from None
-    except ProjectLimitReached as exc:
-        raise Forbidden(str(exc), code="project_limit_reached") from None
+    """A new project, the caller its owner, with the starter agent ``assistant`` (the projects page's service)."""
+    project = do_create_project(request.auth, slug=payload.slug, name=payload.name)
     return Status(201, _project_out(project, "owner"))
 
 

@@ -14,7 +14,7 @@ from ninja import Schema
 from pydantic import AwareDatetime, ConfigDict, Field, WithJsonSchema
 
 from accounts.limits import limit_schema
-from accounts.models import Role, TokenScope, WatchPolicy
+from accounts.models import PROJECT_NAME_CHARS, PROJECT_SLUG_PATTERN, Role, TokenScope, WatchPolicy
 from collab.models import CANCEL, MAX_PROMPT_CHARS, STRATEGIES, AgentRole, FollowupMode, Toolset
 from collab.models.sessions import SHARE_ROLES, Visibility
 from collab.provider_specs import IMPLEMENTED_PROVIDERS, SCRIPT_SCHEMA
@@ -47,8 +47,8 @@ class UsageOut(Schema):
 
 
 class ProjectIn(StrictIn):
-    slug: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")
-    name: str = Field(default="", max_length=200)
+    slug: str = Field(pattern=PROJECT_SLUG_PATTERN)
+    name: str = Field(default="", max_length=PROJECT_NAME_CHARS)
 
 
 class ProjectOut(Schema):

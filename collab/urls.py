@@ -6,6 +6,7 @@ app_name = "collab"
 
 urlpatterns = [
     path("", views.projects, name="projects"),
+    path("projects/new", views.new_project, name="new_project"),
     path("p/<slug:slug>/", views.project, name="project"),
     path("invitations/<int:invitation_id>/accept", views.answer_invitation, {"answer": "accept"}, name="accept_invitation"),
     path("invitations/<int:invitation_id>/decline", views.answer_invitation, {"answer": "decline"}, name="decline_invitation"),

@@ -48,7 +48,7 @@ from collab.selectors.dag import dag_page
 from collab.selectors.shapes import session_usage
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import audit_rows, event_records, project_events
-from collab.services.projects import do_set_limits, do_update_project
+from collab.services.projects import do_create_project, do_set_limits, do_update_project
 from collab.services.holds import do_decide_hold
 from collab.services.webhooks import do_create_webhook, do_delete_webhook, do_rotate_webhook_secret, do_update_webhook
 from collab.selectors.webhooks import webhooks_of
@@ -57,12 +57,37 @@ from collab.services.visibility import do_set_shares, do_set_visibility, parse_s
 from collab.services.turns import do_fork_and_start, do_start_user_turn, spec_strategy
 
 
+def _render_projects(request, values=None, error: DomainError | None = None):
+    """The projects page: the user's projects and invitations, and the "New project" form
+    (with what was typed and the refusal, by the field it is about, when it was refused)."""
+    memberships = member_roles(request.user).select_related("project").order_by("project__slug")
+    errors = {error.extra.get("field", "form"): error.detail} if error is not None else {}
+    return render(request, "collab/projects.html",
+                  {"memberships": memberships, "invitations": invitations_of(request.user),
+                   "new_project": values or {}, "new_project_errors": errors},
+                  status=error.status if error is not None else 200)
+
+
 @login_required
 @require_GET
 def projects(request):
-    memberships = member_roles(request.user).select_related("project").order_by("project__slug")
-    return render(request, "collab/projects.html",
-                  {"memberships": memberships, "invitations": invitations_of(request.user)})
+    return _render_projects(request)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def new_project(request):
+    """The projects page's "New project" form: the service of ``POST /api/projects`` (its slug
+    rules and per-person limit, the starter agent), then the new project's page; a refusal
+    re-renders the form with it."""
+    if request.method != "POST":
+        return _render_projects(request)
+    values = {"name": request.POST.get("name", ""), "slug": request.POST.get("slug", "")}
+    try:
+        project = do_create_project(request.user, slug=values["slug"], name=values["name"])
+    except DomainError as exc:  # a refusal of this form (limit included): shown on it
+        return _render_projects(request, values, exc)
+    return redirect("collab:project", slug=project.slug)
 
 
 @login_required
@@ -228,6 +253,7 @@ _PART_CONTEXT = {
         "holds": pages.pending_holds(session, request.user), "can_decide_holds": access.can_decide_holds(request.user, session)},
     "branches": _branches_context,
     "agents": lambda request, session: {"agents": child_rail(session)},
+    "stats": lambda request, session: {"stats": session_stats(session)},
 }
 
 
@@ -253,8 +279,7 @@ def _composer_context(request, session, branch) -> dict:
 @require_GET
 def session(request, sid):
     session = access.access_session(request.user, sid)
-    context = {**_session_context(request, session), **visibility_context(request.user, session),
-               "stats": session_stats(session)}
+    context = {**_session_context(request, session), **visibility_context(request.user, session)}
     context["composer"] = _composer_context(request, session, context["t"]["branch"])
     context.update(_dag_context(request, session))
     return render(request, "collab/session.html", context)
@@ -354,7 +379,8 @@ def message_row(request, sid, mid):
 def job_row(request, sid, job_id):
     """One job's row; out of band the job's branch row, the usage line once the job has ended (its
     tokens are final then: one aggregate per finished job, not per event), and — when ``?branch=``
-    is the job's branch — the running indicator."""
+    is the job's branch — the running indicator and, once the turn was cancelled, failed or
+    interrupted, the transcript row its "Turn stopped" marker hangs on."""
     session = access.access_session(request.user, sid)
     job = pages.session_job(session, job_id, request.user)
     _mark_cancel_right(request, job)
@@ -365,6 +391,7 @@ def job_row(request, sid, job_id):
         "usage": session_usage(session) if job.status in TERMINAL_STATUSES else None,
         "job_branch": pages.branch_row(session, job.branch_id), "t": t, "shown_branch": shown,
         "running_job": t["running_job"] if t else None, "can_cancel_running": bool(t and t["can_cancel_running"]),
+        "stopped_row": pages.stopped_row(session, job, viewer=request.user) if t else None,
     })
 
 

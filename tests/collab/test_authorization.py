@@ -502,6 +502,7 @@ PAGES = {
     "session_branches": ("GET", None),
     "session_activity": ("GET", None),
     "session_agents": ("GET", None),
+    "session_stats": ("GET", None),
     "new_session": ("POST", lambda a: {"title": "probe"}),
     "project_limits": ("POST", lambda a: {"max_messages": "3"}),
     "project_members": ("POST", lambda a: {"action": "add", "username": "outsider", "role": "owner"}),
@@ -527,7 +528,7 @@ PAGES = {
     "agent_row": ("GET", None),
 }
 PAGES_AUTHORIZED = {"revoke_token": "member", "accept_invitation": "invitee", "decline_invitation": "invitee"}
-CALLER_SCOPED_PAGES = {"projects", "tokens"}
+CALLER_SCOPED_PAGES = {"projects", "new_project", "tokens"}  # new_project: GET shows the projects page
 
 
 def page_patterns() -> list[tuple[str, list[str]]]:

@@ -15,14 +15,11 @@ from django.db import transaction
 
 from accounts.models import Membership, Project, Role
 from collab.models import AgentSpec, Session
+from collab.services.projects import STARTER_AGENT_ID, do_add_starter_agent
 from collab.services.sessions import do_create_session
 
 DEMO_USER = "demo"
 DEMO_PROJECT = "demo"
-
-DEMO_SCRIPT = {
-    "user": [{"sleep_ms": 400}, {"text": "Hello from the scripted demo agent. You said: {{prompt}}"}],
-}
 
 
 class Command(BaseCommand):
@@ -50,13 +47,10 @@ class Command(BaseCommand):
                 user.save(update_fields=["is_staff", "is_superuser"])
             project, _ = Project.objects.get_or_create(slug=DEMO_PROJECT, defaults={"name": "Demo project"})
             Membership.objects.get_or_create(user=user, project=project, defaults={"role": Role.OWNER})
-            AgentSpec.objects.get_or_create(
-                project=project, agent_id="assistant",
-                defaults={"provider": "scripted", "script": DEMO_SCRIPT,
-                          "system_prompt": "You are a helpful demo agent."},
-            )
+            if not AgentSpec.objects.filter(project=project, agent_id=STARTER_AGENT_ID).exists():
+                do_add_starter_agent(user, project)  # the agent every new project starts with
             if not Session.objects.filter(project=project).exists():
-                do_create_session(user, project, title="Welcome", agent_id="assistant")
+                do_create_session(user, project, title="Welcome", agent_id=STARTER_AGENT_ID)
         self.login_line = f"login: {DEMO_USER} / {password}"
         if not quiet:
             self.stdout.write(f"Demo project ready: user {DEMO_USER!r}, project {DEMO_PROJECT!r}.")
