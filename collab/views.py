@@ -20,6 +20,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 
 from collab import access
 from collab.errors import DomainError, Forbidden, Invalid, NotFound
+from collab.forms import AgentSpecForm
 from collab.models import AgentRole, FollowupMode, Toolset
 from collab.models import TERMINAL_STATUSES
 from collab.selectors.children import child_rail
@@ -598,50 +599,29 @@ def decide_hold(request, sid, hold_id):
 
 
 
-def _json_field(post, name: str, kinds: tuple, empty):
-    raw = post.get(name, "").strip()
-    if not raw:
-        return empty
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise Invalid(f"{name} is not valid JSON: {exc}", code=f"invalid_{name}") from None
-    if not isinstance(value, kinds):
-        raise Invalid(f"{name} must be a JSON {' or '.join(k.__name__.replace('dict', 'object').replace('list', 'array') for k in kinds)}",
-                      code=f"invalid_{name}")
-    return value
-
-
-def _spec_form_data(post) -> dict:
-    """The spec form's fields as the spec service takes them (provider follows the connection)."""
-    return {
-        "connection": post.get("connection", "").strip(), "model": post.get("model", "").strip(),
-        "system_prompt": post.get("system_prompt", ""), "toolset": post.get("toolset", Toolset.COLLAB),
-        "role": post.get("role", AgentRole.GENERAL), "followup_mode": post.get("followup_mode", FollowupMode.TURN),
-        "tools": [t for t in post.get("tools", "").replace(",", " ").split() if t],
-        "script": _json_field(post, "script", (list, dict), []),
-        "limits": _json_field(post, "limits", (dict,), {}),
-    }
-
-
-def _spec_values(spec) -> dict:
-    """A saved spec as the form shows it."""
-    if spec is None:
-        return {"toolset": Toolset.COLLAB, "role": AgentRole.GENERAL, "followup_mode": FollowupMode.TURN}
-    return {"agent_id": spec.agent_id, "connection": spec.connection.name if spec.connection_id else "",
-            "model": spec.model, "system_prompt": spec.system_prompt, "toolset": spec.toolset, "role": spec.role,
-            "followup_mode": spec.followup_mode, "tools": " ".join(spec.tools or []),
-            "script": json.dumps(spec.script, indent=2, ensure_ascii=False) if spec.script else "",
-            "limits": json.dumps(spec.limits, indent=2, ensure_ascii=False) if spec.limits else ""}
-
-
-def _render_specs(request, project, spec=None, values=None, error="", status=200):
+def _render_specs(request, project, spec=None, form=None, status=200):
+    form = form if form is not None else AgentSpecForm.of(spec)
     return render(request, "collab/specs.html", {
         "project": project, "specs": specs_of(project),
-        "spec": spec, "values": values or _spec_values(spec), "error": error,
+        "spec": spec, "form": form, "values": form.values(), "error": form.message(),
         "connections": connections_for(project), "toolsets": Toolset.values, "roles": AgentRole.values,
         "followup_modes": FollowupMode.values,
     }, status=status)
+
+
+def _save_spec(request, project, spec, save) -> tuple[object, AgentSpecForm, int]:
+    """Read the form and hand it to ``save`` (the service): (the spec saved or None, the form, the
+    status of a refusal)."""
+    form = AgentSpecForm(request.POST)
+    if not form.is_valid():
+        return None, form, 400
+    try:
+        return save(form), form, 200
+    except (NotFound, Forbidden):
+        raise
+    except DomainError as exc:
+        form.refuse(exc)
+        return None, form, exc.status
 
 
 @login_required
@@ -651,13 +631,10 @@ def specs(request, slug):
     project = access.access_project(request.user, slug, "agent_spec.manage")
     if request.method != "POST":
         return _render_specs(request, project)
-    try:
-        spec = do_add_agent_spec(request.user, project, agent_id=request.POST.get("agent_id", "").strip(),
-                                 **_spec_form_data(request.POST))
-    except (NotFound, Forbidden):
-        raise
-    except DomainError as exc:
-        return _render_specs(request, project, values=request.POST.dict(), error=_human(exc), status=exc.status)
+    spec, form, status = _save_spec(request, project, None, lambda form: do_add_agent_spec(
+        request.user, project, agent_id=form.cleaned_data["agent_id"].strip(), **form.spec_fields()))
+    if spec is None:
+        return _render_specs(request, project, form=form, status=status)
     return redirect("collab:spec", slug=slug, agent_id=spec.agent_id)
 
 
@@ -669,13 +646,10 @@ def spec(request, slug, agent_id):
     spec = spec_by_agent_id(project.pk, agent_id)
     if request.method != "POST":
         return _render_specs(request, project, spec)
-    try:
-        do_update_agent_spec(request.user, spec, _spec_form_data(request.POST))
-    except (NotFound, Forbidden):
-        raise
-    except DomainError as exc:
-        values = {**request.POST.dict(), "agent_id": spec.agent_id}
-        return _render_specs(request, project, spec, values=values, error=_human(exc), status=exc.status)
+    saved, form, status = _save_spec(request, project, spec, lambda form: do_update_agent_spec(
+        request.user, spec, form.spec_fields()) or spec)
+    if saved is None:
+        return _render_specs(request, project, spec, form=form, status=status)
     return redirect(f"{reverse('collab:spec', args=[slug, spec.agent_id])}?saved=1")
 
 

@@ -284,3 +284,21 @@ def test_connections_offered_are_the_operators_ones_this_project_may_use(team, b
     assert page.post("/p/alpha/specs/remote", {"connection": "", "model": "", "toolset": "collab"}).status_code == 302
     spec.refresh_from_db()
     assert spec.provider == "scripted" and spec.connection is None
+
+
+@pytest.mark.parametrize("fields, field, reason", [
+    ({"agent_id": "ok", "script": json.dumps([{"bogus": 1}])}, "script", "invalid script"),
+    ({"agent_id": "ok", "script": "[{not json"}, "script", "script is not valid JSON"),
+    ({"agent_id": "bad id!"}, "agent_id", "agent_id must be"),
+    ({"agent_id": "ok", "connection": "nowhere", "model": "m"}, "connection", "no model connection named"),
+    ({"agent_id": "ok", "limits": "[1]"}, "limits", "limits must be a JSON object"),
+])
+def test_a_spec_refusal_is_shown_beside_its_field_and_what_was_typed_stays(team, browser_of, fields, field, reason):
+    """The spec form (a Django form over the spec service) puts each refusal beside the field it
+    is about — the service's own (a script's shape, the id, the connection) and the form's (JSON
+    that does not parse) — and writes back what was typed."""
+    html = browser_of(team.owner).post("/p/alpha/specs", {**fields, "system_prompt": "Keep me."}).content.decode()
+    beside = re.search(rf'<span class="error small field-error" data-field="{field}">(.*?)</span>', html, re.S)
+    assert beside and reason in beside.group(1), html
+    assert len(re.findall(r'class="error small field-error"', html)) == 1
+    assert "Keep me." in html
