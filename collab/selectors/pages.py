@@ -5,7 +5,7 @@ from django.db.models import Q
 from collab.access import visible_sessions
 from collab.errors import NotFound
 from collab.models import Branch, Job, Message, MessageKind, Session, is_busy
-from collab.selectors.transcript import generating_text, lineage, page_transcript, present_rows
+from collab.selectors.transcript import STOPPED_STATUSES, generating_text, lineage, page_transcript, present_rows
 from collab.selectors.redact import hidden_among, redact_jobs
 
 
@@ -68,7 +68,7 @@ def rows_after(session: Session, branch_id: str, after_id: str | None, *, viewer
     messages = lineage(tip, count) if count > 0 else []
     if messages and messages[0].predecessor_id != (after.pk if after else None):
         raise TooFarBehind()  # ``after_id`` is not on this branch's lineage
-    present_rows(branch, messages, viewer)
+    present_rows(branch, messages, viewer, tail=True)
     return {"branch": branch, "messages": messages, "selected": None}
 
 
@@ -79,6 +79,23 @@ def message_row(session: Session, message_id: str, *, viewer, branch: Branch | N
     if message is None:
         raise NotFound()
     present_rows(branch, [message], viewer)
+    return message
+
+
+def stopped_row(session: Session, job: Job, *, viewer) -> Message | None:
+    """The row a stopped turn's marker hangs on, re-rendered with it (a page that already shows the
+    row gets it when the turn stops): the last row the turn wrote on its branch, else its prompt,
+    else the node it was admitted at. None while the turn has not stopped. One query more than
+    ``message_row``: the turn's last row, by its job."""
+    if job.status not in STOPPED_STATUSES:
+        return None
+    last = (Message.objects.filter(job_id=job.pk, branch_id=job.branch_id).exclude(kind=MessageKind.ATTACH)
+            .order_by("-depth").values_list("pk", flat=True).first())
+    anchor = last or job.prompt_msg_id or job.parent_msg_id
+    message = Message.objects.filter(pk=anchor, session=session).exclude(kind=MessageKind.ATTACH).first() if anchor else None
+    if message is None:  # nothing of this session to hang it on (a fork's first turn from another session)
+        return None
+    present_rows(job.branch, [message], viewer, place=(job.pk,))
     return message
 
 

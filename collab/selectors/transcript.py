@@ -249,6 +249,7 @@ class Card:
     href: str = ""  # its session/branch, at the node ("" when hidden)
     hidden: bool = False  # the other side is in a session the viewer may not see
     status: str = ""
+    job: str = ""  # the job whose state ``status`` shows (live updates re-render the row when it changes)
     duration: float | None = None
     tokens: int = 0
     body: str = ""
@@ -289,6 +290,7 @@ def _job_facts(card: Card, job: Job | None) -> None:
     if job is None:
         return
     card.status = job.status
+    card.job = job.pk
     card.duration = _duration(job)
     card.tokens = job.tokens_in + job.tokens_out
 
@@ -347,7 +349,8 @@ def _delivery_card(m: Message, jobs: dict, seen: set) -> Card:
 def _attach_facts(pointer: Message, jobs: dict) -> None:
     attach = (pointer.metadata or {}).get("attach", {})
     job = jobs.get(attach.get("execution_id"))
-    pointer.card = Card(kind="attach", label="", status=job.status if job else "", duration=_duration(job),
+    pointer.card = Card(kind="attach", label="", status=job.status if job else "", job=job.pk if job else "",
+                        duration=_duration(job),
                         tokens=(job.tokens_in + job.tokens_out) if job else 0,
                         agent=job.branch.display_name if job else "",
                         href=_node_href(attach.get("session_id"), attach.get("branch"), attach.get("head_id")))
@@ -362,13 +365,21 @@ def _stop_anchor(job: Job, position: dict, last_written: dict) -> str | None:
     return None
 
 
-def present_rows(branch: Branch | None, messages: list[Message], viewer) -> Job | None:
+def present_rows(branch: Branch | None, messages: list[Message], viewer, *, tail: bool = False,
+                 place: tuple = ()) -> Job | None:
     """Make ``messages`` (consecutive nodes of ``branch``'s line, oldest first) readable for
     ``viewer``, in place: ``card`` (deliveries), ``calls`` (tool calls as JSON), ``tool``,
     ``attaches`` (pointers into sessions the viewer may see, with their job's state), ``stops``
     (the branch's cancelled or failed turns that stopped after that row) and ``inherited``.
     Four queries whatever the number of rows (pointers, jobs, visibility); returns the branch's
-    running job. Usable for any slice of the line, e.g. rows appended live."""
+    running job. Usable for any slice of the line, e.g. rows appended live.
+
+    A stopped turn is marked after the last of its rows in the slice, else its prompt, else the
+    node it was admitted at — found by its prompt or that node being in the slice; with ``tail``
+    (the slice ends where the page's rows end: its window, rows appended live) also by a row it
+    wrote, so a turn that stops after its prompt scrolled away, or whose last row arrives live,
+    is marked too. ``place``: ids of stopped turns whose marker the caller knows is on these rows
+    (one row re-rendered in place, ``collab.selectors.pages.stopped_row``)."""
     ids = [m.pk for m in messages]
     pointers = list(Message.objects.filter(predecessor_id__in=ids, kind=MessageKind.ATTACH)) if ids else []
 
@@ -383,8 +394,12 @@ def present_rows(branch: Branch | None, messages: list[Message], viewer) -> Job 
     wanted.discard(None)
     jobs: dict = {}
     if branch is not None:
-        on_branch = Q(branch=branch) & (Q(status__in=ACTIVE_STATUSES) | (
-            Q(status__in=STOPPED_STATUSES) & (Q(prompt_msg_id__in=ids) | Q(parent_msg_id__in=ids))))
+        stopped_here = Q(prompt_msg_id__in=ids) | Q(parent_msg_id__in=ids)
+        if place:
+            stopped_here |= Q(pk__in=place)
+        if tail:
+            stopped_here |= Q(pk__in={m.job_id for m in messages if m.job_id})
+        on_branch = Q(branch=branch) & (Q(status__in=ACTIVE_STATUSES) | (Q(status__in=STOPPED_STATUSES) & stopped_here))
         rows = Job.objects.filter(Q(pk__in=wanted) | on_branch).select_related("branch", "caller_branch")
         jobs = {j.pk: j for j in rows}
 
@@ -450,7 +465,7 @@ def page_transcript(session: Session, viewer, *, branch_id: str | None = None, h
     pointers that lead into a session ``viewer`` may not see name nothing of it."""
     branch, head = resolve_shown(session, branch_id=branch_id, head_id=head_id, remembered=remembered)
     messages, head, newer = _window(branch, head, window or PAGE_WINDOW) if branch else ([], None, 0)
-    running = present_rows(branch, messages, viewer)
+    running = present_rows(branch, messages, viewer, tail=True)
     inherited = [m for m in messages if m.inherited]
     fork_at = branch.forked_from if branch is not None else None
     return {

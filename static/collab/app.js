@@ -1,7 +1,8 @@
 // Live session page. The socket carries the session's JSON events (docs/contract.md#events);
 // for each one the page fetches exactly the fragment that event changed — new transcript rows, one
-// job/branch/agent row, the running indicator — and the server renders it, so the browser never
-// decides what to show. Bursts coalesce per fragment; what a person is typing survives every swap.
+// job/branch/agent row, the running indicator, a row whose card shows a job's state — and the
+// server renders it, so the browser never decides what to show (a stopped turn's marker rides out
+// of band on its job's row). Bursts coalesce per fragment; what a person is typing survives every swap.
 (function () {
   "use strict";
 
@@ -68,6 +69,18 @@
     if (pendingRestore) restore(byId(pendingRestore.id), pendingRestore.saved);
     pendingRestore = null;
     markShownLane();
+  });
+  // and so do out-of-band pieces (a transcript row that rides along with its job's row)
+  var oobSaved = {};
+  document.addEventListener("htmx:oobBeforeSwap", function (e) {
+    var target = e.detail.target;
+    if (target && target.id) oobSaved[target.id] = snapshot(target);
+  });
+  document.addEventListener("htmx:oobAfterSwap", function (e) {
+    var target = e.detail.target, id = target && target.id;
+    if (!id || !oobSaved[id]) return;
+    restore(byId(id), oobSaved[id]);
+    delete oobSaved[id];
   });
 
   // The graph marks the lane of the branch the transcript shows (the graph's HTML is the same
@@ -232,7 +245,22 @@
       .forEach(function (li) { list.appendChild(li); });
   }
 
+  // The transcript rows whose card shows job `job`'s state (a spawn's pointer, a delivered task's
+  // or a result's card: data-card-job), each re-rendered where it is.
+  function patchCards(job) {
+    var transcript = byId("transcript");
+    if (!transcript) return;
+    transcript.querySelectorAll('[data-card-job="' + CSS.escape(job) + '"]').forEach(function (el) {
+      var row = el.closest("article[data-message]");
+      if (!row || row.closest("#running")) return;
+      var id = row.dataset.message;
+      schedule("m:" + id, ROW_DELAY, function () { return patchMessage(id); });
+    });
+  }
+
   function refreshActivity() { htmx.trigger(document.body, "collab:activity"); }
+  // The plots (templates/collab/_stats.html): three aggregates over the session's jobs.
+  function refreshStats() { if (byId("session-stats")) htmx.trigger(document.body, "collab:stats"); }
   // The DAG column's newest block re-renders itself (bounded: templates/collab/_dag_page.html).
   function refreshDag() { if (byId("dag-live")) htmx.trigger(document.body, "collab:dag"); }
 
@@ -266,7 +294,12 @@
         return patchRow("agents", p.session, "agent-" + p.session, {}, addAgent);
       });
     }
+    // a job's change (or a sub-agent session's: child.job) shows on the cards that follow that job
+    // and in the plots
+    var jobChange = type.indexOf("job.") === 0 || type === "child.job";
+    if (jobChange && p.job) patchCards(p.job);
     if (type !== "message.delta") schedule("activity", ACTIVITY_DELAY, refreshActivity);
+    if (jobChange) schedule("stats", ACTIVITY_DELAY, refreshStats);
     if (type === "message.created" || type.indexOf("branch.") === 0 || type.indexOf("job.") === 0) {
       schedule("dag", ACTIVITY_DELAY, refreshDag);
     }
