@@ -13,7 +13,6 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from collab.infra.fast_load import FastLoad
 
 
 class Role(models.TextChoices):
@@ -44,7 +43,7 @@ PROJECT_SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
 PROJECT_NAME_CHARS = 200
 
 
-class Project(FastLoad, models.Model):
+class Project(models.Model):
     """A tenant. Limits live here (docs/contract.md#limits-and-defaults): topology counts use 0 = unlimited,
     resource limits use null = inherit the deployment default."""
 
@@ -109,7 +108,7 @@ class MembershipQuerySet(models.QuerySet):
         return self.filter(accepted_at__isnull=True)
 
 
-class Membership(FastLoad, models.Model):
+class Membership(models.Model):
     """A person's role in a project. Added through the API, a page or the admin it starts as an
     *invitation* (``accepted_at`` null) that gives nothing until the person accepts it; rows
     created directly by trusted code (a new project's creator, ``manage.py demo``, fixtures)
@@ -176,7 +175,7 @@ class ApiTokenQuerySet(models.QuerySet):
         )
 
 
-class ApiToken(FastLoad, models.Model):
+class ApiToken(models.Model):
     """A bearer token. Only its SHA-256 is stored; the raw value is shown once.
 
     A token may expire (``expires_at``) and carries scopes; revoking a token revokes the

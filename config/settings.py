@@ -75,8 +75,8 @@ INSTALLED_APPS = [
 ]
 
 # Framework behaviour Trellis replaces (docs/infrastructure.md), each named here to restore the
-# stock path: comma-separated, e.g. TRELLIS_STOCK=prepared,fast_load. Read at start-up.
-STOCK_PATHS = ("task_queue", "prepared", "fast_load", "request_threads", "middleware", "channel_layer", "push_loop",
+# stock path: comma-separated, e.g. TRELLIS_STOCK=prepared,middleware. Read at start-up.
+STOCK_PATHS = ("task_queue", "prepared", "request_threads", "middleware", "channel_layer", "push_loop",
                "task_paths", "brokers", "worker_name")
 TRELLIS_STOCK = frozenset(env_list("TRELLIS_STOCK", []))
 if TRELLIS_STOCK - set(STOCK_PATHS):

@@ -3,10 +3,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from collab.models.ids import id_field
-from collab.infra.fast_load import FastLoad
 
 
-class Artifact(FastLoad, models.Model):
+class Artifact(models.Model):
     """The full text of a truncated result (docs/contract.md#results), readable like its execution."""
 
     id = id_field()

@@ -5,7 +5,6 @@ from django.utils import timezone
 
 from collab.models.ids import id_field
 from collab.models.sessions import TASK_NAME_DB
-from collab.infra.fast_load import FastLoad
 
 # How a text (a delivery header, a result notice) names a sender that has no address yet.
 NO_ADDRESS = "an agent with no messages yet"
@@ -47,7 +46,7 @@ class NameStage(models.IntegerChoices):
     MANUAL = 3  # given explicitly (description, task_name, a person)
 
 
-class Branch(FastLoad, models.Model):
+class Branch(models.Model):
     """A named line of the DAG ending at ``tip``: the agent.
 
     Name, archive state and counters belong here, not to a tip message, so they

@@ -2,7 +2,6 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from collab.infra.fast_load import FastLoad
 
 
 class ConnectionProvider(models.TextChoices):
@@ -15,7 +14,7 @@ class ConnectionSource(models.TextChoices):
     SETTINGS = "settings"  # mirrored from TRELLIS_MODEL_CONNECTIONS; read-only in the admin
 
 
-class ModelConnection(FastLoad, models.Model):
+class ModelConnection(models.Model):
     """An operator-owned model endpoint (docs/contract.md#authorization-and-visibility): where
     requests go and which worker environment variable holds the key. Tenants never type a URL or a variable name; an
     AgentSpec names a connection, and may use it only if it is bound to the spec's project

@@ -2,10 +2,9 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from collab.infra.fast_load import FastLoad
 
 
-class Event(FastLoad, models.Model):
+class Event(models.Model):
     """Append-only, per-session ordered log (docs/contract.md#events): the audit trail and the source of live updates.
 
     Project-level events (memberships, limits) have no session; their ``seq`` counts

@@ -3,7 +3,6 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from collab.infra.fast_load import FastLoad
 
 
 class HoldStatus(models.TextChoices):
@@ -12,7 +11,7 @@ class HoldStatus(models.TextChoices):
     REJECTED = "rejected"
 
 
-class HeldDelivery(FastLoad, models.Model):
+class HeldDelivery(models.Model):
     """A delivery (``send_message`` or ``agent(to=…)``) held by the project's watch policy
     until a member approves or rejects it (docs/contract.md#watch-policy). Sub-agents pass the same gate."""
 

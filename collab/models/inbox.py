@@ -3,7 +3,6 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from collab.infra.fast_load import FastLoad
 
 
 class InboxKind(models.TextChoices):
@@ -11,7 +10,7 @@ class InboxKind(models.TextChoices):
     TASK = "task"
 
 
-class InboxEntry(FastLoad, models.Model):
+class InboxEntry(models.Model):
     """A delivery persisted for a busy target (docs/contract.md#the-inbox), drained FIFO when its turn ends."""
 
     target_branch = models.ForeignKey("collab.Branch", on_delete=models.CASCADE, related_name="inbox")

@@ -6,7 +6,6 @@ from django.utils import timezone
 
 from collab.models.ids import id_field
 from collab.models.sessions import Message, MessageRole
-from collab.infra.fast_load import FastLoad
 from collab.infra.prepared import Param, Select
 
 
@@ -94,7 +93,7 @@ class FollowupState(models.TextChoices):
     DELIVERED = "delivered"
 
 
-class Job(FastLoad, models.Model):
+class Job(models.Model):
     """The canonical execution: ``execution_id == Job.id``.
 
     Every state change bumps ``version`` (the cancel command's optimistic check).
@@ -291,7 +290,7 @@ class Job(FastLoad, models.Model):
         return answer
 
 
-class ExecutionCommand(FastLoad, models.Model):
+class ExecutionCommand(models.Model):
     """An idempotent control command (docs/contract.md#cancel): repeating ``command_id`` returns the first answer."""
 
     command_id = models.CharField(max_length=120, primary_key=True, help_text="EXECUTION_ID:client command id")

@@ -4,7 +4,6 @@ from django.db.models import Q
 from django.utils import timezone
 
 from collab.models.ids import id_field
-from collab.infra.fast_load import FastLoad
 
 # The OpenWork task_name format for the database CHECKs: ``\A``/``\Z`` anchor at the very start and end
 # on both PostgreSQL (ARE) and SQLite (Python ``re``), where ``$`` would accept a trailing newline
@@ -19,7 +18,7 @@ class Visibility(models.TextChoices):
     SHARED = "shared"  # its creator and the members named in ``SessionShare``, plus maintainers and owners
 
 
-class Session(FastLoad, models.Model):
+class Session(models.Model):
     """A conversation DAG in one project.
 
     ``head`` is the message a person has selected; agents never move it.
@@ -107,7 +106,7 @@ class MessageKind(models.TextChoices):
     ATTACH = "attach"
 
 
-class Message(FastLoad, models.Model):
+class Message(models.Model):
     """An immutable DAG node. It belongs to the branch it was written on.
 
     ``depth`` (distance from the root) and ``turn`` (turn ordinal along the
@@ -167,7 +166,7 @@ class Message(FastLoad, models.Model):
 SHARE_ROLES = ("viewer", "member", "maintainer", "owner")
 
 
-class SessionShare(FastLoad, models.Model):
+class SessionShare(models.Model):
     """A member a ``shared`` session is shown to, with the most they may do in it: their
     effective role is the lesser of ``role`` and their project role. Rows outlive a change
     of visibility (nothing is deleted); they count only while the session is ``shared``."""

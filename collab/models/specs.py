@@ -2,7 +2,6 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from collab.infra.fast_load import FastLoad
 
 
 class Provider(models.TextChoices):
@@ -26,7 +25,7 @@ class FollowupMode(models.TextChoices):
     MAILBOX = "mailbox"
 
 
-class AgentSpec(FastLoad, models.Model):
+class AgentSpec(models.Model):
     """A saved, reusable agent configuration, selected by ``agent_id``.
 
     ``agent_id`` never addresses a branch. A spec on a model API names an

@@ -2,7 +2,6 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from collab.infra.fast_load import FastLoad
 
 
 class TodoStatus(models.TextChoices):
@@ -11,7 +10,7 @@ class TodoStatus(models.TextChoices):
     COMPLETED = "completed"
 
 
-class Todo(FastLoad, models.Model):
+class Todo(models.Model):
     """A plan item; never starts anything."""
 
     session = models.ForeignKey("collab.Session", on_delete=models.CASCADE, related_name="todos")

@@ -13,10 +13,9 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from collab.models.ids import id_field
-from collab.infra.fast_load import FastLoad
 
 
-class Webhook(FastLoad, models.Model):
+class Webhook(models.Model):
     id = id_field()
     project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="webhooks")
     url = models.CharField(max_length=2000, help_text="http(s); its host is on TRELLIS_WEBHOOK_HOSTS")
@@ -55,7 +54,7 @@ class DeliveryEvent(models.TextChoices):
     EXECUTION_FINISHED = "execution.finished"
 
 
-class WebhookDelivery(FastLoad, models.Model):
+class WebhookDelivery(models.Model):
     """One notice to one webhook, and how its attempts went (the remote host's answer is kept
     as its HTTP status only; reasons are Trellis's own words)."""
 
