@@ -11,18 +11,18 @@ from collab.models import AgentRole, FollowupMode, Toolset
 
 
 class JSONText(forms.CharField):
-    """A textarea holding JSON of the given kinds (empty: ``empty``)."""
+    """A textarea holding JSON of the given kinds (empty: an empty one of the first kind)."""
 
     widget = forms.Textarea
 
-    def __init__(self, *, kinds: tuple, empty, **kwargs):
+    def __init__(self, name: str, *, kinds: tuple, **kwargs):
         super().__init__(required=False, strip=True, **kwargs)
-        self.kinds, self.empty = kinds, empty
+        self.name, self.kinds = name, kinds
 
     def to_python(self, value):
         raw = super().to_python(value)
         if not raw:
-            return type(self.empty)()
+            return self.kinds[0]()
         try:
             parsed = json.loads(raw)
         except ValueError as exc:
@@ -50,13 +50,8 @@ class AgentSpecForm(forms.Form):
     role = forms.CharField(required=False, empty_value=AgentRole.GENERAL)
     followup_mode = forms.CharField(required=False, empty_value=FollowupMode.TURN)
     tools = forms.CharField(required=False)
-    script = JSONText(kinds=(list, dict), empty=[])
-    limits = JSONText(kinds=(dict,), empty={})
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        for name in ("script", "limits"):
-            self.fields[name].name = name
+    script = JSONText("script", kinds=(list, dict))
+    limits = JSONText("limits", kinds=(dict,))
 
     @classmethod
     def of(cls, spec) -> "AgentSpecForm":

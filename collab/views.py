@@ -609,7 +609,7 @@ def _render_specs(request, project, spec=None, form=None, status=200):
     }, status=status)
 
 
-def _save_spec(request, project, spec, save) -> tuple[object, AgentSpecForm, int]:
+def _save_spec(request, save) -> tuple[object, AgentSpecForm, int]:
     """Read the form and hand it to ``save`` (the service): (the spec saved or None, the form, the
     status of a refusal)."""
     form = AgentSpecForm(request.POST)
@@ -631,7 +631,7 @@ def specs(request, slug):
     project = access.access_project(request.user, slug, "agent_spec.manage")
     if request.method != "POST":
         return _render_specs(request, project)
-    spec, form, status = _save_spec(request, project, None, lambda form: do_add_agent_spec(
+    spec, form, status = _save_spec(request, lambda form: do_add_agent_spec(
         request.user, project, agent_id=form.cleaned_data["agent_id"].strip(), **form.spec_fields()))
     if spec is None:
         return _render_specs(request, project, form=form, status=status)
@@ -646,7 +646,7 @@ def spec(request, slug, agent_id):
     spec = spec_by_agent_id(project.pk, agent_id)
     if request.method != "POST":
         return _render_specs(request, project, spec)
-    saved, form, status = _save_spec(request, project, spec, lambda form: do_update_agent_spec(
+    saved, form, status = _save_spec(request, lambda form: do_update_agent_spec(
         request.user, spec, form.spec_fields()) or spec)
     if saved is None:
         return _render_specs(request, project, spec, form=form, status=status)
