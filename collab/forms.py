@@ -7,11 +7,16 @@ import json
 from django import forms
 
 from collab.errors import DomainError
+from collab.text import loads_bounded
 from collab.models import AgentRole, FollowupMode, Toolset
 
 
+MAX_JSON_CHARS = 1_000_000  # a script or limits field (the request body is bounded before this)
+
+
 class JSONText(forms.CharField):
-    """A textarea holding JSON of the given kinds (empty: an empty one of the first kind)."""
+    """A textarea holding JSON of the given kinds (empty: an empty one of the first kind), read
+    as every outside JSON is (``loads_bounded``: not too deep, no ``NaN`` or ``Infinity``)."""
 
     widget = forms.Textarea
 
@@ -24,8 +29,8 @@ class JSONText(forms.CharField):
         if not raw:
             return self.kinds[0]()
         try:
-            parsed = json.loads(raw)
-        except ValueError as exc:
+            parsed = loads_bounded(raw, max_chars=MAX_JSON_CHARS)
+        except (ValueError, RecursionError) as exc:
             raise forms.ValidationError(f"{self.name} is not valid JSON: {exc}", code=f"invalid_{self.name}") from None
         if not isinstance(parsed, self.kinds):
             names = " or ".join(k.__name__.replace("dict", "object").replace("list", "array") for k in self.kinds)

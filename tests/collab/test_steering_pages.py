@@ -302,3 +302,11 @@ def test_a_spec_refusal_is_shown_beside_its_field_and_what_was_typed_stays(team,
     assert beside and reason in beside.group(1), html
     assert len(re.findall(r'class="error small field-error"', html)) == 1
     assert "Keep me." in html
+
+
+@pytest.mark.parametrize("script", ["[" * 5000 + "]" * 5000, '[{"text": "x", "sleep_ms": NaN}]'])
+def test_a_spec_script_nested_too_deep_or_not_finite_is_a_400_not_a_500(team, browser_of, script):
+    r = browser_of(team.owner).post("/p/alpha/specs", {"agent_id": "deep", "script": script})
+    assert r.status_code == 400
+    assert "script is not valid JSON" in r.content.decode()
+    assert not AgentSpec.objects.filter(project=team.alpha, agent_id="deep").exists()
