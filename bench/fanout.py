@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Fan-out (the "Parallel agents" target of docs/performance.md#targets; issue 15 item 1
-``fanout``): 8 background children and their 8 follow-ups, platform time against the 2 s target,
+"""Fan-out (the "Parallel agents" target of docs/performance.md#targets):
+8 background children and their 8 follow-ups, platform time against the 2 s target,
 measured on this machine.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/14 \\

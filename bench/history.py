@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""History at size (the "History" target of docs/performance.md#targets; issue 15 item 1
-``history``), measured on this machine in one run.
+"""History at size (the "History" target of docs/performance.md#targets),
+measured on this machine in one run.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python bench/history.py \\
       [--sizes 1000 10000 100000] [--repeat 15] [--branches 10000] [--no-page]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Live events (the "Live" target of docs/performance.md#targets; issue 15 item 1 ``live``):
+"""Live events (the "Live" target of docs/performance.md#targets):
 commit → WebSocket client latency with many clients, on the Redis layer and on the embedded
 default, measured on this machine in one run.
 

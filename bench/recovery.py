@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Recovery time after a worker machine dies (docs/contract.md#crash-recovery; issue 12 items 1 and 5).
+"""Recovery time after a worker machine dies (docs/contract.md#crash-recovery).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test [REDIS_URL=redis://127.0.0.1:6379/14] \\
       .venv/bin/python bench/recovery.py [--lease 30] [--reconcile 10]

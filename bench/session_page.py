@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""First paint of the session page (the "History" target of docs/performance.md#targets; issue 13
-item 4), measured on this machine.
+"""First paint of the session page (the "History" target of docs/performance.md#targets),
+measured on this machine.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python bench/session_page.py [--repeat 15]
 

@@ -13,7 +13,7 @@ Starts one real daphne process on a throw-away database (a temporary SQLite file
   (no worker; the per-user bound is raised to let them all in, then the job is cancelled);
 - while a pathological ``grep`` (``(\\w+\\s?)*$`` over a 25,000-character line) runs in a loop.
 
-Before issue 11 the second and third lines were unbounded: the waits and the backtracking
+Before the web's threads were bounded, the second and third lines were unbounded: the waits and the backtracking
 held the one thread all sync views of the process share.
 """
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Storage per turn and per message (the "History" target of docs/performance.md#targets: storage
-grows linearly, ≈ the text plus a small constant per message; issue 15 item 1 ``storage``),
+grows linearly, ≈ the text plus a small constant per message),
 measured on this machine.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python bench/storage.py \\

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""The CPU of one scripted turn on each side, in one process (issue 15, "≥ 100 turns/s with two
-workers" and the sequential p50: where the Python time goes).
+"""The CPU of one scripted turn on each side, in one process (the "≥ 100 turns/s
+with two workers" target of docs/performance.md#targets and the sequential p50: where the Python
+time goes).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python bench/turn_cpu.py [--turns 300] [--profile web|worker]
 

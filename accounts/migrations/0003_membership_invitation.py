@@ -1,4 +1,4 @@
-# Membership is an invitation (issue 11 item 3): ``accepted_at`` is null while the person has not
+# Membership is an invitation (docs/security.md): ``accepted_at`` is null while the person has not
 # accepted. Adding the column fills every existing row with the migration's time, so everyone who
 # is a member today stays one; new rows made by trusted code default to accepted as well, and the
 # API / pages / admin create them with ``accepted_at=None``.

@@ -1,4 +1,4 @@
-"""The database refuses illegal job state transitions (SPEC §7; OW §3: constraints as the backstop).
+"""The database refuses illegal job state transitions (docs/contract.md; constraints as the backstop).
 
 Legal: queued → running | cancelled | failed; running → stopping | succeeded | failed |
 cancelled | interrupted; stopping → succeeded | failed | cancelled | interrupted.

@@ -5,7 +5,7 @@ import django.utils.timezone
 from django.db import migrations, models
 
 
-# Model connections belong to the operator (issue 11, P-SEC-0). The tenant-typed
+# Model connections belong to the operator (docs/security.md). The tenant-typed
 # AgentSpec.base_url / api_key_env columns are dropped, never turned into connections
 # (that would launder a tenant's choice into operator trust): a spec on openai/anthropic
 # needs a connection assigned by staff (admin) and fails with provider_config until then.

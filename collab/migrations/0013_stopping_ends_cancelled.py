@@ -1,4 +1,4 @@
-"""A job leaves ``stopping`` only as ``cancelled`` (SPEC §7, issue 12 item 3): the database guard
+"""A job leaves ``stopping`` only as ``cancelled`` (docs/contract.md): the database guard
 of 0004 agrees with ``finish_job`` again.
 
 Legal now: queued → running | cancelled | failed; running → stopping | succeeded | failed |

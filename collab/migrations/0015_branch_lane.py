@@ -1,5 +1,5 @@
-"""Branch.lane: each branch's column in the session DAG (issue 13 item 1), and the index its
-keyset pages read (session, created_at, id; issue 13 item 4).
+"""Branch.lane: each branch's column in the session DAG (docs/web-app.md), and the index its
+keyset pages read (session, created_at, id).
 
 Existing branches get lanes as if each had been placed when it opened: in creation order, the
 free lane nearest its parent's, where a lane is free again once its branch was archived before

@@ -1,7 +1,7 @@
-"""Session.selected_branch goes (issue 14 item 6): nothing read it. The branch a person's turn
-goes to by default is the selected HEAD's (``Session.head``, SPEC §2), and which branch a
-viewer reads is kept per viewer (issue 13 item 2); only sub-agent sessions wrote the field.
-Branch.merged_into stays (SPEC §2 lists it); its help text now says it is never set."""
+"""Session.selected_branch goes: nothing read it. The branch a person's turn
+goes to by default is the selected HEAD's (``Session.head``), and which branch a
+viewer reads is kept per viewer (docs/web-app.md); only sub-agent sessions wrote the field.
+Branch.merged_into stays (docs/models.md lists it); its help text now says it is never set."""
 
 import django.db.models.deletion
 from django.db import migrations, models

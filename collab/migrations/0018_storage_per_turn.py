@@ -1,4 +1,4 @@
-"""Storage per turn (issue 15 item 1, SPEC §13 "storage grows linearly, ≈ the text plus a small
+"""Storage per turn (docs/performance.md#targets: "storage grows linearly, ≈ the text plus a small
 constant per message"): indexes that every turn paid for and no query needs.
 
 - No query filters events on ``type`` alone: ``event_type_created`` goes.

@@ -1,4 +1,4 @@
-"""Storage per turn (issue 15 item 1, SPEC §13 "storage grows linearly, ≈ the text plus a small
+"""Storage per turn (docs/performance.md#targets: "storage grows linearly, ≈ the text plus a small
 constant per message"): a turn's prompt and its answer are stored once, in their nodes.
 
 - ``Job.prompt`` holds the prompt only until the turn's prompt node does: NULL from then on (an

@@ -1,4 +1,4 @@
-"""Storage per turn (issue 15 item 1, SPEC §13 "storage grows linearly, ≈ the text plus a small
+"""Storage per turn (docs/performance.md#targets: "storage grows linearly, ≈ the text plus a small
 constant per message"): the job's indexes on columns that are NULL for most turns (a person's turn
 has no caller, parent job, follow-up source or result artifact; an ended job no lease) index only
 the rows where they are set.
