@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""Turns end to end (the "Turn overhead" target of docs/performance.md#targets; issue 15 item 1
-``turns``), measured on this machine in one run.
+"""Turns end to end (the "Turn overhead" target of docs/performance.md#targets),
+measured on this machine in one run.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/14 \\
       .venv/bin/python bench/turns.py [--turns 100] [--workers 2] [--web daphne|testclient] [--brokers orm redis] [--history N]
-    .venv/bin/python bench/turns.py --stock NAME [--pairs 3] [--brokers orm|redis]   # A/B one bypass
+    .venv/bin/python bench/turns.py --stock NAME [--pairs 3] [--brokers orm|redis] [--base NAMES]   # A/B one bypass
 
 Creates a throw-away database ``<db>_bench_turns`` next to DATABASE_URL's and prints, in one
 table beside the targets:
@@ -33,7 +33,9 @@ table beside the targets:
 ``--stock NAME`` instead times ``--pairs`` pairs of runs (sequential p50, turns/s, CPU per turn of
 the web process and of the workers), one on Trellis's path and one with ``TRELLIS_STOCK=NAME``
 (docs/infrastructure.md), in alternating order, and prints the medians beside the spread of
-Trellis's own runs (the host's drift).
+Trellis's own runs (the host's drift). ``--base NAMES`` (comma-separated) switches those bypasses
+to the stock path on both sides: a bypass that only acts where another is off (``push_loop``
+where ``channel_layer`` is off) is timed against that other's stock path.
 """
 
 import argparse
@@ -262,6 +264,8 @@ def main():
     parser.add_argument("--stock", metavar="NAME",
                         help="A/B: alternate runs on Trellis's path and with TRELLIS_STOCK=NAME (docs/infrastructure.md)")
     parser.add_argument("--pairs", type=int, default=3, help="with --stock: A/B pairs, in alternating order")
+    parser.add_argument("--base", default="", metavar="NAMES",
+                        help="with --stock: TRELLIS_STOCK names set on both sides (comma-separated)")
     args = parser.parse_args()
     if _common.run_phase(args, {"trace": phase_trace, "run": phase_run}):
         return
@@ -364,12 +368,14 @@ def stock_ab(args) -> None:
     try:
         for pair in range(args.pairs):
             for side in (("A", "B") if pair % 2 == 0 else ("B", "A")):
-                runs[side].append(_one_run(args, bench_url, broker, args.stock if side == "B" else ""))
+                stock = ",".join(filter(None, (args.base, args.stock if side == "B" else "")))
+                runs[side].append(_one_run(args, bench_url, broker, stock))
     finally:
         _common.drop_database(bench_url)
     label = f"[{broker}, {args.workers} workers, {args.turns} turns, {args.web}]"
     rows = []
-    for side, name in (("A", "Trellis's path"), ("B", f"TRELLIS_STOCK={args.stock}")):
+    base = f"TRELLIS_STOCK={args.base}" if args.base else "Trellis's path"
+    for side, name in (("A", base), ("B", f"TRELLIS_STOCK={','.join(filter(None, (args.base, args.stock)))}")):
         for i, run in enumerate(runs[side], 1):
             rows.append((f"{label} {name}, run {i}", ", ".join(
                 f"{k} {v:,.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in run.items()), ""))

@@ -37,8 +37,6 @@ def broker_in_database() -> bool:
 def hand_to_broker(task_path, *args, **kwargs) -> None:
     """``async_task(task_path, *args, **kwargs)`` for the transaction in progress (none: now): in
     it when the broker is the database, after its commit otherwise (the module's docstring)."""
-    if "task_paths" in settings.TRELLIS_STOCK:
-        task_path = str(task_path)  # django-q2 looks the path up at each task (collab.infra.task_paths)
     if broker_in_database():
         async_task(task_path, *args, **kwargs)
     else:

@@ -102,6 +102,24 @@ TransactionTestCase._fixture_teardown = _fixture_teardown
 _figures: list[str] = []
 
 
+PAIRED_RUN = os.environ.get("TRELLIS_PAIRED_RUN", "")  # scripts/test runs both databases: this is that run
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked ``one_database`` proves nothing about the database under it: when
+    scripts/test runs the suite on both databases, it runs in one of the two runs only (the
+    marker's ``run``, PostgreSQL unless it says ``"sqlite"``); run alone, pytest runs it."""
+    if not PAIRED_RUN:
+        return
+    for item in items:
+        marker = item.get_closest_marker("one_database")
+        if marker is None:
+            continue
+        run = marker.kwargs.get("run") or (marker.args[0] if marker.args else "postgres")
+        if run != PAIRED_RUN:
+            item.add_marker(pytest.mark.skip(reason=f"proves nothing about the database: runs in the {run} run"))
+
+
 def pytest_runtest_logreport(report):
     """Collect each reliability test's figure (its ``figure`` fixture), also from xdist workers."""
     if report.when == "call":

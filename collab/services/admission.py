@@ -34,9 +34,8 @@ from collab.services.budgets import check_admission_quota
 from collab.services.locking import lock_branch, lock_job, lock_sessions
 from collab.services.messages import append_message
 from collab.text import clean_text
-from collab.infra.task_paths import TaskPath
 
-RUN_TURN = TaskPath("collab.tasks.run_turn")  # django-q2 calls it as it is (collab.infra.task_paths)
+RUN_TURN = "collab.tasks.run_turn"
 PROMPT_KIND = {
     JobKind.USER: MessageKind.NORMAL,
     JobKind.SPAWN: MessageKind.AGENT_SPAWN,

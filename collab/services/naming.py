@@ -13,9 +13,8 @@ from collab.events import send_event_on_commit
 from collab.models import Branch, NameStage, effective_spec
 from collab.services.locking import lock_session
 from collab.text import fit_text
-from collab.infra.task_paths import TaskPath
 
-NAME_BRANCH = TaskPath("collab.tasks.name_branch")
+NAME_BRANCH = "collab.tasks.name_branch"
 NAMING_TURNS = frozenset({1, 6, 16, 40})
 RENAMABLE = (NameStage.NONE, NameStage.LABEL, NameStage.AUTO)
 

@@ -43,9 +43,8 @@ from collab.models import DeliveryEvent, DeliveryStatus, Job, Session, Webhook, 
 from collab.selectors.shapes import execution_shape
 from collab.text import clean_text
 from collab.conf.webhook_hosts import DEFAULT_PORTS, WebhookUrlError, check_webhook_url
-from collab.infra.task_paths import TaskPath
 
-DELIVER_WEBHOOK = TaskPath("collab.tasks.deliver_webhook")
+DELIVER_WEBHOOK = "collab.tasks.deliver_webhook"
 MAX_WEBHOOKS_PER_PROJECT = 10
 MAX_DESCRIPTION = 200
 SECRET_PREFIX = "whsec_"

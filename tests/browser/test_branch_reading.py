@@ -15,7 +15,7 @@ from collab.models import Branch, Message
 from tests.browser.test_session_page import log_in
 from tests.conftest import poll, settle_session
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser]
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.one_database("sqlite")]  # layout, not data
 
 SCRIPT = {
     "user": [{"sleep_ms": 600}, {"text": "answer: {{prompt}}"}],

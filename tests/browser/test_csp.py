@@ -7,7 +7,7 @@ from playwright.sync_api import expect
 
 from tests.browser.test_session_page import log_in
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser]
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.one_database("sqlite")]  # layout, not data
 
 RECORD_VIOLATIONS = """
 window.__csp = [];

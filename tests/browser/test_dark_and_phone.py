@@ -14,7 +14,7 @@ from playwright.sync_api import expect
 
 from tests.browser.test_session_page import log_in
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser]
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.one_database("sqlite")]  # layout, not data
 
 PHONE = {"width": 390, "height": 844}
 TURNS = 8

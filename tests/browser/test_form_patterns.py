@@ -7,7 +7,7 @@ import pytest
 
 from tests.browser.test_session_page import log_in
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser]
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.one_database("sqlite")]  # layout, not data
 
 
 def test_the_spec_forms_agent_id_pattern_is_valid_and_checks_the_id(team, server, page):

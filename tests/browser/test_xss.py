@@ -14,7 +14,7 @@ from playwright.sync_api import expect
 
 from tests.browser.test_session_page import log_in
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser]
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.one_database("sqlite")]  # layout, not data
 
 XSS = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2">'
 TITLE_XSS = '<img src=x onerror="window.__xss=3">title'
