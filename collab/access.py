@@ -40,7 +40,18 @@ from accounts.policy import (
 )
 from collab.errors import Forbidden, Invalid, NotFound
 from collab.infra.prepared import Param, Select
-from collab.models import Artifact, Branch, HeldDelivery, Job, Message, Session, SessionShare, Visibility, Webhook
+from collab.models import (
+    Artifact,
+    Branch,
+    HeldDelivery,
+    Job,
+    Message,
+    PersonAsk,
+    Session,
+    SessionShare,
+    Visibility,
+    Webhook,
+)
 
 
 def _open_to(user, root: str) -> Q:
@@ -321,6 +332,41 @@ def access_hold(user, hold_id: int, capability: str = DECIDE_HOLDS, *, session_i
         raise NotFound()
     access_session(user, hold.sender_session_id, capability)
     return hold
+
+
+# --- asks: what waits for a person (docs/contract.md#people-in-the-loop) -------------------------
+
+DECIDE_ASKS = DECIDE_HOLDS  # who may decide an ask: who may post in its session (and its addressee only, when it names one)
+
+
+def decidable_asks(user):
+    """The asks ``user`` may decide, in one queryset (the inbox): in sessions they may see, of
+    projects where their role may post, addressed to nobody or to them. ``access_ask`` decides
+    each with the person's standing in its session."""
+    if not user or not user.is_authenticated or not user.is_active:
+        return PersonAsk.objects.none()
+    return PersonAsk.objects.filter(
+        Q(to_user__isnull=True) | Q(to_user=user),
+        project_id__in=project_ids_with(user, DECIDE_ASKS), session_id__in=visible_session_ids(user))
+
+
+def access_ask(user, ask_id: str, capability: str = DECIDE_ASKS) -> PersonAsk:
+    """An ask the user may decide (``decidable_asks``' rule, with their role in its session);
+    anyone else gets the same ``NotFound`` as for a missing id."""
+    if not user or not user.is_authenticated or not isinstance(ask_id, str):
+        raise NotFound()
+    ask = (PersonAsk.objects.filter(pk=ask_id, project_id__in=member_project_ids(user))
+           .select_related("session", "branch", "job", "to_user").first())
+    if ask is None or (ask.to_user_id is not None and ask.to_user_id != user.pk):
+        raise NotFound()
+    access_session(user, ask.session_id, capability)
+    return ask
+
+
+def may_be_asked(user, session: Session) -> bool:
+    """Whether ``ask_person(to=user)`` may name ``user`` in ``session``: an active person who may
+    see the session and decide there."""
+    return bool(user and user.is_active and can_in_session(user, session, DECIDE_ASKS))
 
 
 # --- job ownership (docs/contract.md#plans-and-jobs) ---------------------------------------------

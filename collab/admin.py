@@ -39,6 +39,7 @@ from collab.models import (
     WebhookDelivery,
     HeldDelivery,
     InboxEntry,
+    PersonAsk,
     Job,
     Message,
     ModelConnection,
@@ -323,6 +324,16 @@ class HeldDeliveryAdmin(ReadOnlyAdmin):
 
     list_display = ["id", "project", "kind", "status", "sender_session", "target_branch", "created_at", "decided_by"]
     list_filter = ["status", "kind", "project"]
+
+
+@admin.register(PersonAsk)
+class PersonAskAdmin(ReadOnlyAdmin):
+    """Tool calls and questions waiting for a person (docs/contract.md#people-in-the-loop); decided in
+    the inbox or through the API."""
+
+    list_display = ["id", "project", "kind", "tool", "status", "session", "to_user", "created_at", "decided_by"]
+    list_filter = ["status", "kind", "project"]
+    raw_id_fields = ["session", "branch", "job", "call_message"]
 
 
 @admin.register(Todo)

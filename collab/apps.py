@@ -25,6 +25,10 @@ class CollabConfig(AppConfig):
         from django.contrib.auth import get_user_model
 
         from collab.services.members import user_deleted, user_saved
+        from collab.services.specs import use_toolset_names
+        from collab.tools.registry import toolset_names
+
+        use_toolset_names(toolset_names)
 
         post_save.connect(user_saved, sender=get_user_model(), dispatch_uid="collab-user-saved")
         post_delete.connect(user_deleted, sender=get_user_model(), dispatch_uid="collab-user-deleted")

@@ -82,12 +82,15 @@ class AgentSpecIn(StrictIn):
     toolset: Annotated[str, choice_of(Toolset.values)] = "collab"
     role: Annotated[str, choice_of(AgentRole.values)] = "general"
     tools: list[str] = Field(default_factory=list)
+    approvals: list[str] = Field(default_factory=list, description=(
+        'tools whose every call waits for a person\'s approval (docs/contract.md#people-in-the-loop); ["*"]: all'))
     script: Annotated[list[Any] | dict[str, Any], stated(SCRIPT_SCHEMA)] = Field(default_factory=list)
     followup_mode: Annotated[str, choice_of(FollowupMode.values)] = "turn"
     # ``multitask_strategy``: the spec's default for turns on a busy branch
     limits: Annotated[dict[str, Any], stated({
         "type": "object",
-        "properties": {"multitask_strategy": {"anyOf": [{"type": "string", "enum": list(STRATEGIES)}, {"type": "null"}]}},
+        "properties": {"multitask_strategy": {"anyOf": [{"type": "string", "enum": list(STRATEGIES)}, {"type": "null"}]},
+                       "approval_expires_s": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]}},
     })] = Field(default_factory=dict)
 
 
@@ -104,6 +107,7 @@ class AgentSpecOut(Schema):
     toolset: str
     role: str
     tools: list[str]
+    approvals: list[str]
     script: Any
     followup_mode: str
     limits: dict[str, Any]
@@ -249,7 +253,7 @@ class ErrorOut(Schema):
     code: str
 
 
-ExecutionStatus = Literal["queued", "running", "stopping", "succeeded", "failed", "cancelled", "interrupted"]
+ExecutionStatus = Literal["queued", "running", "stopping", "succeeded", "failed", "cancelled", "interrupted", "waiting"]
 
 
 class BranchOut(Schema):
@@ -491,3 +495,25 @@ class WebhookDeliveryOut(Schema):
     delivered_at: Any | None
     created_at: Any
     payload: dict[str, Any]
+
+
+class SearchResultOut(Schema):
+    """One thing ``GET /api/search`` found (docs/api.md#search): a session by its title, a branch by
+    its name or a message by its words; ``snippet`` is HTML (escaped text, matches in ``<mark>``)."""
+
+    kind: Literal["session", "branch", "message"]
+    project: str
+    session: str
+    session_title: str
+    branch: str | None
+    branch_name: str | None
+    archived: bool
+    message: str | None
+    role: str | None
+    snippet: str
+    created_at: Any
+    url: str
+
+
+class SearchOut(Schema):
+    results: list[SearchResultOut]

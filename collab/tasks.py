@@ -5,6 +5,7 @@ from django.db import close_old_connections
 from collab.runtime.loop import hand_to_slot
 from collab.runtime.naming import auto_name_branch
 from collab.runtime.webhooks import deliver
+from collab.services.notify import send_ask_email
 from collab.services.reconcile import reconcile as run_reconcile
 
 
@@ -37,5 +38,13 @@ def deliver_webhook(delivery_id: str) -> str | None:
     close_old_connections()
     try:
         return deliver(delivery_id)
+    finally:
+        close_old_connections()
+
+
+def notify_ask(ask_id: str) -> int:
+    close_old_connections()
+    try:
+        return send_ask_email(ask_id)
     finally:
         close_old_connections()

@@ -24,6 +24,7 @@ from collab.api import router as collab_router
 from collab.errors import DomainError, Invalid
 from collab.middleware import DATABASE_BUSY, database_busy
 from collab.scopes import require_token_scope
+from collab.inbox_api import router as inbox_router
 from collab.streams import router as streams_router
 from collab.text import clean_data
 
@@ -149,3 +150,4 @@ def no_such_route(request):
 api.add_decorator(require_token_scope)
 api.add_router("/", collab_router)
 api.add_router("/", streams_router)
+api.add_router("/", inbox_router)

@@ -470,6 +470,16 @@ TRELLIS_MODEL_CONNECTIONS = model_connections_from_env("TRELLIS_MODEL_CONNECTION
 # and workers the same value: the workers check it again before every attempt.
 TRELLIS_WEBHOOK_HOSTS = webhook_hosts_from_env("TRELLIS_WEBHOOK_HOSTS")
 TRELLIS_WEBHOOK_TIMEOUT = env_int("TRELLIS_WEBHOOK_TIMEOUT", 10, minimum=1)  # per socket operation; 2x per attempt
+# People in the loop (docs/contract.md#people-in-the-loop): an email to whoever may decide a new
+# ask, through Django's email backend (the console's unless EMAIL_BACKEND/EMAIL_HOST are set);
+# links point at TRELLIS_PUBLIC_URL.
+TRELLIS_EMAIL_NOTIFICATIONS = env_bool("TRELLIS_EMAIL_NOTIFICATIONS", False)
+TRELLIS_PUBLIC_URL = env_str("TRELLIS_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend"
+                        if not env_str("EMAIL_HOST", "") else "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "trellis@localhost")
+
 TRELLIS_WEBHOOK_MAX_ATTEMPTS = env_int("TRELLIS_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
 # the first retry's delay; each next one doubles, at most an hour (retries go out on the reconcile timer)
 TRELLIS_WEBHOOK_RETRY_BASE_SECONDS = env_int("TRELLIS_WEBHOOK_RETRY_BASE_SECONDS", 30, minimum=1)

@@ -1,4 +1,5 @@
 from collab.models.artifacts import Artifact
+from collab.models.asks import DECIDED_STATUSES, AskKind, AskStatus, PersonAsk
 from collab.models.branches import Branch, NameStage, effective_spec, effective_spec_id, format_address
 from collab.models.connections import ConnectionProvider, ConnectionSource, ModelConnection
 from collab.models.events import Event
@@ -25,6 +26,10 @@ from collab.models.todos import Todo, TodoStatus
 from collab.models.webhooks import DeliveryEvent, DeliveryStatus, Webhook, WebhookDelivery
 
 __all__ = [
+    "DECIDED_STATUSES",
+    "AskKind",
+    "AskStatus",
+    "PersonAsk",
     "ACTIVE_STATUSES",
     "CANCEL",
     "MAX_PROMPT_CHARS",

@@ -28,10 +28,14 @@ class JobStatus(models.TextChoices):
     FAILED = "failed"
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"
+    # paused for a person (docs/contract.md#people-in-the-loop): holds no worker slot, no lease;
+    # a decision queues it again and it resumes where it stopped
+    WAITING = "waiting"
 
 
 ACTIVE_STATUSES = (JobStatus.RUNNING, JobStatus.STOPPING)
-OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.STOPPING)
+OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.STOPPING, JobStatus.WAITING)
+HOLDING_STATUSES = (*ACTIVE_STATUSES, JobStatus.WAITING)
 TERMINAL_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED)
 
 # What a person's turn does when its branch is busy (``collab.services.turns``).
@@ -58,6 +62,11 @@ class JobQuerySet(models.QuerySet):
 
     def open(self):
         return self.filter(status__in=OPEN_STATUSES)
+
+    def holding(self):
+        """A turn is in progress on the branch or waits there for a person
+        (docs/contract.md#people-in-the-loop): no other job of the branch may start."""
+        return self.filter(status__in=HOLDING_STATUSES)
 
     def with_result(self):
         """Each job read with its ``result`` (``Job.result``): the final answer's text comes in
@@ -245,8 +254,11 @@ class Job(models.Model):
                 condition=~Q(status__in=ACTIVE_STATUSES) | Q(started_at__isnull=False),
                 name="job_active_has_started",
             ),
+            # a queued job has not started, unless it is queued again after waiting for a person
+            # (docs/contract.md#people-in-the-loop): it has spoken to its model already
             models.CheckConstraint(
-                condition=Q(status=JobStatus.QUEUED, started_at__isnull=True) | ~Q(status=JobStatus.QUEUED),
+                condition=Q(status=JobStatus.QUEUED, started_at__isnull=True) | ~Q(status=JobStatus.QUEUED)
+                | Q(model_calls__gt=0),
                 name="job_queued_not_started",
             ),
             models.UniqueConstraint(

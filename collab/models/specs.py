@@ -47,6 +47,8 @@ class AgentSpec(models.Model):
     script = models.JSONField(default=list, blank=True, help_text="scripted provider steps (docs/contract.md#the-scripted-provider)")
     followup_mode = models.CharField(max_length=16, choices=FollowupMode.choices, default=FollowupMode.TURN)
     limits = models.JSONField(default=dict, blank=True)
+    approvals = models.JSONField(default=list, blank=True,
+                                 help_text='tools whose every call waits for a person\'s approval; ["*"]: all')
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -52,6 +52,8 @@ class DeliveryStatus(models.TextChoices):
 
 class DeliveryEvent(models.TextChoices):
     EXECUTION_FINISHED = "execution.finished"
+    ASK_REQUESTED = "ask.requested"  # a turn waits for a person (docs/contract.md#people-in-the-loop)
+    ASK_DECIDED = "ask.decided"
 
 
 class WebhookDelivery(models.Model):
@@ -62,6 +64,7 @@ class WebhookDelivery(models.Model):
     webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
     project = models.ForeignKey("accounts.Project", on_delete=models.CASCADE, related_name="+")
     job = models.ForeignKey("collab.Job", on_delete=models.CASCADE, related_name="+")
+    ask = models.ForeignKey("collab.PersonAsk", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     event = models.CharField(max_length=32, choices=DeliveryEvent.choices, default=DeliveryEvent.EXECUTION_FINISHED)
     payload = models.JSONField(help_text="the body, fixed when the execution ended: every attempt sends the same")
     status = models.CharField(max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
@@ -86,7 +89,10 @@ class WebhookDelivery(models.Model):
             models.Index(fields=["webhook", "-created_at"], name="delivery_webhook_recent"),
         ]
         constraints = [
-            models.UniqueConstraint(fields=["webhook", "job", "event"], name="delivery_one_per_webhook_job_event"),
+            models.UniqueConstraint(fields=["webhook", "job", "event"], condition=Q(ask__isnull=True),
+                                    name="delivery_one_per_webhook_job_event"),
+            models.UniqueConstraint(fields=["webhook", "ask", "event"], condition=Q(ask__isnull=False),
+                                    name="delivery_one_per_webhook_ask_event"),
             models.CheckConstraint(condition=Q(status__in=DeliveryStatus.values), name="delivery_status_valid"),
             models.CheckConstraint(condition=Q(event__in=DeliveryEvent.values), name="delivery_event_valid"),
             models.CheckConstraint(condition=Q(max_attempts__gte=1) & Q(attempts__lte=F("max_attempts")),

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db import close_old_connections, transaction
 
-from collab.models import Job, JobKind, JobStatus, Message, MessageRole
+from collab.models import Job, JobKind, JobStatus, Message, MessageRole, PersonAsk
 from collab.runtime import prompts
 from collab.runtime.failures import (
     LimitExceeded,
@@ -44,11 +44,14 @@ from collab.services.budgets import DELEGATION_TOOLS, messages_left
 from collab.services.execution import claim_for_slot, claim_job, current_status, finish_job
 from collab.services.followup import drain_mailbox
 from collab.services.admission import enqueue_job
+from collab.services.asks import Paused, ask_kind_for, call_result, pause_for_person
 from collab.services.liveness import StopSignal, running
 from collab.services.locking import kept_on_rollback, refresh_from_row
 from collab.services.messages import append_message
 from collab.services.retry import retry_on_deadlock
 from collab.services.waiting import idle_connection
+from collab.runtime.providers.base import ToolCall
+from collab.tools.people import question_of
 from collab.tools.registry import ToolResult, run_tool
 from collab.tools.surface import agent_role_of, branch_tools, spec_toolset
 
@@ -212,6 +215,13 @@ class TurnContext:
             else:
                 time.sleep(min(left, STOP_CHECK_SECONDS))
 
+    def resume_usage(self) -> None:
+        """A resumed turn (it waited for a person) counts on from what it had spent, as its job
+        row keeps it (``collab.services.asks.pause_for_person``)."""
+        job = self.job
+        self.model_calls, self.tool_calls = job.model_calls, job.tool_calls
+        self.tokens_in, self.tokens_out, self.cost = job.tokens_in, job.tokens_out, Decimal(job.cost or 0)
+
     def usage(self) -> dict:
         return {
             "model_calls": self.model_calls,
@@ -286,6 +296,8 @@ def _run_claimed(job, inline_parents: tuple[str, ...], signal: StopSignal | None
         return JobStatus.FAILED
     try:
         text = drive(turn)
+    except Paused:  # waits for a person: the job is ``waiting``; a decision queues it again
+        return JobStatus.WAITING
     except Exception as exc:
         end_failed(job, failure_of(exc, job.pk), usage=turn.usage())
         return job.status
@@ -300,6 +312,9 @@ def drive(turn: TurnContext) -> str:
     """Call the model until it answers; run the tools it asks for in between."""
     provider = get_provider(turn.spec)
     turn._last_check = time.monotonic()  # the claim just renewed the lease and saw "running"
+    if turn.job.model_calls:  # a turn that waited for a person: it goes on where it stopped
+        turn.resume_usage()
+        resume_paused_step(turn)
     while True:
         turn.check_stop(force=turn.model_calls > 0)
         drain(turn)
@@ -343,19 +358,41 @@ def run_tool_step(turn: TurnContext, response) -> None:
     """Write the model's tool-call node, then run its calls one by one, each result written as
     it comes. Before each call the turn checks it may go on (docs/contract.md#the-cancel-fence): once
     it is asked to stop, no further call runs, and every call left gets a "cancelled" result, so
-    each tool call in the transcript has its result (what providers require of a history)."""
+    each tool call in the transcript has its result (what providers require of a history).
+    A call that waits for a person pauses the turn there (``run_calls``)."""
     calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in response.tool_calls]
     write_turn_node(turn, role=MessageRole.ASSISTANT, text=response.text, tool_calls=calls)
+    run_calls(turn, turn.branch.tip, list(response.tool_calls))
+
+
+def run_calls(turn: TurnContext, node, calls: list, start: int = 0, decided: PersonAsk | None = None) -> None:
+    """Run ``calls[start:]`` of the tool-call node ``node``, each result written as it comes.
+    A call of a tool the spec's ``approvals`` name, or an ``ask_person``, pauses the turn
+    (``Paused``) with an ask for a person (``collab.services.asks``), unless ``decided`` is that
+    call's decided ask (a resumed turn): then it runs (approved, with the arguments as
+    approved), or its result is the rejection or the answer."""
     actor = Actor(user=turn.job.started_by, session=turn.job.session, branch=turn.branch, job=turn.job, turn=turn)
     first = None
-    for n, call in enumerate(response.tool_calls):
+    for n in range(start, len(calls)):
+        call = calls[n]
         started = False
         try:
             turn.check_stop(force=True)
-            started = True
-            result = run_tool(actor, call.name, call.arguments, tools=turn.tools)
+            kind = ask_kind_for(turn.spec, call.name)
+            ask = decided if decided is not None and decided.tool_call_id == call.id else None
+            result = pause(turn, node, n, call, kind) if kind is not None and ask is None else None
+            said = call_result(ask) if ask is not None else None
+            if result is not None:  # an ask_person that cannot be asked: its error is the result
+                pass
+            elif said is not None:  # rejected, expired or answered: nothing runs
+                result = ToolResult(text=said, details={"ask": ask.pk, "decision": ask.status},
+                                    is_error=ask.status != "answered")
+            else:
+                started = True
+                arguments = ask.decision.get("arguments", call.arguments) if ask is not None else call.arguments
+                result = run_tool(actor, call.name, arguments, tools=turn.tools)
         except (TurnStopped, LimitExceeded) as exc:  # this call and the rest are answered, not run
-            write_skipped_results(turn, response.tool_calls[n:], exc, interrupted=started)
+            write_skipped_results(turn, calls[n:], exc, interrupted=started)
             raise
         turn.tool_calls += 1
         turn.progressed()
@@ -363,7 +400,39 @@ def run_tool_step(turn: TurnContext, response) -> None:
         write_tool_result(turn, call, result.text, {"tool": call.name, "details": result.details,
                                                     "is_error": result.is_error})
     turn.last_result = first
-    turn.doom_loop.enforce(response.tool_calls)
+    turn.doom_loop.enforce(calls)
+
+
+def resume_paused_step(turn: TurnContext) -> None:
+    """A turn queued again after a person's decision: the tool step it stopped in goes on from
+    the call it waited on (decided now), then the turn goes on as any. Nothing is run twice: a
+    call whose result is written is past."""
+    ask = (PersonAsk.objects.filter(job_id=turn.job.pk).exclude(status="pending")
+           .select_related("call_message").order_by("-created_at", "-pk").first())
+    if ask is None or Message.objects.filter(job_id=turn.job.pk, branch_id=turn.branch.pk, role=MessageRole.TOOL,
+                                             tool_call_id=ask.tool_call_id).exists():
+        return
+    turn.provider_state = dict(ask.provider_state or {})
+    calls = [ToolCall(id=str(c.get("id")), name=str(c.get("name")), arguments=c.get("arguments") or {})
+             for c in (ask.call_message.tool_calls or []) if isinstance(c, dict)]
+    run_calls(turn, ask.call_message, calls, start=ask.call_index, decided=ask)
+
+
+def pause(turn: TurnContext, node, index: int, call, kind: str) -> ToolResult:
+    """The turn waits for a person about ``call``: ``Paused`` once its job is ``waiting``, or
+    ``TurnStopped`` when a cancel came first. An ``ask_person`` whose arguments or addressee
+    are wrong is no pause: its error is returned, the call's result."""
+    question, choices, to_user = "", (), None
+    if kind == "question":
+        asked = question_of(turn.job, call.arguments)
+        if isinstance(asked, ToolResult):
+            return asked
+        question, choices, to_user = asked
+    ask = pause_for_person(turn.job, node=node, index=index, call=call, kind=kind, spec=turn.spec,
+                           usage=turn.usage(), provider_state=turn.provider_state, question=question, choices=choices, to_user=to_user)
+    if ask is None:
+        raise TurnStopped(current_status(turn.job))
+    raise Paused(ask)
 
 
 def write_tool_result(turn: TurnContext, call, text: str, metadata: dict) -> None:

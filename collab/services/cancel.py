@@ -104,7 +104,7 @@ def fence_descendants(root: Job) -> tuple[list[str], list[str]]:
         for pk, status in children:
             if _to_stopping(pk):
                 stopped.append(pk)
-            elif status == JobStatus.QUEUED:
+            elif status in (JobStatus.QUEUED, JobStatus.WAITING):  # ended by the caller, one by one
                 queued.append(pk)
         level = [pk for pk, _ in children]
     return stopped, queued
@@ -143,12 +143,16 @@ def request_cancel(job: Job) -> bool:
         status = Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
         if status == JobStatus.RUNNING:
             continue  # claimed since the update above: ask it to stop
-        if status != JobStatus.QUEUED:
+        if status not in (JobStatus.QUEUED, JobStatus.WAITING):
             return False  # stopping or ended already
+        waiting = status == JobStatus.WAITING  # paused for a person: no worker has it, it ends now
         ended = finish_job(
-            job, status=JobStatus.CANCELLED, final_text=None, result_text="cancelled before it started",
-            is_error=True, error_code="cancelled", error_reason="the execution was cancelled before it started",
-            from_statuses=(JobStatus.QUEUED,),
+            job, status=JobStatus.CANCELLED, final_text=None,
+            result_text="cancelled while waiting for a person" if waiting else "cancelled before it started",
+            is_error=True, error_code="cancelled",
+            error_reason="the execution was cancelled while it waited for a person" if waiting
+            else "the execution was cancelled before it started",
+            from_statuses=(status,),
         )
         if ended.status == JobStatus.CANCELLED:
             return True

@@ -12,13 +12,15 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Case, DurationField, Exists, F, IntegerField, OuterRef, Q, Subquery, Value, When
-from django.db.models.functions import Now
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from accounts.limits import effective_limit, limit_in_force
 from accounts.models import Project
 from collab.models import (
     ACTIVE_STATUSES,
+    AskStatus,
+    PersonAsk,
     Branch,
     FollowupState,
     InboxEntry,
@@ -30,6 +32,7 @@ from collab.models import (
     Webhook,
     is_busy,
 )
+from collab.events import send_event_on_commit
 from collab.services.admission import FENCED, enqueue_job, send_job_event, write_prompt_node
 from collab.services.archive import AUTOMATIC_REASON, do_archive_branch
 from collab.services.artifacts import store_result
@@ -77,8 +80,9 @@ _FIRST_LOOK = Select("claim.first_look", lambda: Job.objects.select_related(
 
 def _claimable(job_id):
     """The job's row while it may start but for its project's cap: still queued, no job running
-    on its branch and none queued there before it (``job_id``: a value, or the claim's ``Param``)."""
-    busy = Job.objects.running().filter(branch=OuterRef("branch"))
+    (or waiting for a person) on its branch and none queued there before it (``job_id``: a value,
+    or the claim's ``Param``)."""
+    busy = Job.objects.holding().filter(branch=OuterRef("branch"))
     earlier = Job.objects.filter(
         branch=OuterRef("branch"), status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at")
     )
@@ -97,7 +101,7 @@ def _claim(capped: bool):
     sets = {
         "status": JobStatus.RUNNING,
         "version": F("version") + 1,
-        "started_at": Now(),
+        "started_at": Coalesce("started_at", Now()),  # a turn resumed after a person's decision keeps its start
         "worker": Param("worker"),
         "heartbeat_at": Now(),
         "lease_expires_at": lease_deadline(Param("lease", DurationField())),
@@ -347,6 +351,8 @@ def finish_job(
                 return Job.objects.filter(pk=job.pk).first() or job
             status, final_text = ended[0].status, None  # the cancel won the race
         ended = ended[0]
+        if JobStatus.WAITING in from_statuses:  # a cancel of a turn that waited for a person
+            close_asks(job)
         is_error = ended.is_error
         ran = ended.started_at is not None
         if ran and status != JobStatus.SUCCEEDED:
@@ -533,6 +539,30 @@ def close_dangling_calls(job: Job, branch: Branch, status: str) -> list:
     return written
 
 
+def close_asks(job: Job) -> int:
+    """Inside the transaction that ends ``job`` some other way (a cancel while it waits): its
+    pending asks close, undecided, and say so."""
+    closed = list(PersonAsk.objects.filter(job_id=job.pk, status=AskStatus.PENDING).values_list("pk", flat=True))
+    if closed:
+        PersonAsk.objects.filter(pk__in=closed).update(status=AskStatus.CLOSED, decided_at=Now())
+        for pk in closed:
+            send_event_on_commit(job.session_id, "ask.closed", {"ask": pk, "job": job.pk, "status": job.status})
+    return len(closed)
+
+
+def wake_after_pause(job: Job) -> None:
+    """Inside the transaction that moved ``job`` to ``waiting`` (``collab.services.asks``): the
+    worker slot it held is free, for the jobs of its project waiting for one, and for its
+    session's next job under a live-turn limit. Its branch stays taken: nothing else starts there."""
+    project = job.project
+    if job.run_in_background:
+        waiting = _waiting_on(job.branch_id, project.pk, background=True)
+        if waiting.in_project is not None:
+            _wake_for_slot(project, job.branch_id, waiting)
+    if effective_limit(project, "max_live_per_session"):
+        enqueue_next_in_session(job.session_id)
+
+
 def enqueue_next_on_branch(branch_id: str) -> None:
     """Wake the oldest queued job on the branch (queued behind the one that just ended)."""
     nxt = (
@@ -547,7 +577,7 @@ def enqueue_next_on_branch(branch_id: str) -> None:
 
 def enqueue_next_in_session(session_id: str) -> None:
     """A live slot was freed: wake the oldest queued job of the session whose branch is idle."""
-    busy = Job.objects.running().filter(branch=OuterRef("branch"))
+    busy = Job.objects.holding().filter(branch=OuterRef("branch"))
     nxt = (
         Job.objects.filter(session_id=session_id, status=JobStatus.QUEUED, run_in_background=True)
         .filter(~Exists(busy)).order_by("created_at", "pk").values_list("pk", flat=True).first()

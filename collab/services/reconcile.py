@@ -34,6 +34,7 @@ from django.db.models.functions import Now
 
 from collab.models import FollowupState, InboxEntry, Job, JobStatus
 from collab.services.admission import enqueue_job
+from collab.services.asks import expire_due_asks
 from collab.services.deliver import drain_idle_inbox
 from collab.services.execution import finish_job
 from collab.services.followup import deliver_owed
@@ -57,7 +58,7 @@ def reconcile() -> dict:
 
     handed_before = Now() - timedelta(seconds=settings.TRELLIS_LEASE_SECONDS)
     not_handed_since = Q(heartbeat_at__lt=handed_before) | Q(heartbeat_at__isnull=True, created_at__lt=handed_before)
-    busy = Job.objects.running().filter(branch=OuterRef("branch"))
+    busy = Job.objects.holding().filter(branch=OuterRef("branch"))
     earlier = Job.objects.filter(branch=OuterRef("branch"), status=JobStatus.QUEUED, created_at__lt=OuterRef("created_at"))
     stale = []
     for pk in list(
@@ -78,11 +79,12 @@ def reconcile() -> dict:
     for branch_id in owed_branches:
         if branch_id:
             settled += [j.pk for j in deliver_owed(branch_id)]
-    running = Job.objects.running().filter(branch=OuterRef("target_branch"))
+    running = Job.objects.holding().filter(branch=OuterRef("target_branch"))
     drained = []
     for branch_id in set(InboxEntry.objects.filter(~Exists(running)).values_list("target_branch_id", flat=True)):
         drained += [j.pk for j in drain_idle_inbox(branch_id)]
     result = {"interrupted": interrupted, "requeued": stale, "followups": settled, "drained": drained,
+              "expired_asks": expire_due_asks(),
               **hand_off_due_deliveries(), "analyzed": analyze_new_tables()}
     if any(result.values()):
         log.info("reconciled: %s", result)

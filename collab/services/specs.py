@@ -1,4 +1,5 @@
 import re
+from collections.abc import Callable
 
 from django.db import IntegrityError, transaction
 
@@ -12,7 +13,7 @@ from collab.services.turns import STRATEGIES
 
 SPEC_FIELDS = (
     "agent_id", "provider", "model", "system_prompt",
-    "toolset", "role", "tools", "script", "followup_mode", "limits",
+    "toolset", "role", "tools", "script", "followup_mode", "limits", "approvals",
 )
 AGENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # the API schema's pattern (AgentSpecIn.agent_id)
 MAX_MODEL_CHARS = 200  # AgentSpec.model
@@ -31,6 +32,34 @@ def check_spec_strategy(limits) -> None:
         if value not in STRATEGIES:
             raise Invalid(f"limits.multitask_strategy must be one of {', '.join(STRATEGIES)}; got {value!r}",
                           code="invalid_multitask_strategy")
+
+
+# The names of a toolset's tools, from the tool registry, which sits above the services: set at
+# start-up by ``collab.apps`` (a port, so a service never imports the tools).
+_toolset_names: Callable[[str], set[str]] = lambda toolset: set()  # noqa: E731
+
+
+def use_toolset_names(names: Callable[[str], set[str]]) -> None:
+    global _toolset_names
+    _toolset_names = names
+
+
+def check_approvals(approvals, toolset: str, limits) -> None:
+    """``approvals`` names tools of the spec's toolset (or ``"*"``: every tool);
+    ``limits.approval_expires_s``, when given, is a whole number of seconds ≥ 1
+    (docs/contract.md#people-in-the-loop)."""
+    if approvals is not None:
+        if not isinstance(approvals, list) or not all(isinstance(a, str) for a in approvals):
+            raise Invalid("approvals must be a list of tool names", code="invalid_approvals")
+        known = _toolset_names(toolset) | {"*"}
+        unknown = sorted(set(approvals) - known)
+        if unknown:
+            raise Invalid(f"approvals names tools the {toolset} toolset does not have: {', '.join(unknown)}",
+                          code="invalid_approvals")
+    seconds = limits.get("approval_expires_s") if isinstance(limits, dict) else None
+    if seconds is not None and (not isinstance(seconds, int) or isinstance(seconds, bool) or seconds < 1):
+        raise Invalid("limits.approval_expires_s must be a whole number of seconds, at least 1",
+                      code="invalid_limits")
 
 
 def do_create_agent_spec(project, *, replace: bool = False, **data) -> AgentSpec:
@@ -66,6 +95,7 @@ def do_create_agent_spec(project, *, replace: bool = False, **data) -> AgentSpec
     _choice(data.get("role", AgentRole.GENERAL), AgentRole.values, "role")
     _choice(data.get("followup_mode", FollowupMode.TURN), FollowupMode.values, "followup_mode")
     check_spec_strategy(data.get("limits"))
+    check_approvals(data.get("approvals"), data.get("toolset", Toolset.COLLAB), data.get("limits"))
     try:
         check_script(data.get("script") or [])
     except ValueError as exc:

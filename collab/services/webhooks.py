@@ -40,6 +40,7 @@ from collab.brokers import hand_to_broker
 from collab.errors import Conflict, Invalid
 from collab.events import record_project_event
 from collab.models import DeliveryEvent, DeliveryStatus, Job, Session, Webhook, WebhookDelivery
+from collab.selectors.inbox import ask_payload
 from collab.selectors.shapes import execution_shape
 from collab.text import clean_text
 from collab.conf.webhook_hosts import DEFAULT_PORTS, WebhookUrlError, check_webhook_url
@@ -201,7 +202,8 @@ def owe_webhook_deliveries(job: Job, project: Project | None = None, session: Se
     if session is None:
         session = Session.objects.only("title").get(pk=job.session_id)
     title = session.title
-    owed = set(WebhookDelivery.objects.filter(job_id=job.pk, webhook__in=webhooks).values_list("webhook_id", flat=True))
+    owed = set(WebhookDelivery.objects.filter(job_id=job.pk, webhook__in=webhooks, event=DeliveryEvent.EXECUTION_FINISHED)
+               .values_list("webhook_id", flat=True))
     created = []
     for webhook in webhooks:
         if webhook.pk in owed:
@@ -211,6 +213,38 @@ def owe_webhook_deliveries(job: Job, project: Project | None = None, session: Se
                                    next_attempt_at=Now(), handed_off_at=Now())
         delivery.payload = delivery_payload(delivery.pk, job, project, title)
         delivery.save(force_insert=True)
+        created.append(delivery.pk)
+    for pk in created:
+        enqueue_delivery(pk)
+    return created
+
+
+def owe_ask_deliveries(ask, event: str) -> list[str]:
+    """One delivery per active webhook of the ask's project for ``event`` (``ask.requested`` when
+    a turn starts waiting for a person, ``ask.decided`` when someone decided): the body names the
+    ask as the inbox shows it and the execution as ``GET /api/executions/{id}`` does. Inside the
+    transaction that wrote the ask's change; handed to the queue after commit, as an execution's
+    end is. One read when the project has no webhook."""
+    webhooks = active_webhooks_key_shared(ask.project_id)
+    if not webhooks:
+        return []
+    job = Job.objects.select_related("session", "project").get(pk=ask.job_id)
+    created = []
+    for webhook in webhooks:
+        delivery = WebhookDelivery(webhook=webhook, project_id=ask.project_id, job_id=ask.job_id, ask_id=ask.pk,
+                                   event=event, max_attempts=settings.TRELLIS_WEBHOOK_MAX_ATTEMPTS,
+                                   next_attempt_at=Now(), handed_off_at=Now())
+        body = {"id": delivery.pk, "type": event, "project": {"slug": job.project.slug, "name": job.project.name},
+                "session": {"id": job.session_id, "title": job.session.title},
+                "ask": {**ask_payload(ask), "status": ask.status,
+                        "decided_by": ask.decided_by.username if ask.decided_by_id else None},
+                "execution": execution_shape(job)}
+        delivery.payload = json.loads(json.dumps(body, cls=DjangoJSONEncoder))
+        try:
+            with transaction.atomic():
+                delivery.save(force_insert=True)
+        except IntegrityError:  # owed already (a retried transaction)
+            continue
         created.append(delivery.pk)
     for pk in created:
         enqueue_delivery(pk)

@@ -50,16 +50,19 @@ def _held(hold) -> ToolResult:
 
 
 class AgentParams(ToolParams):
-    prompt: str = Field(min_length=1)
-    description: str = ""
-    agent_id: str = ""
-    start_from: str = "clean"
-    run_in_background: bool = False
-    to: str = ""
-    archive_when_done: bool = False
+    prompt: str = Field(min_length=1, description="the task or question for the agent")
+    description: str = Field(default="", description="a short name for the new agent (its branch)")
+    agent_id: str = Field(default="", description="the project's agent spec the new agent runs; empty: yours")
+    start_from: str = Field(default="clean", description=(
+        '"clean" (a new conversation), "inherit" (a fork of yours, here) or "SID:MSG" (a fork at that message)'))
+    run_in_background: bool = Field(default=False, description="answer at once; the result comes back by itself")
+    to: str = Field(default="", description='an existing agent ("SID:HEAD" or a name) to give the task to instead')
+    archive_when_done: bool = Field(default=False, description="archive the new agent when its turn ends")
 
 
-@register("agent", toolsets=COLLAB, params=AgentParams, description="""
+@register("agent", toolsets=COLLAB, params=AgentParams, example={
+    "prompt": "List the open questions in the design notes, one line each.", "description": "researcher",
+    "agent_id": "researcher", "run_in_background": True}, description="""
 Create a new agent (a branch) and run `prompt` on it, or give an existing agent a task.
 Without `to`: `start_from` is "clean" (new conversation), "inherit" (fork here) or "SID:MSG"
 (fork at that node); `description` names the branch. Foreground (default) waits and returns the
@@ -108,6 +111,12 @@ def foreground_answer(ctx, job) -> ToolResult:
     """A foreground ``agent`` call's answer: the ended child's final reply (or how it failed)."""
     branch = job.branch
     branch.refresh_from_db()
+    if job.status == "waiting":  # it waits for a person: now a background child (collab.services.asks)
+        return ToolResult(
+            text=(f"agent {branch.display_name!r} is waiting for a person's decision: execution {job.pk}; "
+                  "its result will come back to you automatically."),
+            details={"execution_id": job.pk, "status": job.status, "name": branch.display_name,
+                     "address": branch.address, "session_id": branch.session_id, "waiting_for_person": True})
     summary, truncated = bound_text(job.result, result_limit_for(reading_spec(ctx)))
     return ToolResult(
         text=summary if job.status == "succeeded" else f"agent {branch.display_name!r} {job.status}: {job.error_reason or summary}",
@@ -119,13 +128,14 @@ def foreground_answer(ctx, job) -> ToolResult:
 
 
 class ListAgentsParams(ToolParams):
-    scope: Literal["session", "all", "archived"] = "session"
-    limit: int = Field(default=20, ge=1, le=200)
-    agent_id: str | None = None
-    source: str | None = None
+    scope: Literal["session", "all", "archived"] = Field(default="session", description=(
+        '"session": this session\'s agents; "all": every session you may see; "archived": this session\'s archived ones'))
+    limit: int = Field(default=20, ge=1, le=200, description="how many to list at most")
+    agent_id: str | None = Field(default=None, description="only agents running this agent spec")
+    source: str | None = Field(default=None, description='with scope "all": only this session id')
 
 
-@register("list_agents", toolsets=COLLAB, params=ListAgentsParams, description="""
+@register("list_agents", toolsets=COLLAB, params=ListAgentsParams, example={"scope": "session"}, description="""
 List the agents (branches) you can address, grouped by session, each with a ready-to-use
 to="SID:HEAD", its size (turns, chars) and a tail preview. scope: "session" (this session),
 "all" (every session you may see, most recently active first, no previews), "archived".""")
@@ -138,11 +148,12 @@ def list_agents(ctx, p: ListAgentsParams) -> ToolResult:
 
 
 class ArchiveParams(ToolParams):
-    to: str = Field(min_length=1)
-    reason: str = ""
+    to: str = Field(min_length=1, description='the agent to archive ("SID:HEAD" or a name)')
+    reason: str = Field(default="", description="why, shown with the archived agent")
 
 
-@register("archive_agent", toolsets=COLLAB, params=ArchiveParams, description="""
+@register("archive_agent", toolsets=COLLAB, params=ArchiveParams,
+          example={"to": "researcher", "reason": "its findings are in the summary"}, description="""
 Archive an existing agent: it stops receiving deliveries and leaves the normal listings; its
 history stays readable and forkable, and a turn it is running is not cancelled. Idempotent.""")
 def archive_agent(ctx, p: ArchiveParams) -> ToolResult:
@@ -160,14 +171,16 @@ def archive_agent(ctx, p: ArchiveParams) -> ToolResult:
 
 
 class SendMessageParams(ToolParams):
-    message: str = Field(min_length=1)
-    to: str = Field(min_length=1)
+    message: str = Field(min_length=1, description="the text to send")
+    to: str = Field(min_length=1, description='the recipient, an existing agent ("SID:HEAD" or a name)')
     agent_id: str = Field(default="main", description=(
         'the recipient\'s own saved configuration: leave it as "main"; any other value must be the '
         "recipient's agent_id (a message never changes who answers or how)"))
 
 
-@register("send_message", toolsets=COLLAB, params=SendMessageParams, description="""
+@register("send_message", toolsets=COLLAB, params=SendMessageParams,
+          example={"to": "critic", "message": "The draft is updated; have another look when you are free."},
+          description="""
 Send a plain message to an existing agent ("SID:HEAD" or a name). It runs a turn now if the agent
 is idle, or after its current turn if busy. No result comes back automatically; the recipient
 may reply with send_message.""")
@@ -190,14 +203,16 @@ def send_message(ctx, p: SendMessageParams) -> ToolResult:
 
 
 class ReadConversationParams(ToolParams):
-    session_id: str = Field(min_length=1)
-    start_turn: int = 0
-    end_turn: int | None = None
-    include_function_calls: bool = True
-    max_chars: int = Field(default=DEFAULT_MAX_CHARS, ge=MIN_MAX_CHARS, le=MAX_MAX_CHARS)
+    session_id: str = Field(min_length=1, description='the agent ("SID:HEAD" or a name) or a session id')
+    start_turn: int = Field(default=0, description="the first turn to read, from 0; negative counts from the end")
+    end_turn: int | None = Field(default=None, description="the turn to stop before; negative counts from the end")
+    include_function_calls: bool = Field(default=True, description="show tool calls and their results")
+    max_chars: int = Field(default=DEFAULT_MAX_CHARS, ge=MIN_MAX_CHARS, le=MAX_MAX_CHARS,
+                           description="later turns past this many characters are left out")
 
 
-@register("read_conversation", toolsets=COLLAB, params=ReadConversationParams, description="""
+@register("read_conversation", toolsets=COLLAB, params=ReadConversationParams,
+          example={"session_id": "researcher", "start_turn": -5}, description="""
 Read an agent's conversation ("SID:HEAD", a name, or a session id) as a transcript without
 running it. Turns count from 0; negative start_turn/end_turn count from the end (start_turn=-10:
 the last ten turns). Later turns beyond max_chars are dropped. Archived agents are readable.""")
@@ -236,12 +251,13 @@ def _todo_details(todo: Todo) -> dict:
 
 
 class TodoCreateParams(ToolParams):
-    subject: str = Field(min_length=1)
-    description: str = ""
-    blocked_by: list[int] = Field(default_factory=list)
+    subject: str = Field(min_length=1, description="the plan item, in a line")
+    description: str = Field(default="", description="more detail")
+    blocked_by: list[int] = Field(default_factory=list, description="ids of the items that must be done first")
 
 
-@register("todo_create", toolsets=BOTH, params=TodoCreateParams, description="""
+@register("todo_create", toolsets=BOTH, params=TodoCreateParams,
+          example={"subject": "Summarise the review", "blocked_by": [1]}, description="""
 Write a plan item for this session. It records intent only; nothing starts running.""")
 def todo_create(ctx, p: TodoCreateParams) -> ToolResult:
     todo = do_create_todo(ctx.session, ctx.branch, subject=p.subject, description=p.description, blocked_by=p.blocked_by, user=ctx.user)
@@ -249,14 +265,15 @@ def todo_create(ctx, p: TodoCreateParams) -> ToolResult:
 
 
 class TodoUpdateParams(ToolParams):
-    todo_id: int
-    status: Literal["pending", "in_progress", "completed"] | None = None
-    subject: str | None = None
-    description: str | None = None
-    blocked_by: list[int] | None = None
+    todo_id: int = Field(description="the item to change")
+    status: Literal["pending", "in_progress", "completed"] | None = Field(default=None, description="its new status")
+    subject: str | None = Field(default=None, description="its new subject")
+    description: str | None = Field(default=None, description="its new description")
+    blocked_by: list[int] | None = Field(default=None, description="its new blockers (replacing the old ones)")
 
 
-@register("todo_update", toolsets=BOTH, params=TodoUpdateParams, description="""
+@register("todo_update", toolsets=BOTH, params=TodoUpdateParams, example={"todo_id": 1, "status": "completed"},
+          description="""
 Update a plan item: status ("pending", "in_progress", "completed"), subject, description, blocked_by.""")
 def todo_update(ctx, p: TodoUpdateParams) -> ToolResult:
     todo = do_update_todo(ctx.session, p.todo_id, status=p.status, subject=p.subject, description=p.description,
@@ -268,7 +285,8 @@ class TodoListParams(ToolParams):
     pass
 
 
-@register("todo_list", toolsets=BOTH, params=TodoListParams, description="List this session's plan items.")
+@register("todo_list", toolsets=BOTH, params=TodoListParams, example={},
+          description="List this session's plan items.")
 def todo_list(ctx, p: TodoListParams) -> ToolResult:
     todos = list(ctx.session.todos.prefetch_related("blocked_by").order_by("created_at", "id"))
     lines = []
@@ -286,11 +304,12 @@ def todo_list(ctx, p: TodoListParams) -> ToolResult:
 
 
 class ListJobsParams(ToolParams):
-    status: Literal["queued", "running", "stopping", "succeeded", "failed", "cancelled", "interrupted"] | None = None
-    limit: int = Field(default=20, ge=1, le=200)
+    status: Literal["queued", "running", "stopping", "succeeded", "failed", "cancelled", "interrupted"] | None = Field(
+        default=None, description="only jobs in this status")
+    limit: int = Field(default=20, ge=1, le=200, description="how many to list at most")
 
 
-@register("list_jobs", toolsets=COLLAB, params=ListJobsParams, description="""
+@register("list_jobs", toolsets=COLLAB, params=ListJobsParams, example={"status": "running"}, description="""
 List the jobs (executions) this session dispatched and their descendants, newest first.""")
 def list_jobs(ctx, p: ListJobsParams) -> ToolResult:
     ctx.require("project.read")
@@ -302,12 +321,14 @@ def list_jobs(ctx, p: ListJobsParams) -> ToolResult:
 
 
 class JobOutputParams(ToolParams):
-    job_id: str = Field(min_length=1)
-    block: bool = True
-    timeout: int = Field(default=JOB_OUTPUT_DEFAULT_MS, ge=0, le=JOB_OUTPUT_MAX_MS, description="milliseconds")
+    job_id: str = Field(min_length=1, description="the job (execution) id, as list_jobs or agent gave it")
+    block: bool = Field(default=True, description="wait for the job to end")
+    timeout: int = Field(default=JOB_OUTPUT_DEFAULT_MS, ge=0, le=JOB_OUTPUT_MAX_MS,
+                         description="how long to wait, in milliseconds")
 
 
-@register("job_output", toolsets=COLLAB, params=JobOutputParams, description="""
+@register("job_output", toolsets=COLLAB, params=JobOutputParams, example={"job_id": "EXECUTION_ID", "timeout": 60000},
+          description="""
 The result of a job this session (or an ancestor of it) dispatched. block=true waits up to
 `timeout` ms (max 600000) for it to finish.""")
 def job_output(ctx, p: JobOutputParams) -> ToolResult:

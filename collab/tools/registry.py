@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from collab.errors import DomainError
+from collab.errors import DomainError, Invalid
 from collab.models import effective_spec
 from collab.services.acting import Actor
 from collab.services.results import result_limit_for
@@ -69,6 +69,7 @@ class Tool:
     params: type[ToolParams]
     handler: Callable[[ToolContext, ToolParams], ToolResult]
     needs: str = ""  # "workspace" | "sandbox": offered only where the project's workspace (and bwrap) is there
+    example: dict = field(default_factory=dict, hash=False, compare=False)  # arguments of one call, for people
 
     def json_schema(self) -> dict:
         return self.params.model_json_schema()
@@ -78,12 +79,21 @@ class Tool:
 REGISTRY: dict[tuple[str, str], Tool] = {}
 
 
-def register(name: str, *, toolsets: tuple[str, ...], description: str, params: type[ToolParams], needs: str = ""):
+def register(name: str, *, toolsets: tuple[str, ...], description: str, params: type[ToolParams], needs: str = "",
+             example: dict | None = None):
+    """Register a tool. ``example`` is one valid call's arguments (checked against ``params`` here,
+    so the example people are shown is always one the tool accepts)."""
+    example = example or {}
+    try:
+        params.model_validate(example)
+    except ValidationError as exc:
+        raise RuntimeError(f"the example call of tool {name!r} is not valid: {exc}") from None
+
     def decorator(fn):
         for toolset in toolsets:
             if (toolset, name) in REGISTRY:
                 raise RuntimeError(f"tool {name!r} registered twice in toolset {toolset!r}")
-            REGISTRY[(toolset, name)] = Tool(name, toolset, description.strip(), params, fn, needs)
+            REGISTRY[(toolset, name)] = Tool(name, toolset, description.strip(), params, fn, needs, example)
         return fn
 
     return decorator
@@ -96,6 +106,26 @@ def tools_for(toolset: str, allow: list[str] | None = None) -> list[Tool]:
     if allow:
         tools = [t for t in tools if t.name in allow]
     return sorted(tools, key=lambda t: t.name)
+
+
+def toolset_names(toolset: str) -> set[str]:
+    """The names of every tool of ``toolset`` (a spec's ``approvals`` may name them)."""
+    return {t.name for t in tools_for(toolset)}
+
+
+def check_arguments(toolset: str, name: str, arguments: dict) -> dict:
+    """``arguments`` as tool ``name`` of ``toolset`` accepts them (an edited call a person
+    approves), or ``Invalid`` naming what is wrong."""
+    _load_builtin_tools()
+    tool = REGISTRY.get((toolset, name))
+    if tool is None:
+        raise Invalid(f"no tool named {name!r} in the {toolset} toolset", code="invalid_arguments")
+    try:
+        tool.params.model_validate(arguments)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors())
+        raise Invalid(f"the edited arguments do not fit {name}: {problems}", code="invalid_arguments") from None
+    return arguments
 
 
 def run_tool(ctx: ToolContext, name: str, arguments: Any, *, tools: list[Tool]) -> ToolResult:
@@ -170,4 +200,4 @@ def _run_tool(ctx: ToolContext, name: str, arguments: Any, *, tools: list[Tool])
 
 def _load_builtin_tools() -> None:
     # cycle: both modules import this one (register, ToolParams); importing them registers their tools
-    from collab.tools import collab_tools, openwork_tools  # noqa: F401
+    from collab.tools import collab_tools, openwork_tools, people  # noqa: F401

@@ -46,14 +46,23 @@ def withheld_tools(project) -> dict[str, str]:
     return reasons
 
 
-def branch_tools(branch: Branch) -> list[Tool]:
-    spec = effective_spec(branch)
-    tools = tools_for(toolset_of(branch), list(getattr(spec, "tools", None) or []))
-    withheld = withheld_tools(branch.session.project) if any(t.needs for t in tools) else {}
+def spec_tools(toolset: str, allow: list[str], *, role: str, project) -> list[Tool]:
+    """What an agent of a spec with this toolset and allow-list (``AgentSpec.tools``) is offered
+    in the role ``role`` in ``project``: the toolset narrowed by the allow-list, less what the
+    project cannot offer; an explorer only the workspace tools (the spec page shows the same)."""
+    tools = tools_for(toolset, allow)
+    withheld = withheld_tools(project) if any(t.needs for t in tools) else {}
     tools = [t for t in tools if t.name not in withheld]
-    if agent_role_of(branch) == AgentRole.EXPLORER:
+    if role == AgentRole.EXPLORER:
         tools = [t for t in tools if t.name in EXPLORER_TOOLS]
-        if branch.parent_branch_id:  # never wider than the parent that spawned it
-            parent = {t.name for t in branch_tools(branch.parent_branch)}
-            tools = [t for t in tools if t.name in parent]
+    return tools
+
+
+def branch_tools(branch: Branch) -> list[Tool]:
+    spec, role = effective_spec(branch), agent_role_of(branch)
+    tools = spec_tools(spec_toolset(spec), list(getattr(spec, "tools", None) or []), role=role,
+                       project=branch.session.project)
+    if role == AgentRole.EXPLORER and branch.parent_branch_id:  # never wider than the parent that spawned it
+        parent = {t.name for t in branch_tools(branch.parent_branch)}
+        tools = [t for t in tools if t.name in parent]
     return tools
