@@ -219,3 +219,16 @@ class ApiToken(models.Model):
             expires_at=expires_at, issued_by=issued_by,
         )
         return token, raw
+
+
+class Profile(models.Model):
+    """What Trellis keeps of a person beside Django's user row: when they last opened the home page,
+    whose "finished since your last visit" starts there (docs/web-app.md#the-home-page). Created on
+    their first visit (``accounts.services.note_home_visit``)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True,
+                                related_name="profile")
+    last_home_visit = models.DateTimeField(null=True, blank=True, help_text="when they last opened the home page")
+
+    def __str__(self):
+        return f"profile of {self.user}"

@@ -4,7 +4,7 @@ from django.utils import timezone
 from django.utils.translation import ngettext
 from datetime import UTC
 
-from accounts.models import ApiToken, Membership, Project, Role, TokenScope, default_token_scopes
+from accounts.models import ApiToken, Membership, Profile, Project, Role, TokenScope, default_token_scopes
 
 
 class SlugTaken(Exception):
@@ -188,3 +188,14 @@ def revoke_token(token) -> list[int]:
         revoked += ids
         level = list(ApiToken.objects.filter(issued_by_id__in=level).exclude(pk__in=revoked).values_list("pk", flat=True))
     return revoked
+
+
+def note_home_visit(user, now=None):
+    """Record that ``user`` opens the home page now; return when they last opened it before (None
+    the first time), where its "finished since your last visit" starts. Two statements (three the
+    first time); of two visits at once, the last write stays."""
+    now = now or timezone.now()
+    previous = Profile.objects.filter(user=user).values_list("last_home_visit", flat=True).first()
+    if not Profile.objects.filter(user=user).update(last_home_visit=now):
+        Profile.objects.get_or_create(user=user, defaults={"last_home_visit": now})  # a first visit
+    return previous

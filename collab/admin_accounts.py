@@ -1,4 +1,4 @@
-"""The admin of the accounts models (projects, memberships, tokens).
+"""The admin of the accounts models (projects, memberships, tokens, profiles).
 
 It lives on the collab side because their edits go through collab's services, which
 write the audit Events and close the sockets of people who lost access (accounts
@@ -10,8 +10,8 @@ from django.contrib import admin, messages
 from django.utils.translation import ngettext
 
 from accounts.limits import FIELDS as LIMIT_FIELDS
-from accounts.models import ApiToken, Membership, Project
-from collab.admin_base import ServiceAdmin
+from accounts.models import ApiToken, Membership, Profile, Project
+from collab.admin_base import ReadOnlyAdmin, ServiceAdmin
 from collab.services.members import do_add_member, do_change_role, do_remove_member
 from collab.services.projects import do_set_limits, do_set_workspace, do_update_project
 from collab.services.tokens import do_revoke_token
@@ -152,3 +152,11 @@ class ApiTokenAdmin(ServiceAdmin):
             revoked += do_revoke_token(request.user, token)
         noun = ngettext("token", "tokens", len(revoked))
         self.message_user(request, f"revoked {len(revoked)} {noun}", messages.SUCCESS)
+
+
+@admin.register(Profile)
+class ProfileAdmin(ReadOnlyAdmin):
+    """Looked at only: a person's last visit of the home page is theirs to move, by visiting it."""
+
+    list_display = ["user", "last_home_visit"]
+    search_fields = ["user__username"]

@@ -3,7 +3,8 @@
 from typing import Annotated
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Query, Router, Status
+from ninja import Query, Router, Schema, Status
+from pydantic import ConfigDict
 
 from accounts.limits import LimitError, limits_report
 from accounts.models import TokenScope
@@ -32,6 +33,7 @@ from collab.schemas import (
     HoldOut,
     NewTokenOut,
     ProjectPatch,
+    SearchOut,
     TokenIn,
     TokenOut,
     ToolCallIn,
@@ -67,6 +69,8 @@ from collab.models import is_busy
 from collab.selectors.shapes import branch_shape, branch_usage, execution_shape, project_usage, session_shape
 from collab.selectors.jobs import queue_place, session_executions
 from collab.selectors.pages import holds_of
+from collab.selectors.search import DEFAULT_LIMIT, MAX_QUERY_CHARS, search
+from collab.selectors.specs import specs_of
 from collab.selectors.transcript import DEFAULT_MAX_CHARS, MAX_MAX_CHARS, MIN_MAX_CHARS, render_transcript
 from collab.services.branches import do_set_internal
 from collab.services.archive import do_archive_branch
@@ -119,6 +123,13 @@ def post_project(request: HttpRequest, payload: ProjectIn):
     """A new project, the caller its owner, with the starter agent ``assistant`` (the projects page's service)."""
     project = do_create_project(request.auth, slug=payload.slug, name=payload.name)
     return Status(201, _project_out(project, "owner"))
+
+
+@router.get("projects/{slug}/agent-specs", response={200: list[AgentSpecOut], **ERRORS}, tags=["projects"])
+def list_agent_specs(request: HttpRequest, slug: str):
+    """The project's agent specs by ``agent_id``, each as ``POST`` answers it: every member sees
+    them (a session is started with one); maintainers save them."""
+    return specs_of(access.access_project(request.auth, slug))
 
 
 @router.post("projects/{slug}/agent-specs", response={201: AgentSpecOut, **ERRORS}, tags=["projects"])
@@ -326,6 +337,27 @@ def get_project(request: HttpRequest, slug: str):
     project = access.access_project(request.auth, slug)
     role = role_of(request.auth, project)
     return {**_project_out(project, role), "usage": project_usage(project, request.auth)}
+
+
+class SearchQuery(Schema):
+    """``GET /api/search``'s query. ``q`` is required and not blank, as the schema says; the
+    selector checks it (``collab.selectors.search.search_terms``), so a request without it, or
+    with only blanks or too long a one, is its 400 ``invalid_query`` with the reason."""
+
+    model_config = ConfigDict(json_schema_extra={"required": ["q"]})
+    q: Annotated[str, stated({"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
+                              "pattern": NOT_BLANK})] = None
+    project: str | None = None
+    limit: int = DEFAULT_LIMIT
+
+
+@router.get("search", response={200: SearchOut, **ERRORS}, tags=["search"])
+def get_search(request: HttpRequest, query: Query[SearchQuery]):
+    """Messages, branch names and session titles matching ``q``, across your projects (or in
+    ``project``, a slug), best first, at most ``limit`` (1–50, default 20): only what you may
+    see, snippets redacted as transcripts are (docs/api.md#search)."""
+    project = access.access_project(request.auth, query.project) if query.project else None
+    return {"results": search(request.auth, query.q, project, query.limit)}
 
 
 @router.get("projects/{slug}/limits", response={200: LimitsOut, **ERRORS}, tags=["projects"])

@@ -124,7 +124,7 @@ def _curve(x1, y1, x2, y2) -> str:
 
 
 def layout(rows: list[Row], lanes: list[Lane], links: list[Link], *, cap: int = LANE_CAP,
-           label_chars: int = 44) -> Graph:
+           label_chars: int = 48) -> Graph:
     """Coordinates for one page: nodes, lane segments, edges and the fold column."""
     by_branch = {lane.branch: lane for lane in lanes}
     index = {row.id: i for i, row in enumerate(rows)}
@@ -221,6 +221,15 @@ def layout(rows: list[Row], lanes: list[Lane], links: list[Link], *, cap: int = 
 
 
 def _clip(text: str, n: int) -> str:
-    """A one-line label of at most ``n`` characters for the graph (an ellipsis, not a bound on content)."""
+    """A one-line label of at most ``n`` characters for the graph, cut at a word's end with an
+    ellipsis (a single word longer than half of it is cut where it must be). The whole text is
+    the node's title (its tooltip and accessible name): this is no bound on content."""
     text = " ".join((text or "").split())
-    return text if len(text) <= n else text[: n - 1] + "…"
+    if len(text) <= n:
+        return text
+    cut = text[: n - 1]
+    if text[n - 1] != " ":  # the cut falls inside a word: end at the last whole one
+        space = cut.rfind(" ")
+        if space >= n // 2:
+            cut = cut[:space]
+    return cut.rstrip(" ,;:.·-—→") + "…"

@@ -93,3 +93,23 @@ class AgentSpecForm(forms.Form):
     def message(self) -> str:
         """Every refusal in one line (the page's alert)."""
         return "; ".join(str(e) for errors in self.errors.values() for e in errors)
+
+
+class DecisionForm(forms.Form):
+    """A decision on an inbox item (the inbox page, docs/web-app.md#inbox), read for
+    ``collab.inbox_api.decide_inbox_item``, which holds the rules. ``arguments`` comes only from
+    the edit-and-approve form: the call's arguments, edited, as a JSON object."""
+
+    decision = forms.CharField(required=False)
+    arguments = JSONText("arguments", kinds=(dict,))
+    reason = forms.CharField(required=False)
+    answer = forms.CharField(required=False)
+
+    def decision_fields(self) -> dict:
+        """What ``decide_inbox_item`` takes; call after ``is_valid()``."""
+        data = self.cleaned_data
+        return {"decision": data["decision"], "arguments": data["arguments"] if "arguments" in self.data else None,
+                "reason": data["reason"], "answer": data["answer"]}
+
+    def message(self) -> str:
+        return "; ".join(str(e) for errors in self.errors.values() for e in errors)

@@ -61,10 +61,9 @@ class DecisionIn(StrictIn):
 
 @router.get("inbox", response={200: InboxOut, **ERRORS}, tags=["inbox"])
 def get_inbox(request: HttpRequest, limit: int = 200):
-    """The pending approvals, questions and held deliveries the caller may decide, oldest first."""
-    if not 1 <= limit <= MAX_ITEMS:
-        raise Invalid(f"limit must be 1–{MAX_ITEMS}", code="invalid_limit")
-    return {"items": inbox_items(request.auth, limit=limit)}
+    """The pending approvals, questions and held deliveries the caller may decide, oldest first
+    (at most ``limit``, 1–500: outside, the nearest bound)."""
+    return {"items": inbox_items(request.auth, limit=max(1, min(limit, MAX_ITEMS)))}
 
 
 @router.post("inbox/{item_id}", response={200: InboxItemOut, **ERRORS}, tags=["inbox"])

@@ -10,7 +10,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from accounts.limits import FIELDS as LIMIT_FIELDS
 from accounts.limits import LimitError, limits_of
 from accounts.models import DEFAULT_TOKEN_SCOPES, TokenScope
-from accounts.policy import member_roles
+from accounts.policy import member_roles, visible_projects
+from accounts.services import note_home_visit
 import json
 import uuid
 from urllib.parse import urlencode
@@ -20,10 +21,13 @@ from django.http import HttpResponse, StreamingHttpResponse
 
 from collab import access
 from collab.errors import DomainError, Forbidden, Invalid, NotFound
-from collab.forms import AgentSpecForm
+from collab.forms import AgentSpecForm, DecisionForm
+from collab.inbox_api import decide_inbox_item
+from collab.selectors.inbox import inbox_items
 from collab.models import AgentRole, FollowupMode, Toolset
 from collab.models import TERMINAL_STATUSES
 from collab.selectors.children import child_rail
+from collab.tools.reference import tool_reference
 from collab.tools.surface import withheld_tools
 from collab.services.members import (
     do_accept_invitation,
@@ -41,11 +45,14 @@ from collab.services.cancel import CANCEL, do_execution_command
 from collab.services.connections import connections_for
 from collab.services.specs import do_add_agent_spec, do_update_agent_spec
 from collab.selectors import pages
+from collab.selectors.search import DEFAULT_LIMIT
+from collab.selectors.search import search as find
 from collab.selectors.specs import spec_by_agent_id
 from collab.selectors.transcript import page_transcript
 from collab.selectors.activity import activity_page, paging
 from collab.selectors.stats import project_stats, session_stats
 from collab.selectors.dag import dag_page
+from collab.selectors.replay import check_at, replay_state
 from collab.selectors.shapes import session_usage
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import audit_rows, event_records, project_events
@@ -58,21 +65,25 @@ from collab.services.visibility import do_set_shares, do_set_visibility, parse_s
 from collab.services.turns import do_fork_and_start, do_start_user_turn, spec_strategy
 
 
-def _render_projects(request, values=None, error: DomainError | None = None):
+def _render_projects(request, values=None, error: DomainError | None = None, home=None):
     """The projects page: the user's projects and invitations, and the "New project" form
-    (with what was typed and the refusal, by the field it is about, when it was refused)."""
+    (with what was typed and the refusal, by the field it is about, when it was refused);
+    ``home``: what runs and what ended (``pages.home``), shown above them."""
     memberships = member_roles(request.user).select_related("project").order_by("project__slug")
     errors = {error.extra.get("field", "form"): error.detail} if error is not None else {}
     return render(request, "collab/projects.html",
                   {"memberships": memberships, "invitations": invitations_of(request.user),
-                   "new_project": values or {}, "new_project_errors": errors},
+                   "new_project": values or {}, "new_project_errors": errors, "home": home},
                   status=error.status if error is not None else 200)
 
 
 @login_required
 @require_GET
 def projects(request):
-    return _render_projects(request)
+    """The home page: the turns running now and those ended since the person's previous visit,
+    across their projects (this visit is noted: the next one starts from it), then the projects."""
+    last_visit = note_home_visit(request.user)
+    return _render_projects(request, home=pages.home(request.user, last_visit))
 
 
 @login_required
@@ -164,6 +175,24 @@ def project_webhooks(request, slug):
 
 @login_required
 @require_GET
+def search(request):
+    """The search page (``/search?q=…[&project=SLUG]``, the header's search box): what
+    ``GET /api/search`` finds, each result linking to its session at that branch and message.
+    Without words, the form alone; a query the selector refuses, the form with the reason (400)."""
+    slug, q = request.GET.get("project") or "", request.GET.get("q", "")
+    project = access.access_project(request.user, slug) if slug else None
+    context = {"q": q, "project": project, "projects": visible_projects(request.user).order_by("name"),
+               "results": None, "limit": DEFAULT_LIMIT}
+    if q.strip():
+        try:
+            context["results"] = find(request.user, q, project)
+        except Invalid as exc:  # shown beside the box
+            return render(request, "collab/search.html", {**context, "error": exc.detail}, status=exc.status)
+    return render(request, "collab/search.html", context)
+
+
+@login_required
+@require_GET
 def project(request, slug):
     project = access.access_project(request.user, slug)
     return render(request, "collab/project.html", _project_context(request, project))
@@ -217,83 +246,121 @@ def _mark_cancel_right(request, job) -> None:
     job.can_cancel = job.status in ("queued", "running") and access.can_cancel(request.user, job)
 
 
-def _transcript_context(request, session, branch_id: str | None = None) -> dict:
+def _transcript_context(request, session, branch_id: str | None = None, replay=None) -> dict:
     """The transcript this viewer reads: ``?branch=``/``?head=`` from their URL, else the branch
-    they last read here, else the session's default (see ``resolve_shown``)."""
+    they last read here, else the session's default (see ``resolve_shown``); ``replay``: as it was
+    then (a replay does not change the branch remembered)."""
     if branch_id is None:  # what the viewer's own URL asks for
         branch_id, head_id = request.GET.get("branch") or None, request.GET.get("head") or None
     else:  # the branch a turn just went to, at its tip
         head_id = None
     remembered = None if branch_id or head_id else remembered_branch(request, session.pk)
-    t = page_transcript(session, request.user, branch_id=branch_id, head_id=head_id, remembered=remembered)
-    if t["branch"] is not None:
+    t = page_transcript(session, request.user, branch_id=branch_id, head_id=head_id, remembered=remembered,
+                        replay=replay)
+    if t["branch"] is not None and replay is None:
         remember_branch(request, session.pk, t["branch"].pk)
     running = t["running_job"]  # the page transcript's (one rule: a running or stopping job of the branch)
     return {"t": t, "shown_branch": t["branch"].pk if t["branch"] is not None else None, "running_job": running,
-            "can_cancel_running": running is not None and running.status == "running" and access.can_cancel(request.user, running)}
+            "can_cancel_running": replay is None and running is not None and running.status == "running"
+            and access.can_cancel(request.user, running)}
 
 
-def _branches_context(request, session) -> dict:
+def _branches_context(request, session, replay=None) -> dict:
     shown = request.GET.get("branch") or remembered_branch(request, session.pk)
-    return {"branches": pages.branches(session), "shown_branch": shown}
+    return {"branches": pages.branches(session, replay=replay), "shown_branch": shown}
 
 
-def _jobs_context(request, session) -> dict:
-    jobs = pages.recent_jobs(session, request.user)
-    for j in jobs:  # only open jobs can be cancelled: the rule is asked for those few
-        _mark_cancel_right(request, j)
-    return {"jobs": jobs, "usage": session_usage(session)}
+def _jobs_context(request, session, replay=None) -> dict:
+    jobs = pages.recent_jobs(session, request.user, replay=replay)
+    for j in jobs:  # only open jobs can be cancelled: the rule is asked for those few (never in a replay)
+        if replay is None:
+            _mark_cancel_right(request, j)
+    return {"jobs": jobs, "usage": session_usage(session) if replay is None else None}
 
 
-# What each live piece of the session page needs; a partial refresh computes only its own.
+def _activity_context(request, session, replay=None) -> dict:
+    """The activity feed; in a replay the events up to its own, and no holds to decide."""
+    page = paging(request.GET)
+    if replay is not None:
+        page["before"] = min(page["before"] or replay.at + 1, replay.at + 1)
+        return {"activity": activity_page(session, request.user, **page), "holds": [], "can_decide_holds": False}
+    return {"activity": activity_page(session, request.user, **page),
+            "holds": pages.pending_holds(session, request.user), "can_decide_holds": access.can_decide_holds(request.user, session)}
+
+
+# What each live piece of the session page needs; a partial refresh computes only its own. A
+# replay (``?at=N``) shows the transcript, jobs, activity and branches as they were; the
+# sub-agent rail and the plots only live.
 _PART_CONTEXT = {
     "transcript": _transcript_context,
     "jobs": _jobs_context,
-    "activity": lambda request, session: {
-        "activity": activity_page(session, request.user, **paging(request.GET)),
-        "holds": pages.pending_holds(session, request.user), "can_decide_holds": access.can_decide_holds(request.user, session)},
+    "activity": _activity_context,
     "branches": _branches_context,
-    "agents": lambda request, session: {"agents": child_rail(session)},
-    "stats": lambda request, session: {"stats": session_stats(session)},
+    "agents": lambda request, session, replay=None: {"agents": child_rail(session) if replay is None else []},
+    "stats": lambda request, session, replay=None: {"stats": session_stats(session) if replay is None else None},
 }
 
 
-def _session_context(request, session, parts=tuple(_PART_CONTEXT)):
-    # a sub-agent's session is a read-only transcript: no composer, no fork, no cancel
-    context = {"session": session, "readonly": session.is_child, "can_post": _can_post(request, session)}
-    for part in parts:  # the transcript first: the branch it shows is the one the branch list marks
-        context.update(_PART_CONTEXT[part](request, session))
+def _session_context(request, session, parts=tuple(_PART_CONTEXT), replay=None):
+    # a sub-agent's session is a read-only transcript: no composer, no fork, no cancel; a replay too
+    context = {"session": session, "readonly": session.is_child, "replay": replay,
+               "can_post": replay is None and _can_post(request, session)}
+    for part in parts:
+        context.update(_PART_CONTEXT[part](request, session, replay=replay))
+    if "transcript" in parts:  # the branch list marks the branch the transcript shows
+        context["shown_branch"] = context["t"]["branch"].pk if context["t"]["branch"] is not None else None
     return context
 
 
 def _composer_context(request, session, branch) -> dict:
     """What the composer says and offers: the branch and agent a post goes to; on an archived
-    branch a fork from its last message instead; archiving for those the rule allows."""
+    branch a fork from its last message instead; archiving for those the rule allows. A branch
+    without an agent spec in a session without one runs the scripted provider with no script,
+    which answers with the prompt (docs/contract.md#the-scripted-provider): "echo"."""
     if branch is None:
         return {}
     spec = branch.agent_spec if branch.agent_spec_id else session.agent_spec
-    return {"branch": branch, "agent": spec.agent_id if spec else "the default agent", "strategy": spec_strategy(spec),
+    return {"branch": branch, "agent": spec.agent_id if spec else NO_SPEC_AGENT, "strategy": spec_strategy(spec),
             "can_archive": not session.is_child and not branch.archived and access.can_archive(request.user, branch)}
+
+
+NO_SPEC_AGENT = "echo (no agent spec)"
 
 
 @login_required
 @require_GET
 def session(request, sid):
+    """The session page; ``?at=N`` replays it as of event N of its log, read-only
+    (docs/web-app.md#replay)."""
     session = access.access_session(request.user, sid)
-    context = {**_session_context(request, session), **visibility_context(request.user, session)}
-    context["composer"] = _composer_context(request, session, context["t"]["branch"])
-    context.update(_dag_context(request, session))
+    replay = _replay_of(request, session)
+    context = {**_session_context(request, session, replay=replay), **visibility_context(request.user, session)}
+    if replay is None:
+        context["composer"] = _composer_context(request, session, context["t"]["branch"])
+    else:
+        context.update(can_change_visibility=False, replay_keep=_replay_keep(request))
+    context.update(_dag_context(request, session, replay=replay))
     return render(request, "collab/session.html", context)
 
 
-def _dag_context(request, session, **cursor) -> dict:
+def _replay_of(request, session):
+    """``?at=N``: the session's log read up to event N (``collab.selectors.replay``), else None."""
+    at = check_at(request.GET.get("at"), session)
+    return replay_state(session, at) if at is not None else None
+
+
+def _replay_keep(request) -> str:
+    """What a replay's step links carry on from the URL: the branch it names, if any."""
+    branch = request.GET.get("branch")
+    return f"&{urlencode({'branch': branch})}" if branch else ""
+
+
+def _dag_context(request, session, replay=None, **cursor) -> dict:
     """The graph column: ``?at=N`` replays it as of event N."""
-    at = request.GET.get("at")
-    if at is not None:
-        if not (at.isascii() and at.isdigit() and len(at) <= 18) or not 0 < int(at) <= session.last_event_seq:
-            raise Invalid(f"at must be an event number from 1 to {session.last_event_seq}", code="invalid_event")
-        at = int(at)
-    return {"dag": dag_page(session, request.user, at=at, selected=request.GET.get("head"), **cursor)}
+    if replay is None:
+        replay = _replay_of(request, session)
+    return {"dag": dag_page(session, request.user, replay=replay, selected=request.GET.get("head"), **cursor),
+            "replay_keep": _replay_keep(request)}
 
 
 @login_required
@@ -566,22 +633,38 @@ def project_members(request, slug):
 AUDIT_FILTERS = ("session", "type", "actor", "since", "until")
 
 
+def _audit_every(request) -> bool:
+    """``?show=all``: every event, not only what an admin audits (``ADMIN_EVENT_TYPES``)."""
+    show = request.GET.get("show", "")
+    if show not in ("", "all"):
+        raise Invalid('show must be "all" or left out', code="invalid_filter")
+    return show == "all"
+
+
 @login_required
 @require_GET
 def audit(request, slug):
-    """A project's event log for maintainers: filter, page, or export as JSON lines."""
+    """A project's event log for maintainers, in sentences: what an admin audits by default, every
+    event with ``?show=all``; filter, page, or export as JSON lines — the export is every event
+    matching the filters whatever ``show`` says, records as ever (``event_record``)."""
     project = access.access_project(request.user, slug, "project.audit")
     filters = {k: request.GET.get(k, "").strip() for k in AUDIT_FILTERS}
-    events = project_events(project, viewer=request.user, **filters)
+    every = _audit_every(request)
     if request.GET.get("format") == "jsonl":
+        events = project_events(project, viewer=request.user, **filters)
         lines = (json.dumps(record, ensure_ascii=False) + "\n" for record in event_records(events))
         response = StreamingHttpResponse(lines, content_type="application/x-ndjson; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="{project.slug}-events.jsonl"'
         return response
+    events = project_events(project, viewer=request.user, admin_only=not every, **filters)
     page = Paginator(events, AUDIT_PAGE_SIZE).get_page(request.GET.get("page"))
-    page.object_list = audit_rows(page.object_list)
-    query = urlencode({k: v for k, v in filters.items() if v})
-    return render(request, "collab/audit.html", {"project": project, "page": page, "filters": filters, "query": query})
+    page.object_list = audit_rows(page.object_list, viewer=request.user, project=project)
+    asked = {k: v for k, v in filters.items() if v}
+    return render(request, "collab/audit.html", {
+        "project": project, "page": page, "filters": filters, "every": every,
+        "query": urlencode({**asked, "show": "all"} if every else asked),  # the pager's and the export's
+        "toggle_query": urlencode(asked if every else {**asked, "show": "all"}),
+    })
 
 
 @login_required
@@ -605,8 +688,16 @@ def _render_specs(request, project, spec=None, form=None, status=200):
         "project": project, "specs": specs_of(project),
         "spec": spec, "form": form, "values": form.values(), "error": form.message(),
         "connections": connections_for(project), "toolsets": Toolset.values, "roles": AgentRole.values,
-        "followup_modes": FollowupMode.values,
+        "followup_modes": FollowupMode.values, "tool_groups": _tool_groups(project, spec),
     }, status=status)
+
+
+def _tool_groups(project, spec) -> list[tuple[str, list]]:
+    """(toolset, its tools described) for the page: a saved spec's toolset, as its agents get it;
+    for a new spec, each toolset to choose from."""
+    if spec is not None:
+        return [(spec.toolset, tool_reference(spec.toolset, list(spec.tools or []), role=spec.role, project=project))]
+    return [(toolset, tool_reference(toolset, [], role=AgentRole.GENERAL, project=project)) for toolset in Toolset.values]
 
 
 def _save_spec(request, save) -> tuple[object, AgentSpecForm, int]:
@@ -671,3 +762,62 @@ def session_visibility(request, sid):
         session.refresh_from_db()
         do_set_shares(request.user, session, parse_share_lines(request.POST.get("shares", "")))
     return redirect("collab:session", sid=sid)
+
+
+# --- the inbox: what waits for a person (docs/web-app.md#inbox) ----------------------------------
+
+DONE = {"approve": "Approved.", "reject": "Rejected.", "answer": "Answered."}
+
+
+@login_required
+@require_GET
+def inbox(request):
+    """Every pending item the person may decide, oldest first, each with its controls."""
+    return render(request, "collab/inbox.html", {"items": inbox_items(request.user)})
+
+
+@require_GET
+def needs_you(request):
+    """The header's "Needs you" link, polled by every page. 286 (htmx: stop polling) once the
+    person is logged out, never the login page swapped into the header."""
+    if not request.user.is_authenticated:
+        return HttpResponse(status=286)
+    return render(request, "collab/_needs_you_link.html")
+
+
+@login_required
+@require_POST
+def decide_item(request, item_id):
+    """One of the inbox's forms: ``decide_inbox_item``, as ``POST /api/inbox/{id}``. Decided,
+    the item leaves the list (htmx: it is removed in place, the counts follow out of band; else
+    back to the inbox). Refused, the refusal shows beside the item, the typed arguments kept."""
+    form = DecisionForm(request.POST)
+    try:
+        if not form.is_valid():
+            raise Invalid(form.message(), code="invalid_arguments")
+        fields = form.decision_fields()
+        decide_inbox_item(request.user, item_id, **fields)
+    except DomainError as exc:
+        return _refused_item(request, item_id, exc)
+    if not request.htmx:
+        return redirect("collab:inbox")
+    return render(request, "collab/inbox.html#decided", {"done": DONE.get(fields["decision"], "Done.")})
+
+
+def _refused_item(request, item_id: str, exc: DomainError):
+    """The item again with ``exc`` beside it (still pending: with its controls and what was
+    typed; else the refusal alone). A plain form gets the whole inbox with the refusal's status;
+    an outsider's item is a 404 as anywhere."""
+    items = inbox_items(request.user)
+    item = next((i for i in items if i["id"] == item_id), None)
+    not_yours = isinstance(exc, (NotFound, Forbidden))
+    if item is None and not_yours and not request.htmx:
+        raise exc
+    refused = item if item is not None else {"id": item_id, "gone": True}
+    refused["error"] = "This item is gone, or it is not yours to decide." if not_yours else _human(exc)
+    if "arguments" in request.POST:
+        refused["typed"] = request.POST["arguments"]
+    if request.htmx:  # htmx swaps only a 2xx answer: the refusal is in the fragment
+        return render(request, "collab/inbox.html#item", {"i": refused})
+    return render(request, "collab/inbox.html", {"items": items, "refused": None if item is not None else refused},
+                  status=exc.status)

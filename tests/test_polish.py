@@ -41,9 +41,9 @@ def _rows(html: str) -> list[str]:
 
 
 def test_the_activity_feed_tells_what_happened_in_sentences(team, scripted_session, browser_of):
-    """Sentences, not event codes: who started a turn on which branch, who finished in how long,
-    which branch was archived and why; streaming chunks never listed; the raw type, seq and
-    payload sit in a collapsible panel under each row."""
+    """Sentences, not event codes: a turn in one line (who asked which agent on which branch, how
+    it ended and in how long), which branch was archived and why; streaming chunks never listed;
+    the turn's steps, or an event's raw type, seq and payload, sit in a collapsible panel."""
     api, sid = scripted_session(team.member, [{"text": "answer"}])
     job = _run_turn(api, sid)
     _event(sid, "message.delta", {"job": job, "text": "chunk", "call": 1})
@@ -54,14 +54,14 @@ def test_the_activity_feed_tells_what_happened_in_sentences(team, scripted_sessi
 
     html = browser_of(team.viewer).get(f"/s/{sid}/").content.decode()
     types = [t for _, t in _rows(html)]
-    assert "message.delta" not in types and "job.succeeded" in types
-    assert "member started a turn on main" in html
+    assert "message.delta" not in types and "job.succeeded" not in types and "turn" in types
+    assert "member asked <code>bot</code> on" in html
     took = Job.objects.get(pk=job)
     seconds = (took.finished_at - took.started_at).total_seconds()
-    assert f"main finished in {seconds:.1f} s" in html
-    assert "branch main archived: done &lt;with&gt; it" in html
+    assert f"succeeded in {seconds:.1f} s" in html
+    assert f'member archived branch <a href="/s/{sid}/?branch={main.pk}">main</a>: done &lt;with&gt; it' in html
     assert "<details><summary><span class=\"sentence\">" in html
-    assert "<code>job.queued</code>" in html  # the developer detail, collapsed
+    assert "<code>turn</code>" in html and "<code>branch.archived</code>" in html  # the detail, collapsed
     assert "&quot;reason&quot;: &quot;done &lt;with&gt; it&quot;" in html  # the payload JSON, escaped
 
 
@@ -114,7 +114,7 @@ def test_the_feed_names_no_session_the_viewer_may_not_see(team, scripted_session
     _, sid = scripted_session(team.member, [{"text": "answer"}])
     hidden = Session.objects.create(project=team.alpha, title="hidden", visibility="private", created_by=team.member)
     _event(sid, "agent.spawned", {"session": hidden.pk, "name": "secret-agent", "background": True})
-    assert "agent secret-agent spawned" in browser_of(team.member).get(f"/s/{sid}/activity").content.decode()
+    assert "spawned agent <em>secret-agent</em>" in browser_of(team.member).get(f"/s/{sid}/activity").content.decode()
     shown = browser_of(team.viewer).get(f"/s/{sid}/activity").content.decode()
     assert "secret-agent" not in shown and hidden.pk not in shown
 
@@ -132,6 +132,7 @@ def test_a_page_of_activity_costs_the_same_queries_however_long_the_log(team, sc
     few = count()
     for i in range(3):
         _run_turn(api, sid, f"again {i}")
+    assert len(activity_page(session, team.member).rows) == 5  # a line per turn, not per status change
     assert count() == few <= 8  # events, redaction (at most four), branch names, jobs
 
 

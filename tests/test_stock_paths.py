@@ -118,6 +118,9 @@ def test_pages_and_the_api_answer_the_same_through_the_stock_middleware_and_requ
     raw = ApiToken.issue(team.member, name="stock", scopes=TokenScope.values)[1]
     port = free_port()
     stock = start_daphne({**process_env, "TRELLIS_STOCK": "middleware,request_threads"}, port, tmp_path / "stock.log")
+    from accounts.services import note_home_visit
+
+    note_home_visit(team.member)  # both see a home page after a visit, not the first one's
     try:
         answers = [_exchange(url, sid, eid, raw, team) for url in (server.url, f"http://127.0.0.1:{port}")]
     finally:

@@ -17,14 +17,15 @@ session's length, a page costs the same fixed set of queries (``DAG_QUERIES`` at
    holds an id-shaped token; when one names a hidden session, up to four more read its names
    and rows so that the label says "another session" instead — ``redact_texts``);
 
-and a replay (``at``) one more: the time of event ``at``.
+and a replay (``at``) the three of ``collab.selectors.replay.replay_state`` (event ``at``'s time, the
+session's branch and job events: which branches existed then, under which name, archived or not)
+and one for the branches with a job open then (live lanes), only when there are such jobs.
 
 Another session the viewer may not see is drawn as "another session": no id, no title, no link
 (indistinguishable from none).
 """
 
 from django.db.models import OuterRef, Q, Subquery
-from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Substr
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
@@ -32,8 +33,11 @@ from django.utils.html import format_html, format_html_join
 from collab.access import visible_sessions
 from collab.dag_layout import End, Lane, Link, Row, layout
 from collab.errors import Invalid
+from collab.selectors.branch_labels import branch_labels
 from collab.selectors.redact import redact_texts
-from collab.models import ACTIVE_STATUSES, Branch, Event, FollowupState, Job, JobKind, Message, MessageKind
+from collab.selectors.replay import Replay, replay_state
+from collab.selectors.replay import replay_cutoff  # noqa: F401 (its home before replay.py: collab.events cites it here)
+from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, Message, MessageKind
 
 PAGE_ROWS = 150
 SINCE_MAX_ROWS = 2 * PAGE_ROWS  # a live refresh of the newest block (its bound per event); past this it starts a fresh newest page
@@ -80,11 +84,16 @@ def row_label(m) -> str:
 
 
 def dag_page(session, viewer, *, before: str | None = None, since: str | None = None,
-             at: int | None = None, selected: str | None = None) -> dict:
+             at: int | None = None, selected: str | None = None, replay: Replay | None = None) -> dict:
     """One page of the session's graph, laid out. ``before``: the page older than that row
     (a "load older" request); ``since``: every row from that one on (the live block's refresh);
-    neither: the newest page. ``at``: as of event ``at`` (replay; read-only)."""
+    neither: the newest page. ``at``: as of event ``at`` (replay; read-only: the rows written by
+    then, the branches that existed then under their names then, archived or live as they were
+    then); ``replay``: that state already read (``collab.selectors.replay.replay_state``)."""
     sid = session.pk
+    if replay is None and at is not None:
+        replay = replay_state(session, at)
+    at = replay.at if replay is not None else None
     first_at = Message.objects.filter(branch=OuterRef("pk")).order_by("depth", "created_at").values("created_at")[:1]
     branches = list(
         Branch.objects.filter(session_id=sid).select_related("tip", "forked_from")
@@ -93,15 +102,15 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
               "tip__id")
         .annotate(first_at=Subquery(first_at))
     )
+    upto = upto_time = None
+    if replay is not None:  # the branches as they were then; those not created yet are left out
+        branches = [then for b in branches if (then := replay.branch_then(b)) is not None]
+        upto, upto_time = replay.messages(), replay.time
     by_id = {b.pk: b for b in branches}
+    names = branch_labels((b.pk, b.display_name, b.forked_from.branch_id if b.forked_from else None) for b in branches)
 
     rows_qs = Message.objects.filter(session_id=sid).exclude(kind=MessageKind.ATTACH)
-    upto = upto_time = None
-    if at is not None:
-        upto_time = Event.objects.filter(session_id=sid, seq__lte=at).order_by("-seq").values_list("created_at", flat=True).first()
-        if upto_time is None:
-            raise Invalid("no such event in this session", code="invalid_event")
-        upto = replay_cutoff(session, at)
+    if upto is not None:
         rows_qs = rows_qs.filter(pk__in=upto)
     limit = PAGE_ROWS
     cursor_id = before or since
@@ -131,7 +140,9 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
 
     # live lanes
     live: dict[str, str] = {}
-    if at is None:
+    if replay is not None:
+        live = replay.open_branches()
+    else:
         for branch_id, status in Job.objects.open().filter(session_id=sid).order_by().values_list(
             "branch_id", "status"
         ):
@@ -212,7 +223,7 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
     for debt in debts:
         arrival = arrivals.get(debt["id"])
         if arrival is not None:
-            who = by_id[debt["branch_id"]].display_name if debt["session_id"] == sid and debt["branch_id"] in by_id else ""
+            who = names[debt["branch_id"]] if debt["session_id"] == sid and debt["branch_id"] in names else ""
             result_label[arrival.pk] = f"result{' from ' + who if who else ''}: {debt['status']}"
     leaving = {}
     for debt in debts:
@@ -271,7 +282,7 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
     page_branches = {m.branch_id for m in rows}
     lanes = []
     for b in branches:
-        archived = b.archived if upto is None else bool(b.archived and b.archived_at and b.archived_at <= upto_time)
+        archived = b.archived  # as it was then, in a replay (``Replay.branch_then``)
         above = b.first_at is not None and top is not None and b.first_at < top[0]
         below = bool(b.tip_id and bottom is not None and (b.tip.created_at, b.tip_id) > bottom)
         if upto is not None and not before:
@@ -280,14 +291,15 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
             continue  # replay: this branch has no row yet
         if b.pk not in page_branches and not (above and below):
             continue
-        lanes.append(Lane(b.pk, b.lane, b.display_name, archived, b.archive_reason if archived else "",
+        lanes.append(Lane(b.pk, b.lane, names[b.pk], archived, b.archive_reason if archived else "",
                           live.get(b.pk, ""), above, below))
     labels, _ = redact_texts(viewer, [result_label.get(m.pk) or row_label(m) for m in rows], own=sid)
+    stay = f"&at={at}" if at is not None else ""  # a node of a replay opens its branch in the replay
     graph_rows = [
         Row(m.pk, m.branch_id, m.role, m.kind, label,
-            f"{by_id[m.branch_id].display_name if m.branch_id in by_id else ''} · {m.role}"
+            f"{label}\n{names.get(m.branch_id, '')} · {m.role}"
             f"{'' if m.kind == 'normal' else ' · ' + m.kind} · {m.created_at:%Y-%m-%d %H:%M:%S}",
-            f"{url}?branch={m.branch_id}&head={m.pk}")
+            f"{url}?branch={m.branch_id}&head={m.pk}{stay}")
         for m, label in zip(rows, labels)
     ]
     graph = layout(graph_rows, lanes, links)
@@ -328,11 +340,4 @@ def nodes_svg(nodes: list[dict], selected: str | None = None):
             parts.append(format_html(template, kind=c["kind"], href=c["card_href"], x=c["card_x"], y=n["y"] + 4,
                                      text=c["card_text"]))
     return format_html_join("", "{}", ((part,) for part in parts))  # each part is already escaped markup
-
-
-def replay_cutoff(session, at: int):
-    """The ids of the messages written at or before event ``at`` (a subquery)."""
-    return (Event.objects.filter(session_id=session.pk, type="message.created", seq__lte=at)
-            .annotate(mid=KeyTextTransform("id", "payload")).values("mid"))
-
 

@@ -1,12 +1,18 @@
 """What the pages show, already limited to what the viewer may see (callers authorize the session)."""
 
-from django.db.models import Q
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from collab.access import visible_sessions
+from django.db.models import F, Q
+from django.utils import timezone
+
+from collab.access import visible_session_ids, visible_sessions
 from collab.errors import NotFound
-from collab.models import Branch, Job, Message, MessageKind, Session, is_busy
+from collab.models import OPEN_STATUSES, TERMINAL_STATUSES, Branch, Job, Message, MessageKind, Session, is_busy
+from collab.selectors.branch_labels import branch_labels
 from collab.selectors.transcript import STOPPED_STATUSES, generating_text, lineage, page_transcript, present_rows
 from collab.selectors.redact import hidden_among, redact_jobs
+from collab.selectors.sentences import turn_jobs, turn_sentence
 
 
 def shown_branch(session: Session, branch_id: str | None = None, head_id: str | None = None) -> Branch | None:
@@ -107,24 +113,48 @@ def session_job(session: Session, job_id: str, viewer) -> Job:
 
 
 def branch_row(session: Session, branch_id: str) -> Branch:
-    """One row of the branch list, with ``busy`` (a turn running on it)."""
-    branch = session.branches.filter(pk=branch_id).first()
+    """One row of the branch list, with ``busy`` (a turn running on it) and ``label`` (as the
+    whole list labels it: ``label_branches``)."""
+    rows = list(session.branches.annotate(fork_parent=F("forked_from__branch_id")))
+    branch = next((b for b in rows if b.pk == branch_id), None)
     if branch is None:
         raise NotFound()
     branch.busy = is_busy(branch)
+    branch.label = label_branches(rows)[branch.pk]
     return branch
 
 
-def recent_jobs(session: Session, viewer, limit: int = 20) -> list[Job]:
-    return redact_jobs(viewer, list(session.jobs.select_related("branch").order_by("-created_at")[:limit]),
-                       own=session.pk)
+def recent_jobs(session: Session, viewer, limit: int = 20, *, replay=None) -> list[Job]:
+    """The session's newest jobs, newest first; ``replay``: those that existed at its event, as
+    they were then."""
+    if replay is not None:
+        jobs = replay.recent_jobs(session, limit)
+    else:
+        jobs = list(session.jobs.select_related("branch").order_by("-created_at")[:limit])
+    return redact_jobs(viewer, jobs, own=session.pk)
 
 
-def branches(session: Session) -> list[Branch]:
-    rows = list(session.branches.order_by("archived", "created_at"))
-    busy = set(Job.objects.running().filter(session=session).values_list("branch_id", flat=True))
+def label_branches(rows) -> dict[str, str]:
+    """Branch id -> the label the pages show it under (``branch_labels``); ``rows`` are every
+    branch of one session, each with ``fork_parent`` (its fork point's branch)."""
+    return branch_labels((b.pk, b.display_name, b.fork_parent) for b in rows)
+
+
+def branches(session: Session, *, replay=None) -> list[Branch]:
+    """The branch list: live ones first, then archived, each in creation order, with ``busy`` and
+    ``label``. ``replay``: the branches that existed at its event, as they were then."""
+    rows = list(session.branches.annotate(fork_parent=F("forked_from__branch_id")).order_by("created_at"))
+    if replay is not None:
+        rows = [then for b in rows if (then := replay.branch_then(b)) is not None]
+        open_then = replay.open_branches()
+        busy = {b for b, state in open_then.items() if state == "running"}
+    else:
+        busy = set(Job.objects.running().filter(session=session).values_list("branch_id", flat=True))
+    labels = label_branches(rows)
     for b in rows:
         b.busy = b.pk in busy
+        b.label = labels[b.pk]
+    rows.sort(key=lambda b: b.archived)  # stable: creation order within each
     return rows
 
 
@@ -166,3 +196,40 @@ def pending_holds(session: Session, viewer):
     for h in holds:
         h.target_hidden = h.target_branch.session_id in hidden
     return holds
+
+
+# --- the home page (docs/web-app.md#the-home-page) ------------------------------------------------
+
+HOME_RUNNING = 50  # open turns listed at most
+HOME_FINISHED = 20  # ended turns listed at most, newest first
+FIRST_VISIT = timedelta(days=1)  # a first visit lists what ended in the last day
+
+
+@dataclass
+class Home:
+    running: list  # open jobs (``OPEN_STATUSES``), oldest first, each with ``sentence``
+    finished: list  # jobs ended since ``since``, newest first, each with ``sentence``
+    since: datetime  # where "finished" starts
+    first_visit: bool
+    more_running: bool = False  # more than shown
+    more_finished: bool = False
+
+
+def home(viewer, last_visit: datetime | None, now: datetime | None = None) -> Home:
+    """What matters across ``viewer``'s projects, in sessions they may see: the turns running or
+    queued now, and those that ended since ``last_visit`` (the last day on a first visit), each in
+    a sentence (``turn_sentence``) linking to its session and branch. Two queries (the open turns,
+    the ended ones), and one more when a turn's error names a session (``redact_jobs``)."""
+    now = now or timezone.now()
+    since = last_visit or now - FIRST_VISIT
+    visible = visible_session_ids(viewer)
+    running = list(turn_jobs(status__in=OPEN_STATUSES, session_id__in=visible)
+                   .order_by("created_at", "pk")[:HOME_RUNNING + 1])
+    finished = list(turn_jobs(status__in=TERMINAL_STATUSES, finished_at__gt=since, session_id__in=visible)
+                    .order_by("-finished_at", "-pk")[:HOME_FINISHED + 1])
+    shown = redact_jobs(viewer, running[:HOME_RUNNING] + finished[:HOME_FINISHED])
+    for job in shown:
+        job.sentence = turn_sentence(job, now=now)
+    return Home(running=shown[:min(len(running), HOME_RUNNING)], finished=shown[min(len(running), HOME_RUNNING):],
+                since=since, first_visit=last_visit is None, more_running=len(running) > HOME_RUNNING,
+                more_finished=len(finished) > HOME_FINISHED)

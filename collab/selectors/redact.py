@@ -64,19 +64,20 @@ def _session_of_address(value) -> str | None:
     return sid if _ID.fullmatch(sid) else None
 
 
-def _strings(value):
+def strings_in(value):
+    """Every string inside a JSON-like value (dict values, list items), depth first."""
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
         for v in value.values():
-            yield from _strings(v)
+            yield from strings_in(v)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from _strings(v)
+            yield from strings_in(v)
 
 
 def _ids_in(values) -> set[str]:
-    return {token for value in values for text in _strings(value) for token in _ID.findall(text)}
+    return {token for value in values for text in strings_in(value) for token in _ID.findall(text)}
 
 
 def hidden_among(viewer, session_ids, *, own: str | None = None) -> dict[str, tuple[str, ...]]:

@@ -366,7 +366,7 @@ def _stop_anchor(job: Job, position: dict, last_written: dict) -> str | None:
 
 
 def present_rows(branch: Branch | None, messages: list[Message], viewer, *, tail: bool = False,
-                 place: tuple = ()) -> Job | None:
+                 place: tuple = (), replay=None) -> Job | None:
     """Make ``messages`` (consecutive nodes of ``branch``'s line, oldest first) readable for
     ``viewer``, in place: ``card`` (deliveries), ``calls`` (tool calls as JSON), ``tool``,
     ``attaches`` (pointers into sessions the viewer may see, with their job's state), ``stops``
@@ -379,9 +379,16 @@ def present_rows(branch: Branch | None, messages: list[Message], viewer, *, tail
     (the slice ends where the page's rows end: its window, rows appended live) also by a row it
     wrote, so a turn that stops after its prompt scrolled away, or whose last row arrives live,
     is marked too. ``place``: ids of stopped turns whose marker the caller knows is on these rows
-    (one row re-rendered in place, ``collab.selectors.pages.stopped_row``)."""
+    (one row re-rendered in place, ``collab.selectors.pages.stopped_row``).
+
+    ``replay`` (``collab.selectors.replay.Replay``): as at its event — the pointers written by
+    then, every job in its state then (a turn that stopped later is no marker, one running then
+    is the running job)."""
     ids = [m.pk for m in messages]
-    pointers = list(Message.objects.filter(predecessor_id__in=ids, kind=MessageKind.ATTACH)) if ids else []
+    pointers = Message.objects.filter(predecessor_id__in=ids, kind=MessageKind.ATTACH)
+    if replay is not None:
+        pointers = pointers.filter(pk__in=replay.messages())
+    pointers = list(pointers) if ids else []
 
     wanted: set = set()
     for m in messages:
@@ -399,8 +406,11 @@ def present_rows(branch: Branch | None, messages: list[Message], viewer, *, tail
             stopped_here |= Q(pk__in=place)
         if tail:
             stopped_here |= Q(pk__in={m.job_id for m in messages if m.job_id})
-        on_branch = Q(branch=branch) & (Q(status__in=ACTIVE_STATUSES) | (Q(status__in=STOPPED_STATUSES) & stopped_here))
-        rows = Job.objects.filter(Q(pk__in=wanted) | on_branch).select_related("branch", "caller_branch")
+        running_now = Q(status__in=ACTIVE_STATUSES) if replay is None else Q(pk__in=replay.open_job_ids())
+        on_branch = Q(branch=branch) & (running_now | (Q(status__in=STOPPED_STATUSES) & stopped_here))
+        rows = list(Job.objects.filter(Q(pk__in=wanted) | on_branch).select_related("branch", "caller_branch"))
+        if replay is not None:
+            replay.project_jobs(rows)
         jobs = {j.pk: j for j in rows}
 
     targets = {(p.metadata or {}).get("attach", {}).get("session_id") for p in pointers}
@@ -457,15 +467,23 @@ def present_rows(branch: Branch | None, messages: list[Message], viewer, *, tail
 
 
 def page_transcript(session: Session, viewer, *, branch_id: str | None = None, head_id: str | None = None,
-                    remembered: str | None = None, window: int | None = None) -> dict:
+                    remembered: str | None = None, window: int | None = None, replay=None) -> dict:
     """The transcript a viewer reads on the session page, in a constant number of
     queries however long the branch: the shown branch (see ``resolve_shown``), the last ``window``
     messages of its line (or those ending at the head asked for), split into the history inherited
     from the branch it forked from and its own, made readable by ``present_rows``. Cards and attach
-    pointers that lead into a session ``viewer`` may not see name nothing of it."""
+    pointers that lead into a session ``viewer`` may not see name nothing of it.
+
+    ``replay`` (``collab.selectors.replay.Replay``): the branch as it was at its event, its line
+    ending at the message it had reached then; a head written later positions nowhere. A branch
+    asked for by id that did not exist yet is shown empty (``not_yet``); one only remembered gives
+    way to the session's first branch."""
     branch, head = resolve_shown(session, branch_id=branch_id, head_id=head_id, remembered=remembered)
-    messages, head, newer = _window(branch, head, window or PAGE_WINDOW) if branch else ([], None, 0)
-    running = present_rows(branch, messages, viewer, tail=True)
+    not_yet = False
+    if replay is not None:
+        branch, head, not_yet = _as_replayed(session, replay, branch, head, asked=bool(branch_id))
+    messages, head, newer = _window(branch, head, window or PAGE_WINDOW) if branch and not not_yet else ([], None, 0)
+    running = present_rows(branch, messages, viewer, tail=True, replay=replay)
     inherited = [m for m in messages if m.inherited]
     fork_at = branch.forked_from if branch is not None else None
     return {
@@ -476,8 +494,26 @@ def page_transcript(session: Session, viewer, *, branch_id: str | None = None, h
         "selected": head.pk if head is not None else None,
         "selected_inherited": head is not None and head.pk in {m.pk for m in inherited},
         "running": running.status if running else None, "running_job": running,
-        "generating": generating_text(running) if running else "",
+        "generating": generating_text(running) if running and replay is None else "",
+        "not_yet": not_yet,
     }
+
+
+def _as_replayed(session: Session, replay, branch: Branch | None, head: Message | None, *, asked: bool):
+    """(branch, head, not yet created) for a replay: the branch as it was then with its tip then
+    (in memory, never saved), the head only if it was written by then."""
+    if head is not None and not replay.has_message(head.pk):
+        head = None
+    if branch is None:
+        return None, None, False
+    then = replay.branch_then(branch)
+    if then is None and not asked:  # remembered, or the selected HEAD's: the first branch then
+        first = _branch_rows().filter(session=session).order_by("created_at").first()
+        then = replay.branch_then(first) if first is not None else None
+    if then is None:
+        return branch, None, True
+    then.tip = replay.tip_of(then)
+    return then, head, False
 
 
 def generating_text(job: Job) -> str:

@@ -8,33 +8,101 @@ from accounts.models import PROJECT_NAME_CHARS, PROJECT_SLUG_PATTERN, WatchPolic
 from accounts.services import ProjectLimitReached, SlugTaken, create_project
 from collab.errors import Conflict, Forbidden, Invalid
 from collab.events import record_project_event
+from collab.selectors.specs import specs_of
 from collab.services.specs import do_add_agent_spec
 from collab.text import clean_text
 from collab.workspace import WorkspaceError, check_workspace_path
 
 SLUG_CHARS = 64  # Project.slug
 
-# The agent every new project starts with (and the demo project has, ``manage.py demo``): a
-# scripted one, so it answers with no model at all and says how to give it one.
+# The agents every new project starts with (and the demo project has, ``manage.py demo``): scripted
+# ones, so they work with no model at all. ``assistant`` shows multi-agent work: a person's turn
+# starts a "researcher" sub-agent with the ``agent`` tool, then a "critic" that reviews the
+# researcher's notes, and answers with a summary of both results (docs/web-app.md#projects-and-their-first-session).
 STARTER_AGENT_ID = "assistant"
-STARTER_REPLY = (
-    "Hello! I am this project's scripted demo agent: I play a fixed script, not a language model, "
-    "so all I can do is answer like this. You said: “{{prompt}}”\n\n"
-    "To talk to a real model: the operator connects one (a model connection, in the admin or "
-    "TRELLIS_MODEL_CONNECTIONS), then a maintainer opens this project's Agent specs page, picks that "
-    "connection and a model for “assistant” and saves it. The next turn runs on the real model."
+RESEARCHER_AGENT_ID = "researcher"
+CRITIC_AGENT_ID = "critic"
+HOW_TO_CONNECT_A_MODEL = (
+    "To run these agents on a real model: the operator connects one (a model connection, in the admin or "
+    "TRELLIS_MODEL_CONNECTIONS; docs/models.md), then a maintainer opens this project's Agent specs page, picks "
+    "that connection and a model for an agent and saves it. Its next turn runs on the real model."
 )
+STARTER_REPLY = (
+    "Hello! I am this project's scripted demo agent: I play a fixed script, not a language model. "
+    "Start a turn of your own in a session and I will show you multi-agent work: I ask a researcher "
+    "sub-agent, then a critic, and sum up what they found. You said: “{{prompt}}”\n\n" + HOW_TO_CONNECT_A_MODEL
+)
+STARTER_SUMMARY = (
+    "I asked two sub-agents about “{{prompt}}”: “researcher” wrote notes, then “critic” reviewed them. "
+    "Each is a branch of this session (see the graph), and each one's answer came back to me as the result "
+    "of my agent call. The critic's review, with the notes it reviewed:\n\n{{last.text}}\n\n"
+    "All three of us are scripted demo agents: we play fixed scripts, not a language model. " + HOW_TO_CONNECT_A_MODEL
+)
+RESEARCHER_REPLY = (
+    "Notes on “{{prompt}}”:\n"
+    "- what is asked, in one sentence;\n"
+    "- what we know about it, and where that comes from;\n"
+    "- what is still open.\n"
+    "(I am a scripted researcher: with a real model these notes would hold findings.)"
+)
+CRITIC_REPLY = (
+    "Review: the notes are a start, but every point needs a source before anyone acts on it, and every "
+    "open question needs an owner. (I am a scripted critic.)\n\nThe notes I reviewed:\n{{prompt}}"
+)
+SUB_AGENT_TOOLS = ["list_agents", "read_conversation"]  # they read what others did; they start nothing
+QUICK_MS = 100  # a scripted step's pause: long enough to see an agent running, short enough to wait for
+
+
+def _spawn(agent_id: str, prompt: str) -> dict:
+    """A step that runs ``agent_id`` as a foreground sub-agent: its answer is the call's result."""
+    return {"name": "agent", "arguments": {"agent_id": agent_id, "description": agent_id, "prompt": prompt}}
+
+
 STARTER_SPEC = {
     "agent_id": STARTER_AGENT_ID,
     "provider": "scripted",
-    "system_prompt": "You are a helpful assistant working with a team in this project.",
-    "script": [{"sleep_ms": 400}, {"text": STARTER_REPLY}],  # every kind of turn: the same answer
+    "system_prompt": (
+        "You coordinate a small team in this project. For a question worth looking into, start a sub-agent "
+        f"with the agent tool (agent_id \"{RESEARCHER_AGENT_ID}\") to gather notes, then one with agent_id "
+        f"\"{CRITIC_AGENT_ID}\" to review those notes, and answer with a short summary of both. Answer simple "
+        "questions yourself. (While this spec has no model connection it plays its script instead; "
+        "to give it a real model, a maintainer picks a model connection for it on the project's Agent specs "
+        "page: docs/models.md.)"
+    ),
+    "script": {
+        "user": [
+            {"sleep_ms": QUICK_MS, "tool_calls": [_spawn(RESEARCHER_AGENT_ID, "{{prompt}}")]},
+            {"tool_calls": [_spawn(CRITIC_AGENT_ID, "{{last.text}}")]},  # the researcher's notes
+            {"text": STARTER_SUMMARY},
+        ],
+        # a task, a message or a result from another agent: the plain answer, no sub-agents
+        **{kind: [{"sleep_ms": QUICK_MS}, {"text": STARTER_REPLY}] for kind in ("task", "message", "followup", "spawn")},
+    },
 }
+RESEARCHER_SPEC = {
+    "agent_id": RESEARCHER_AGENT_ID,
+    "provider": "scripted",
+    "system_prompt": ("You are a researcher. Gather what is known about the question you are given: the facts, "
+                      "where they come from and what is still open. Answer with short notes."),
+    "tools": SUB_AGENT_TOOLS,
+    "script": [{"sleep_ms": QUICK_MS}, {"text": RESEARCHER_REPLY}],
+}
+CRITIC_SPEC = {
+    "agent_id": CRITIC_AGENT_ID,
+    "provider": "scripted",
+    "system_prompt": ("You are a critic. Review the notes you are given: what is unsupported, missing or wrong, "
+                      "and what to check next. Be brief and specific."),
+    "tools": SUB_AGENT_TOOLS,
+    "script": [{"sleep_ms": QUICK_MS}, {"text": CRITIC_REPLY}],
+}
+STARTER_SPECS = (STARTER_SPEC, RESEARCHER_SPEC, CRITIC_SPEC)
 
 
-def do_add_starter_agent(actor, project):
-    """The starter agent ``STARTER_SPEC``, saved and audited like any new spec."""
-    return do_add_agent_spec(actor, project, **STARTER_SPEC)
+def do_add_starter_agents(actor, project) -> list:
+    """The starter agents (``STARTER_SPECS``) the project does not have yet, each saved and audited
+    like any new spec; a spec of the same ``agent_id`` is left as it is."""
+    taken = set(specs_of(project).values_list("agent_id", flat=True))
+    return [do_add_agent_spec(actor, project, **spec) for spec in STARTER_SPECS if spec["agent_id"] not in taken]
 
 
 def slug_from_name(name: str) -> str:
@@ -44,7 +112,7 @@ def slug_from_name(name: str) -> str:
 
 
 def do_create_project(actor, *, slug: str = "", name: str = ""):
-    """A new project owned by ``actor``, with its starter agent: the one way to create one
+    """A new project owned by ``actor``, with its starter agents: the one way to create one
     (``POST /api/projects`` and the projects page). Without a ``slug`` it is derived from
     ``name``; without a name the slug is the name. Refusals name the form field they are about
     (``field``): ``invalid_slug``/``invalid_name`` (400), ``slug_taken`` (409); past
@@ -65,7 +133,7 @@ def do_create_project(actor, *, slug: str = "", name: str = ""):
     try:
         with transaction.atomic():
             project = create_project(actor, slug=slug, name=name)
-            do_add_starter_agent(actor, project)
+            do_add_starter_agents(actor, project)
     except SlugTaken:
         raise Conflict(f"a project with slug {slug!r} already exists", code="slug_taken", field="slug") from None
     except ProjectLimitReached as exc:

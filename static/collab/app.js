@@ -263,6 +263,7 @@
   function refreshStats() { if (byId("session-stats")) htmx.trigger(document.body, "collab:stats"); }
   // The DAG column's newest block re-renders itself (bounded: templates/collab/_dag_page.html).
   function refreshDag() { if (byId("dag-live")) htmx.trigger(document.body, "collab:dag"); }
+  function refreshInbox() { if (byId("needs-you")) htmx.trigger(document.body, "collab:inbox"); }
 
   // --- what each event changes ---------------------------------------------------------------
 
@@ -303,6 +304,9 @@
     if (type === "message.created" || type.indexOf("branch.") === 0 || type.indexOf("job.") === 0) {
       schedule("dag", ACTIVITY_DELAY, refreshDag);
     }
+    // an ask made or decided, a delivery held or decided: the header's "Needs you" count reads
+    // again now, not at its next poll (templates/collab/_needs_you_link.html)
+    if (/^(approval|question|ask|delivery)\./.test(type)) schedule("inbox", ROW_DELAY, refreshInbox);
   }
 
   // --- the socket ----------------------------------------------------------------------------
@@ -366,4 +370,244 @@
     var box = byId("composer-error");
     if (box && e.detail.elt && e.detail.elt.id === "composer") box.textContent = "";
   });
+
+  // --- the fork popover ----------------------------------------------------------------------
+
+  // Escape closes an open fork form (a <details> under its "Fork" button) and gives the button focus.
+  document.addEventListener("keydown", function (e) {
+    if (e.key !== "Escape") return;
+    var open = e.target.closest && e.target.closest("details.fork[open]");
+    if (!open) return;
+    open.open = false;
+    var summary = open.querySelector("summary");
+    if (summary) summary.focus();
+  });
+
+  // --- replay (?at=N): the page as it was at event N of the session's log ---------------------
+
+  // Each step fetches the page at that event and swaps in the pieces a replay shows; the URL
+  // follows (replaceState), so a reload or a copied link opens the same moment.
+  var REPLAY_PARTS = ["replay", "dag", "transcript", "branches", "jobs", "activity"];
+  var PLAY_DELAY = 1200;  // ms each event stays on screen while playing: time to read what changed
+  var replayTicket = 0, playing = false, playTimer = null, slideTimer = null;
+
+  function replayBox() { return byId("replay"); }
+
+  function replayUrl(n) {
+    var box = replayBox();
+    return box.dataset.url + "?at=" + n + (box.dataset.keep || "");
+  }
+
+  function nearBottom() {
+    var doc = document.scrollingElement || document.documentElement;
+    return window.innerHeight + window.scrollY >= doc.scrollHeight - 40;
+  }
+
+  function replayGo(n, focusId) {
+    var box = replayBox();
+    if (!box) return Promise.resolve();
+    n = Math.max(1, Math.min(parseInt(box.dataset.last, 10), n));
+    var url = replayUrl(n), ticket = ++replayTicket, stick = nearBottom();
+    if (document.body) document.body.dataset.replayBusy = "1";
+    return fetch(url, { credentials: "same-origin" }).then(function (r) {
+      if (!r.ok) throw new Error("HTTP " + r.status);
+      return r.text();
+    }).then(function (html) {
+      if (ticket !== replayTicket) return;
+      var doc = new DOMParser().parseFromString(html, "text/html");
+      var active = document.activeElement, keep = focusId || (active && active.id) || "";
+      REPLAY_PARTS.forEach(function (id) {
+        var now = byId(id), next = doc.getElementById(id);
+        if (!now || !next) return;
+        next = document.importNode(next, true);
+        now.replaceWith(next);
+        if (window.htmx) htmx.process(next);
+      });
+      history.replaceState(null, "", url);
+      markShownLane();
+      applyDagWidth();
+      setUpReplay();
+      if (keep && byId(keep)) byId(keep).focus({ preventScroll: true });
+      if (stick) window.scrollTo(0, (document.scrollingElement || document.documentElement).scrollHeight);
+    }).catch(function () {
+      if (ticket === replayTicket) window.location.assign(url);  // the plain page: what the link would open
+    }).then(function () {
+      if (ticket === replayTicket && document.body) delete document.body.dataset.replayBusy;
+    });
+  }
+
+  function setPlaying(on) {
+    if (playing && !on) {  // a step the play had asked for and not shown yet is dropped
+      replayTicket++;
+      if (document.body) delete document.body.dataset.replayBusy;
+    }
+    playing = on;
+    clearTimeout(playTimer);
+    setUpReplay();
+    if (!on) return;
+    var box = replayBox();
+    if (box && parseInt(box.dataset.at, 10) >= parseInt(box.dataset.last, 10)) {
+      replayGo(1).then(function () { playTimer = setTimeout(playNext, PLAY_DELAY); });  // from the start again
+    } else {
+      playTimer = setTimeout(playNext, 250);
+    }
+  }
+
+  function playNext() {
+    var box = replayBox();
+    if (!playing || !box) return;
+    var at = parseInt(box.dataset.at, 10), last = parseInt(box.dataset.last, 10);
+    if (at >= last) { setPlaying(false); return; }
+    replayGo(at + 1).then(function () {
+      if (!playing) return;
+      if (parseInt(replayBox().dataset.at, 10) >= last) setPlaying(false);
+      else playTimer = setTimeout(playNext, PLAY_DELAY);
+    });
+  }
+
+  // The controls as the script drives them: play shown (and pressed while playing), "go" not needed.
+  function setUpReplay() {
+    var play = byId("replay-play"), go = byId("replay-go");
+    if (go) go.hidden = true;
+    if (!play) return;
+    play.hidden = false;
+    play.setAttribute("aria-pressed", playing ? "true" : "false");
+    play.textContent = playing ? "❚❚ pause" : "▶ play";
+    play.title = playing ? "Pause the replay" : "Play the session's events one after another";
+  }
+
+  document.addEventListener("click", function (e) {
+    var step = e.target.closest && e.target.closest("a[data-replay-to]");
+    if (step && replayBox() && !e.ctrlKey && !e.metaKey && !e.shiftKey && e.button === 0) {
+      e.preventDefault();
+      setPlaying(false);
+      replayGo(parseInt(step.dataset.replayTo, 10), step.id);
+      return;
+    }
+    if (e.target.closest && e.target.closest("#replay-play")) setPlaying(!playing);
+  });
+  document.addEventListener("input", function (e) {
+    if (e.target.id !== "replay-at") return;
+    var where = byId("replay-where"), last = replayBox().dataset.last;
+    if (where) where.textContent = "event " + e.target.value;
+    e.target.setAttribute("aria-valuetext", "event " + e.target.value + " of " + last);
+  });
+  document.addEventListener("change", function (e) {
+    if (e.target.id !== "replay-at") return;
+    setPlaying(false);
+    var value = parseInt(e.target.value, 10);
+    clearTimeout(slideTimer);
+    slideTimer = setTimeout(function () { replayGo(value, "replay-at"); }, 150);  // a run of arrow keys: one load
+  });
+  document.addEventListener("submit", function (e) {
+    if (!e.target.classList || !e.target.classList.contains("replay-controls")) return;
+    e.preventDefault();
+    var slider = byId("replay-at");
+    if (slider) replayGo(parseInt(slider.value, 10), "replay-at");
+  });
+  document.addEventListener("DOMContentLoaded", function () { if (replayBox()) setUpReplay(); });
+
+  // --- the graph column: its width, and its labels in full ------------------------------------
+
+  // Wide screens put the graph beside the transcript; its width is dragged (or keyed: Left and
+  // Right) on the handle at its right edge, and remembered in this browser.
+  var DAG_WIDTH_KEY = "trellis.dag-width", DAG_MIN = 240, DAG_KEY_STEP = 32;
+  var dragging = null;
+
+  function dagMax() {
+    var session = byId("session");
+    return Math.max(DAG_MIN + 40, Math.round((session ? session.clientWidth : 1200) * 0.6));
+  }
+
+  // The handle says the column's width to assistive technology (a focusable separator's value).
+  function markHandle(px) {
+    var handle = document.querySelector("#dag .dag-resize");
+    if (!handle) return;
+    handle.setAttribute("aria-valuemin", String(DAG_MIN));
+    handle.setAttribute("aria-valuemax", String(dagMax()));
+    handle.setAttribute("aria-valuenow", String(Math.round(px)));
+  }
+
+  function setDagWidth(px, save) {
+    var session = byId("session");
+    if (!session || !isFinite(px)) return;
+    px = Math.round(Math.max(DAG_MIN, Math.min(dagMax(), px)));
+    session.style.setProperty("--dag-w", px + "px");  // CSSOM, which the CSP allows (no style attribute in markup)
+    markHandle(px);
+    if (save) {
+      try { localStorage.setItem(DAG_WIDTH_KEY, String(px)); } catch (err) { /* storage off: this page only */ }
+    }
+  }
+
+  function applyDagWidth() {
+    var stored = null, dag = byId("dag");
+    if (!dag) return;
+    try { stored = localStorage.getItem(DAG_WIDTH_KEY); } catch (err) { /* storage off */ }
+    if (stored) setDagWidth(parseInt(stored, 10), false);
+    else markHandle(dag.getBoundingClientRect().width);
+  }
+
+  document.addEventListener("pointerdown", function (e) {
+    var handle = e.target.closest && e.target.closest("#dag .dag-resize");
+    if (!handle) return;
+    e.preventDefault();
+    dragging = { handle: handle, left: byId("dag").getBoundingClientRect().left };
+    handle.classList.add("dragging");
+    try { handle.setPointerCapture(e.pointerId); } catch (err) { /* not capturable */ }
+  });
+  document.addEventListener("pointermove", function (e) {
+    if (dragging) setDagWidth(e.clientX - dragging.left, false);
+  });
+  document.addEventListener("pointerup", function (e) {
+    if (!dragging) return;
+    dragging.handle.classList.remove("dragging");
+    setDagWidth(e.clientX - dragging.left, true);
+    dragging = null;
+  });
+  document.addEventListener("keydown", function (e) {
+    var handle = e.target.closest && e.target.closest("#dag .dag-resize");
+    if (!handle) return;
+    var now = byId("dag").getBoundingClientRect().width;
+    var to = { ArrowLeft: now - DAG_KEY_STEP, ArrowRight: now + DAG_KEY_STEP, Home: DAG_MIN, End: dagMax() }[e.key];
+    if (to === undefined) return;
+    e.preventDefault();
+    setDagWidth(to, true);
+  });
+  document.addEventListener("DOMContentLoaded", applyDagWidth);
+
+  // A node's label is cut to fit its row; its whole text (and its branch, role and time) shows
+  // beside it on hover and on keyboard focus — the same text as its <title>, its accessible name.
+  var tip = null;
+
+  function showTip(node) {
+    var title = node.querySelector("title");
+    if (!title) return;
+    if (!tip) {
+      tip = document.createElement("div");
+      tip.id = "dag-tip";
+      tip.className = "dag-tip";
+      tip.setAttribute("role", "tooltip");
+      document.body.appendChild(tip);
+    }
+    tip.textContent = title.textContent;
+    tip.hidden = false;
+    var r = node.getBoundingClientRect();
+    var left = Math.min(r.left, window.innerWidth - tip.offsetWidth - 8);
+    var top = r.bottom + 4 + tip.offsetHeight > window.innerHeight ? r.top - tip.offsetHeight - 4 : r.bottom + 4;
+    tip.style.left = Math.max(4, Math.round(left)) + "px";
+    tip.style.top = Math.max(4, Math.round(top)) + "px";
+  }
+
+  function hideTip() { if (tip) tip.hidden = true; }
+
+  function tipNode(e) { return e.target.closest && e.target.closest("#dag [data-node]"); }
+  document.addEventListener("mouseover", function (e) { var node = tipNode(e); if (node) showTip(node); });
+  document.addEventListener("mouseout", function (e) {
+    var node = tipNode(e);
+    if (node && !(e.relatedTarget && node.contains(e.relatedTarget))) hideTip();
+  });
+  document.addEventListener("focusin", function (e) { var node = tipNode(e); if (node) showTip(node); else hideTip(); });
+  document.addEventListener("focusout", function (e) { if (tipNode(e)) hideTip(); });
+  document.addEventListener("keydown", function (e) { if (e.key === "Escape") hideTip(); });
+  document.addEventListener("scroll", hideTip, true);
 })();

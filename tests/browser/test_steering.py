@@ -10,7 +10,7 @@ from playwright.sync_api import expect
 from collab.models import Branch
 from tests.browser.test_session_page import log_in
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser]
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.one_database("postgres")]  # pages, not data
 
 LONG_ANSWER = "\n".join(f"line {i} of a long answer" for i in range(120))
 
@@ -95,6 +95,11 @@ def test_a_spec_made_on_the_spec_page_runs_a_new_session(team, server, worker, p
     page.fill("#spec-form textarea[name=limits]", "")
     page.click("#spec-form button[type=submit]")
     expect(page.locator("#spec-list [data-spec=page-made]")).to_be_visible()
+    agent = page.locator('#spec-tools details.tool[data-tool="agent"]')  # its tools, each folded
+    expect(agent.locator('tr[data-argument="prompt"]')).to_be_hidden()
+    agent.locator("summary").click()
+    expect(agent.locator('tr[data-argument="prompt"]')).to_contain_text("required")
+    expect(agent.locator("pre.tool-example")).to_contain_text('"name": "agent"')
 
     page.goto(f"{server.url}/p/alpha/")
     page.fill("input[name=title]", "with the new spec")

@@ -23,6 +23,7 @@ def test_the_creator_makes_a_session_private_then_shares_it_from_the_page(team, 
     page.goto(f"{server.url}/s/{sid}/")
     form = page.locator("#visibility form")
     expect(page.locator("#visibility")).to_have_attribute("data-visibility", "project")
+    page.locator("#visibility > summary").click()  # folded at the foot of the side panel
     form.locator("select[name=visibility]").select_option("shared")
     form.locator("textarea[name=shares]").fill("friend viewer")
     form.locator("button[type=submit]").click()

@@ -3,7 +3,7 @@ or answer, holding no worker, and resumes exactly once after the decision — th
 
 import pytest
 
-from collab.models import Job, JobStatus, PersonAsk, Todo
+from collab.models import Job, PersonAsk, Todo
 
 APPROVED_TODO = [
     {"tool_calls": [{"name": "todo_create", "arguments": {"subject": "ship it"}}]},

@@ -1,7 +1,8 @@
 """A project is created in the browser: the projects page's "New project" form posts to
 ``/projects/new``, which calls the service of ``POST /api/projects`` (its slug rules, its
-per-person limit). Every new project — page or API — starts with a working agent, the scripted
-``assistant``; a project without any agent says so on its page instead of offering an empty menu."""
+per-person limit). Every new project — page or API — starts with working agents, the scripted
+``assistant`` that asks its sub-agents ``researcher`` and ``critic`` and sums up their results; a
+project without any agent says so on its page instead of offering an empty menu."""
 
 import re
 
@@ -10,8 +11,15 @@ from django.test import Client, override_settings
 from django.utils.html import escape
 
 from accounts.models import Membership, Project, Role
-from collab.models import AgentSpec, Event, Job
-from collab.services.projects import STARTER_AGENT_ID, STARTER_REPLY, slug_from_name
+from collab.models import AgentSpec, Branch, Event, Job
+from collab.services.projects import (
+    CRITIC_AGENT_ID,
+    RESEARCHER_AGENT_ID,
+    STARTER_AGENT_ID,
+    STARTER_SPEC,
+    STARTER_SPECS,
+    slug_from_name,
+)
 from collab.services.specs import do_delete_agent_spec
 from collab.selectors.specs import spec_by_agent_id
 
@@ -44,10 +52,12 @@ def test_creating_a_project_on_the_page_lands_on_it_with_its_creator_as_owner_an
     assert project.name == "Gamma Team"
     owner = Membership.objects.get(project=project)
     assert (owner.user, owner.role) == (team.member, Role.OWNER) and owner.accepted_at is not None
-    spec = AgentSpec.objects.get(project=project)
-    assert (spec.agent_id, spec.provider, spec.connection_id) == (STARTER_AGENT_ID, "scripted", None)
-    created = Event.objects.get(project=project, type="agent_spec.created")
-    assert created.actor == team.member and created.payload == {"agent_id": STARTER_AGENT_ID}
+    specs = AgentSpec.objects.filter(project=project).order_by("agent_id")
+    assert [(s.agent_id, s.provider, s.connection_id) for s in specs] == [
+        (STARTER_AGENT_ID, "scripted", None), (CRITIC_AGENT_ID, "scripted", None), (RESEARCHER_AGENT_ID, "scripted", None)]
+    created = Event.objects.filter(project=project, type="agent_spec.created").order_by("id")
+    assert {e.actor for e in created} == {team.member}
+    assert [e.payload for e in created] == [{"agent_id": spec["agent_id"]} for spec in STARTER_SPECS]
 
     html = page.get(r["Location"]).content.decode()
     assert f'<option value="{STARTER_AGENT_ID}">' in html and 'id="no-agent"' not in html
@@ -62,7 +72,10 @@ def test_a_chosen_slug_is_kept_and_a_name_without_one_derives_it(team, browser_o
     assert len(slug_from_name("word " * 40)) <= 64 and not slug_from_name("word " * 40).endswith("-")
 
 
-def test_the_starter_agent_answers_a_turn_with_the_documented_reply(team, browser_of, run_queued):
+def test_the_starter_agent_asks_a_researcher_and_a_critic_and_sums_up_their_results(team, browser_of, run_queued):
+    """A new project's first session shows multi-agent work at once: the person's turn starts the
+    researcher, then the critic on the researcher's notes (each a branch of the session, its answer
+    the result of the ``agent`` call), and the answer sums up both and says how to add a real model."""
     page = browser_of(team.member)
     assert page.post("/projects/new", {"name": "Gamma"}).status_code == 302
     r = page.post("/p/gamma/sessions", {"title": "first", "agent_id": STARTER_AGENT_ID})
@@ -71,12 +84,20 @@ def test_the_starter_agent_answers_a_turn_with_the_documented_reply(team, browse
     assert page.post(f"/s/{sid}/turns", {"prompt": "hello there"}).status_code == 302
     run_queued()
 
-    job = Job.objects.get(session_id=sid)
-    assert job.status == "succeeded", (job.error_code, job.error_reason)
-    assert job.result == STARTER_REPLY.replace("{{prompt}}", "hello there")
-    assert "scripted demo agent" in job.result and "hello there" in job.result
-    assert "model connection" in job.result and "Agent specs page" in job.result
-    assert escape("I am this project's scripted demo agent") in page.get(f"/s/{sid}/").content.decode()
+    jobs = list(Job.objects.filter(session_id=sid).select_related("branch").order_by("created_at"))
+    assert [(j.kind, j.status, j.branch.name) for j in jobs] == [
+        ("user", "succeeded", "main"), ("spawn", "succeeded", RESEARCHER_AGENT_ID), ("spawn", "succeeded", CRITIC_AGENT_ID)]
+    turn, researcher, critic = jobs
+    assert researcher.parent_job_id == critic.parent_job_id == turn.pk
+    assert "hello there" in researcher.result and researcher.result in critic.result  # the critic read the notes
+    assert critic.result in turn.result and "researcher" in turn.result and "critic" in turn.result
+    assert "scripted demo agents" in turn.result
+    assert "model connection" in turn.result and "Agent specs page" in turn.result
+    assert Branch.objects.filter(session_id=sid).count() == 3
+    html = page.get(f"/s/{sid}/").content.decode()
+    assert escape("I asked two sub-agents about “hello there”") in html
+    for name in (RESEARCHER_AGENT_ID, CRITIC_AGENT_ID):
+        assert escape(name) in html
 
 
 @pytest.mark.parametrize("slug", ["Not A Slug", "-leading", "under_score", "a" * 65])
@@ -140,9 +161,10 @@ def test_a_project_created_through_the_api_gets_the_starter_agent_too(team, api_
     r = api.post("/api/projects", {"slug": "gamma", "name": "Gamma"})
     assert r.status_code == 201, r.content
     spec = spec_by_agent_id(Project.objects.get(slug="gamma").pk, STARTER_AGENT_ID)
-    assert spec.provider == "scripted" and spec.script == [{"sleep_ms": 400}, {"text": STARTER_REPLY}]
-    created = Event.objects.get(project__slug="gamma", type="agent_spec.created")
-    assert created.actor == team.member
+    assert spec.provider == "scripted" and spec.script == STARTER_SPEC["script"]
+    created = Event.objects.filter(project__slug="gamma", type="agent_spec.created")
+    assert sorted(e.payload["agent_id"] for e in created) == sorted(spec["agent_id"] for spec in STARTER_SPECS)
+    assert {e.actor for e in created} == {team.member}
     r = api.post("/api/projects/gamma/sessions", {"title": "t", "agent_id": STARTER_AGENT_ID})
     assert r.status_code == 201 and r.json()["agent_id"] == STARTER_AGENT_ID
     taken = api.post("/api/projects", {"slug": "gamma", "name": "Again"})
@@ -163,11 +185,12 @@ def test_a_project_without_an_agent_says_so_instead_of_an_empty_menu(team, brows
         assert "default agent" not in html
 
 
-def test_deleting_the_starter_agent_leaves_the_no_agent_message(team, browser_of):
+def test_deleting_the_starter_agents_leaves_the_no_agent_message(team, browser_of):
     page = browser_of(team.member)
     page.post("/projects/new", {"name": "Gamma"})
     project = Project.objects.get(slug="gamma")
-    do_delete_agent_spec(team.member, spec_by_agent_id(project.pk, STARTER_AGENT_ID))
+    for spec in STARTER_SPECS:
+        do_delete_agent_spec(team.member, spec_by_agent_id(project.pk, spec["agent_id"]))
     html = page.get("/p/gamma/").content.decode()
     assert "This project has no agent yet" in html and 'href="/p/gamma/specs"' in html  # its owner may create one
     assert "<select" not in re.search(r'<form[^>]*id="new-session-form".*?</form>', html, re.S).group(0)

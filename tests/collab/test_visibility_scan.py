@@ -68,7 +68,7 @@ def test_no_page_or_route_a_member_reads_names_a_session_hidden_from_them(team, 
         "sid": c.open_sid, "slug": "alpha", "branch_id": spawned_here.pk, "address": spawned_here.address,
         "mid": b_head.pk, "job_id": b_jobs[0].pk, "execution_id": b_jobs[0].pk, "child_sid": c.open_sid,
         "agent_id": "bot", "hold_id": 1, "token_id": 1, "invitation_id": 1, "webhook_id": 1, "artifact_id": 1,
-        "tool": "list_agents", "name": "list_agents", "message_id": b_head.pk,
+        "tool": "list_agents", "name": "list_agents", "message_id": b_head.pk, "item_id": "0123456789ab",
     }
     # the creator's own view names P: the scan below would see a leak if the redaction were gone
     assert leaked(json.dumps(c.creator.get("/api/executions", session=c.open_sid).json()), secrets)

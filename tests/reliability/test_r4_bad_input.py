@@ -107,7 +107,7 @@ def _path_values(w, team) -> dict[str, str]:
     token = ApiToken.objects.filter(user=team.owner).values_list("pk", flat=True).first()
     return {"slug": "alpha", "sid": w.sid, "execution_id": w.eid, "address": w.address, "tool": "todo_list",
             "username": "viewer", "token_id": str(token), "invitation_id": "1", "hold_id": "1", "artifact_id": "a1",
-            "webhook_id": "1"}
+            "webhook_id": "1", "item_id": "0123456789ab"}
 
 
 def _fill(path: str, values: dict[str, str], junk: tuple[str, str] | None = None) -> str:
