@@ -77,6 +77,15 @@ def project_ids_with(user, capability: str):
     return member_roles(user).filter(role__in=roles).values("project_id")
 
 
+def member_ids_with(project_id: int, capability: str):
+    """Ids of the project's accepted, active members whose role has ``capability`` (a subquery):
+    who may be told of something to decide there."""
+    needed = ROLE_RANK[CAPABILITIES[capability]]
+    roles = [role for role, rank in ROLE_RANK.items() if rank >= needed]
+    return (Membership.objects.accepted().filter(project_id=project_id, role__in=roles, user__is_active=True)
+            .values("user_id"))
+
+
 def lesser_role(a: str, b: str) -> str:
     return a if ROLE_RANK[Role(a)] <= ROLE_RANK[Role(b)] else b
 

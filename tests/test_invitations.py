@@ -329,6 +329,7 @@ def test_a_new_projects_creator_and_the_demo_are_active_members(team, api_as, se
     assert Membership.objects.get(project__slug="demo").accepted_at is not None
 
 
+@pytest.mark.one_database("sqlite")  # the data migration's Python; every migration runs on both at set-up
 def test_the_migration_keeps_existing_members_active(transactional_db, team):
     """``accounts/0003_membership_invitation`` turns every membership that existed
     before it into an accepted one (nobody loses access in the upgrade)."""

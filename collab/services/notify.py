@@ -7,6 +7,7 @@ from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 from django.db import transaction
 
+from accounts.policy import member_ids_with
 from collab.access import DECIDE_ASKS, can_in_session
 from collab.brokers import hand_to_broker
 from collab.models import AskStatus, PersonAsk
@@ -26,8 +27,7 @@ def recipients(ask: PersonAsk) -> list:
     if ask.to_user_id:
         people = [ask.to_user]
     else:
-        people = list(get_user_model().objects.filter(
-            is_active=True, memberships__project_id=ask.project_id, memberships__accepted_at__isnull=False).distinct())
+        people = list(get_user_model().objects.filter(pk__in=member_ids_with(ask.project_id, DECIDE_ASKS)))
     return [p for p in people if p.email and p.is_active and can_in_session(p, ask.session, DECIDE_ASKS)]
 
 

@@ -84,8 +84,11 @@ def test_markup_from_people_and_agents_is_shown_as_text_and_never_runs(team, api
     page.goto("about:blank")
     page.context.clear_cookies()
     log_in(page, server, team.maintainer)
-    page.goto(f"{server.url}/p/alpha/audit?session={sid}")
-    expect(page.locator("table.audit code.payload").first).to_be_visible()
+    page.goto(f"{server.url}/p/alpha/audit?session={sid}&show=all")  # every event, messages included
+    expect(page.locator("table.audit td.sentence").first).to_be_visible()
+    for details in page.locator("table.audit details").all():  # each event's payload, unfolded
+        details.locator("summary").click()
+    expect(page.locator("table.audit pre.payload").first).to_be_visible()
     assert XSS in page.locator("table.audit").inner_text()
     assert page.evaluate("typeof window.__xss") == "undefined"
     assert page.locator("table.audit script, table.audit img").count() == 0

@@ -380,6 +380,7 @@ def test_a_completion_wakes_by_the_cap_as_it_is_now(team, handed_out, django_cap
     assert take_turns(handed_out) == [j.pk for j in waiting[:2]]  # two slots free now: the two oldest
 
 
+@pytest.mark.one_database("sqlite")  # the data migration's Python; every migration runs on both at set-up
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_marks_queued_background_jobs_as_waiting(team, handed_out):
     """Before migration 0021 a completion handed out every queued background job of its project;

@@ -17,7 +17,8 @@ import pytest
 
 from tests.conftest import free_port, poll
 
-pytestmark = pytest.mark.slow
+# the model's tool call and the turn it completes, the same through either database: one run
+pytestmark = [pytest.mark.slow, pytest.mark.one_database("postgres")]
 
 REQUIRED = os.environ.get("TRELLIS_REQUIRE_LOCAL_MODEL") == "1"
 
