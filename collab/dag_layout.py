@@ -60,7 +60,7 @@ class Lane:
     name: str = ""
     archived: bool = False
     reason: str = ""
-    live: str = ""  # "", "queued" or "running"
+    live: str = ""  # "", "queued", "running" or "waiting for a person" (collab.selectors.replay.lane_state)
     open_above: bool = False
     open_below: bool = False
 

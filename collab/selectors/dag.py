@@ -35,9 +35,9 @@ from collab.dag_layout import End, Lane, Link, Row, layout
 from collab.errors import Invalid
 from collab.selectors.branch_labels import branch_labels
 from collab.selectors.redact import redact_texts
-from collab.selectors.replay import Replay, replay_state
+from collab.selectors.replay import Replay, lane_state, replay_state
 from collab.selectors.replay import replay_cutoff  # noqa: F401 (its home before replay.py: collab.events cites it here)
-from collab.models import ACTIVE_STATUSES, Branch, FollowupState, Job, JobKind, Message, MessageKind
+from collab.models import Branch, FollowupState, Job, JobKind, Message, MessageKind
 
 PAGE_ROWS = 150
 SINCE_MAX_ROWS = 2 * PAGE_ROWS  # a live refresh of the newest block (its bound per event); past this it starts a fresh newest page
@@ -146,7 +146,7 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
         for branch_id, status in Job.objects.open().filter(session_id=sid).order_by().values_list(
             "branch_id", "status"
         ):
-            live[branch_id] = "running" if status in ACTIVE_STATUSES or live.get(branch_id) == "running" else "queued"
+            live[branch_id] = lane_state(status, live.get(branch_id))
 
     def lane_of(branch_id) -> int:
         b = by_id.get(branch_id)

@@ -41,6 +41,18 @@ from collab.models import (
 BRANCH_EVENTS = ("session.created", "branch.created", "branch.renamed", "branch.archived")
 
 
+LANE_STATES = ("running", "waiting for a person", "queued")  # a branch with several open jobs shows the first
+
+
+def lane_state(status: str, before: str | None = None) -> str:
+    """What a live lane says of a branch with an open job of ``status`` (``before``: what another
+    open job of it said already): running (or stopping), waiting for a person, or queued."""
+    state = ("running" if status in ACTIVE_STATUSES else
+             "waiting for a person" if status == JobStatus.WAITING else "queued")
+    return min(state, before, key=LANE_STATES.index) if before else state
+
+
+
 def replay_cutoff(session_id: str, at: int):
     """The ids of the messages written at or before event ``at`` (a subquery)."""
     return (Event.objects.filter(session_id=session_id, type="message.created", seq__lte=at)
@@ -140,14 +152,14 @@ class Replay:
         return jobs
 
     def open_branches(self) -> dict[str, str]:
-        """Branch id -> "running" or "queued": the branches with a job open then (one query, once)."""
+        """Branch id -> "running", "waiting for a person" or "queued" (``lane_state``): the
+        branches with a job open then (one query, once)."""
         if self._open_branches is None:
             open_jobs = {j: s for j, s in self.jobs.items() if s in OPEN_STATUSES}
             self._open_branches = {}
             if open_jobs:
                 for pk, branch_id in Job.objects.filter(pk__in=list(open_jobs)).values_list("pk", "branch_id"):
-                    running = open_jobs[pk] in ACTIVE_STATUSES or self._open_branches.get(branch_id) == "running"
-                    self._open_branches[branch_id] = "running" if running else "queued"
+                    self._open_branches[branch_id] = lane_state(open_jobs[pk], self._open_branches.get(branch_id))
         return self._open_branches
 
     def open_job_ids(self) -> list[str]:

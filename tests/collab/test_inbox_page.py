@@ -125,12 +125,9 @@ def test_rejecting_and_answering_through_the_page(team, scripted_session, browse
 
 
 def test_a_held_delivery_is_decided_in_the_inbox(team, scripted_session, browser_of, api_as, run_queued):
-    api, sid = scripted_session(team.member, {"followup": [{"text": "noted: {{prompt}}"}]})
-    api.wait(api.post(f"/api/sessions/{sid}/turns", {"prompt": "hello"}).json()["execution_id"])
-    main = api.get(f"/api/sessions/{sid}/branches").json()[0]["address"]
-    spawned = api.post(f"/api/branches/{main}/tools/agent", {"arguments": {"prompt": "be the target", "description": "target"}})
-    assert spawned.json()["is_error"] is False, spawned.json()
-    assert api_as(team.owner).patch("/api/projects/alpha", {"watch_policy": "confirm_deliveries"}).status_code == 200
+    from tests.collab.test_watch_policy import _two_branches
+
+    api, sid, main, _ = _two_branches(team, scripted_session, api_as)  # under confirm_deliveries
     sent = api.post(f"/api/branches/{main}/tools/send_message", {"arguments": {"to": "target", "message": "ping <b>"}})
     assert sent.json()["details"]["held"] is True, sent.json()
     hold = HeldDelivery.objects.get()

@@ -294,3 +294,14 @@ def test_what_a_decided_call_answers_without_running(status, decision, result):
     from collab.services.asks import call_result
 
     assert call_result(PersonAsk(status=status, decision=decision)) == result
+
+
+def test_the_graph_marks_a_branch_whose_turn_waits_for_a_person(team, scripted_session, browser_of, run_queued):
+    api, sid = scripted_session(team.member, APPROVED_TODO, approvals=["todo_create"])
+    _waiting(api, run_queued, sid)
+    page = browser_of(team.member).get(f"/s/{sid}/dag").content.decode()
+    assert 'data-live="waiting for a person"' in page and "main — waiting for a person" in page
+    item = api.get("/api/inbox").json()["items"][0]
+    api.post(f"/api/inbox/{item['id']}", {"decision": "approve"})
+    run_queued()
+    assert "waiting for a person" not in browser_of(team.member).get(f"/s/{sid}/dag").content.decode()
