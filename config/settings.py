@@ -498,6 +498,9 @@ LOGGING = {
         # session: None" for every stateless request); its session manager's start stays at INFO
         "mcp.server.lowlevel.server": {"level": "WARNING"},
         "mcp.server.streamable_http": {"level": "WARNING"},
+        # django-axes' four lines per sign-in ("Successful login by …", "Cleaned up …"); a
+        # lock-out and a failed attempt are its warnings, still shown
+        "axes": {"level": "WARNING"},
         # the worker's per-task lines ("processing …", "Processed …"); `manage.py serve` sets WARNING
         "django-q": {"level": env_str("TRELLIS_WORKER_LOG_LEVEL", "INFO")},
     },
