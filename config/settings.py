@@ -77,7 +77,7 @@ INSTALLED_APPS = [
 # Framework behaviour Trellis replaces (docs/infrastructure.md), each named here to restore the
 # stock path: comma-separated, e.g. TRELLIS_STOCK=prepared,middleware. Read at start-up.
 STOCK_PATHS = ("task_queue", "prepared", "request_threads", "middleware", "channel_layer", "push_loop", "brokers",
-               "worker_name")
+               "worker_name", "search_literals")
 TRELLIS_STOCK = frozenset(env_list("TRELLIS_STOCK", []))
 if TRELLIS_STOCK - set(STOCK_PATHS):
     raise ImproperlyConfigured(f"TRELLIS_STOCK names unknown paths {sorted(TRELLIS_STOCK - set(STOCK_PATHS))}: "

@@ -237,7 +237,7 @@ def test_an_unknown_stock_name_stops_the_process_at_start_up():
 
 
 STOCK_NAMES = ("task_queue", "prepared", "request_threads", "middleware", "channel_layer", "push_loop", "brokers",
-               "worker_name")
+               "worker_name", "search_literals")
 
 
 def test_every_stock_name_is_documented():

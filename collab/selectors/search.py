@@ -32,6 +32,7 @@ import unicodedata
 from datetime import UTC, date
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 from django.urls import reverse
@@ -218,7 +219,10 @@ def candidates_statements(sessions, terms: list[str]) -> list[tuple[str, list | 
         # a word PostgreSQL reads as no word (``½``) leaves no query: then nothing matches, not the window
         params = [RANKED_CHARS, RANKED_CHARS, _tsquery(terms), *query[1], MessageKind.ATTACH, *sessions_params,
                   CANDIDATES]
-        statements.append((connection.ops.compose_sql(sql, params), None))
+        if "search_literals" in settings.TRELLIS_STOCK:  # bound values, as any query (docs/infrastructure.md)
+            statements.append((sql, params))
+        else:
+            statements.append((connection.ops.compose_sql(sql, params), None))
     return statements
 
 

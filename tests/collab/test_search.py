@@ -222,3 +222,13 @@ def test_the_pages_say_plainly_what_matched_and_what_did_not(world, browser_of, 
     project = page.get(reverse("collab:project", args=["alpha"]), {"q": "okapi"}).content.decode()
     assert "No session’s title or id matched “okapi”." in project and "No sessions yet" not in project
     assert "/search?q=okapi&amp;project=alpha" in project
+
+
+def test_a_search_finds_the_same_with_its_values_bound_as_with_them_written_in(world, api_as, team, settings):
+    """The stock path of docs/infrastructure.md#search_literals (values bound) answers alike."""
+    api = api_as(team.viewer)
+    queries = ["platypus", "platypus burrow", "PLATYP", "½"]
+    ours = [found(api, q) for q in queries]
+    settings.TRELLIS_STOCK = frozenset({"search_literals"})
+    assert [found(api, q) for q in queries] == ours
+    assert keys(ours[0])  # it found something to compare
