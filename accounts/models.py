@@ -69,6 +69,10 @@ class Project(models.Model):
     # OpenWork: running child turns per root session
     max_active_turns = models.PositiveIntegerField(default=3, validators=[MinValueValidator(1)])
     watch_policy = models.CharField(max_length=32, choices=WatchPolicy.choices, default=WatchPolicy.OFF)
+    # the project-wide counterpart of an agent spec's ``approvals`` (docs/contract.md#people-in-the-loop):
+    # tool names (or "*") whose every call, by any agent of the project, waits for a person's approval
+    approvals = models.JSONField(default=list, blank=True,
+                                 help_text='tools whose every call waits for a person\'s approval ("*": all)')
     artifact_retention_days = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
     workspace = models.CharField(max_length=500, blank=True, default="")
     last_event_seq = models.PositiveBigIntegerField(default=0, help_text="sequence of project-level audit events")

@@ -109,7 +109,7 @@ BRANCH_SCOPES = ("session", "archived")
 
 def _project_out(project, role=None) -> dict:
     return {"slug": project.slug, "name": project.name, "role": role, "created_at": project.created_at,
-            "watch_policy": project.watch_policy}
+            "watch_policy": project.watch_policy, "approvals": project.approvals}
 
 
 @router.get("projects", response=list[ProjectOut], tags=["projects"])
@@ -471,9 +471,11 @@ def delete_token(request: HttpRequest, token_id: int):
 
 @router.patch("projects/{slug}", response={200: ProjectOut, **ERRORS}, tags=["projects"])
 def patch_project(request: HttpRequest, slug: str, payload: ProjectPatch):
-    """Owners rename the project or set its watch policy ("off" | "confirm_deliveries")."""
+    """Owners rename the project or set its watch policy ("off" | "confirm_deliveries") and the
+    tools whose every call waits for a person's approval (``approvals``)."""
     project = access.access_project(request.auth, slug, "project.settings")
-    project = do_update_project(request.auth, project, name=payload.name, watch_policy=payload.watch_policy)
+    project = do_update_project(request.auth, project, name=payload.name, watch_policy=payload.watch_policy,
+                                approvals=payload.approvals)
     return _project_out(project, "owner")
 
 

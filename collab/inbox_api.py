@@ -31,6 +31,8 @@ ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: Error
 class InboxItemOut(Schema):
     id: str
     kind: Literal["approval", "question", "hold"]
+    rule: Literal["spec", "project"] | None = Field(
+        default=None, description="an approval's: whose approvals named the tool (the agent spec's or the project's)")
     status: str
     project: str
     session: str

@@ -58,6 +58,9 @@ class ProjectOut(Schema):
     role: str | None = None
     created_at: Any
     watch_policy: str | None = None
+    approvals: list[str] | None = Field(default=None, description=(
+        "tools whose every call, by any agent of the project, waits for a person's approval ('*': all); "
+        "with an agent spec's approvals, the union (docs/contract.md#people-in-the-loop)"))
 
 
 class AgentSpecIn(StrictIn):
@@ -425,6 +428,9 @@ class ProjectPatch(StrictIn):
     name: Annotated[str, stated({"type": "string", "maxLength": 200, "pattern": NOT_BLANK})] | None = \
         Field(default=None, max_length=200)
     watch_policy: Annotated[str, choice_of(WatchPolicy.values)] | None = None
+    approvals: list[str] | None = Field(default=None, max_length=200, description=(
+        "tool names of any toolset, or '*' (every tool), whose every call waits for a person's approval; "
+        "[] names none"))
 
 
 class HoldOut(Schema):

@@ -56,7 +56,7 @@ from collab.selectors.replay import check_at, replay_state
 from collab.selectors.shapes import session_usage
 from collab.selectors.audit import PAGE_SIZE as AUDIT_PAGE_SIZE
 from collab.selectors.audit import audit_rows, event_records, project_events
-from collab.services.projects import do_create_project, do_set_limits, do_update_project
+from collab.services.projects import approvable_tools, do_create_project, do_set_limits, do_update_project
 from collab.services.holds import do_decide_hold
 from collab.services.webhooks import do_create_webhook, do_delete_webhook, do_rotate_webhook_secret, do_update_webhook
 from collab.selectors.webhooks import webhooks_of
@@ -122,6 +122,7 @@ def _project_context(request, project, errors=None):
         "search": search,
         "limits": limits_of(project),
         "can_configure": access.can(request.user, project.pk, "project.settings"),
+        "approvable_tools": approvable_tools(),
         "can_manage_members": access.can(request.user, project.pk, "project.members"),
         "members": members_of(project),
         "roles": ["viewer", "member", "maintainer", "owner"],
@@ -747,9 +748,18 @@ def spec(request, slug, agent_id):
 @login_required
 @require_POST
 def project_settings(request, slug):
+    """The project page's settings form (owners): the watch policy and, when the form shows them
+    (``approvals_shown``), the tools whose every call waits for a person (unchecked: none).
+    A refusal shows beside the form, with the page's status."""
     project = access.access_project(request.user, slug, "project.settings")
-    do_update_project(request.user, project, watch_policy=request.POST.get("watch_policy"))
-    return redirect("collab:project", slug=slug)
+    approvals = request.POST.getlist("approvals") if "approvals_shown" in request.POST else None
+    try:
+        do_update_project(request.user, project, watch_policy=request.POST.get("watch_policy"), approvals=approvals)
+    except Invalid as exc:
+        project.refresh_from_db()
+        return render(request, "collab/project.html",
+                      {**_project_context(request, project), "settings_error": exc.detail}, status=exc.status)
+    return redirect(f"{reverse('collab:project', args=[slug])}#settings")
 
 
 @login_required
@@ -796,18 +806,24 @@ def decide_item(request, item_id):
         if not form.is_valid():
             raise Invalid(form.message(), code="invalid_arguments")
         fields = form.decision_fields()
-        decide_inbox_item(request.user, item_id, **fields)
+        decided = decide_inbox_item(request.user, item_id, **fields)
     except DomainError as exc:
         return _refused_item(request, item_id, exc)
+    done = DONE.get(fields["decision"], "Done.")
+    if request.POST.get("place") == "graph":  # a waiting node's controls, on the session page's graph
+        if not request.htmx:
+            return redirect(f"{reverse('collab:session', args=[decided['session']])}?branch={decided['branch']}")
+        return render(request, "collab/_dag_asks.html#decided", {"done": done, "item": item_id})
     if not request.htmx:
         return redirect("collab:inbox")
-    return render(request, "collab/inbox.html#decided", {"done": DONE.get(fields["decision"], "Done.")})
+    return render(request, "collab/inbox.html#decided", {"done": done})
 
 
 def _refused_item(request, item_id: str, exc: DomainError):
     """The item again with ``exc`` beside it (still pending: with its controls and what was
     typed; else the refusal alone). A plain form gets the whole inbox with the refusal's status;
-    an outsider's item is a 404 as anywhere."""
+    an outsider's item is a 404 as anywhere. From the graph (``place=graph``) the item comes back
+    as the graph's card."""
     items = inbox_items(request.user)
     item = next((i for i in items if i["id"] == item_id), None)
     not_yours = isinstance(exc, (NotFound, Forbidden))
@@ -818,6 +834,8 @@ def _refused_item(request, item_id: str, exc: DomainError):
     if "arguments" in request.POST:
         refused["typed"] = request.POST["arguments"]
     if request.htmx:  # htmx swaps only a 2xx answer: the refusal is in the fragment
+        if request.POST.get("place") == "graph":
+            return render(request, "collab/_dag_asks.html#card", {"i": refused})
         return render(request, "collab/inbox.html#item", {"i": refused})
     return render(request, "collab/inbox.html", {"items": items, "refused": None if item is not None else refused},
                   status=exc.status)

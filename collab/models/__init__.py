@@ -1,5 +1,5 @@
 from collab.models.artifacts import Artifact
-from collab.models.asks import DECIDED_STATUSES, AskKind, AskStatus, PersonAsk
+from collab.models.asks import DECIDED_STATUSES, AskKind, AskRule, AskStatus, PersonAsk
 from collab.models.branches import Branch, NameStage, effective_spec, effective_spec_id, format_address
 from collab.models.connections import ConnectionProvider, ConnectionSource, ModelConnection
 from collab.models.events import Event
@@ -28,6 +28,7 @@ from collab.models.webhooks import DeliveryEvent, DeliveryStatus, Webhook, Webho
 __all__ = [
     "DECIDED_STATUSES",
     "AskKind",
+    "AskRule",
     "AskStatus",
     "PersonAsk",
     "ACTIVE_STATUSES",

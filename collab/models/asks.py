@@ -20,6 +20,13 @@ class AskStatus(models.TextChoices):
     CLOSED = "closed"  # its turn ended otherwise (cancelled, failed) before anyone decided
 
 
+class AskRule(models.TextChoices):
+    """Which rule made an approval's call wait: the agent spec's ``approvals`` or the project's."""
+
+    SPEC = "spec"
+    PROJECT = "project"
+
+
 DECIDED_STATUSES = (AskStatus.APPROVED, AskStatus.REJECTED, AskStatus.ANSWERED, AskStatus.EXPIRED)
 
 
@@ -37,6 +44,8 @@ class PersonAsk(models.Model):
     call_index = models.PositiveIntegerField()  # which of the node's tool calls
     tool_call_id = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=AskKind.choices)
+    # an approval's: whose ``approvals`` named the tool (the spec's, when both did); "" for a question
+    rule = models.CharField(max_length=16, choices=AskRule.choices, blank=True, default="")
     tool = models.CharField(max_length=64)
     arguments = models.JSONField(default=dict, blank=True)
     question = models.TextField(blank=True, default="")
@@ -60,6 +69,8 @@ class PersonAsk(models.Model):
             models.UniqueConstraint(fields=["job", "tool_call_id"], name="ask_one_per_tool_call"),
             models.CheckConstraint(condition=Q(kind__in=AskKind.values), name="ask_kind_valid"),
             models.CheckConstraint(condition=Q(status__in=AskStatus.values), name="ask_status_valid"),
+            models.CheckConstraint(condition=Q(rule="") | Q(kind=AskKind.APPROVAL, rule__in=AskRule.values),
+                                   name="ask_rule_of_an_approval"),
             # a decided item says who and when (an expired or closed one: when)
             models.CheckConstraint(condition=Q(status=AskStatus.PENDING) | Q(decided_at__isnull=False),
                                    name="ask_decided_has_time"),

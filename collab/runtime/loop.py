@@ -367,7 +367,7 @@ def run_tool_step(turn: TurnContext, response) -> None:
 
 def run_calls(turn: TurnContext, node, calls: list, start: int = 0, decided: PersonAsk | None = None) -> None:
     """Run ``calls[start:]`` of the tool-call node ``node``, each result written as it comes.
-    A call of a tool the spec's ``approvals`` name, or an ``ask_person``, pauses the turn
+    A call of a tool the spec's or the project's ``approvals`` name, or an ``ask_person``, pauses the turn
     (``Paused``) with an ask for a person (``collab.services.asks``), unless ``decided`` is that
     call's decided ask (a resumed turn): then it runs (approved, with the arguments as
     approved), or its result is the rejection or the answer."""
@@ -378,7 +378,7 @@ def run_calls(turn: TurnContext, node, calls: list, start: int = 0, decided: Per
         started = False
         try:
             turn.check_stop(force=True)
-            kind = ask_kind_for(turn.spec, call.name)
+            kind = ask_kind_for(turn.spec, call.name, turn.project)
             ask = decided if decided is not None and decided.tool_call_id == call.id else None
             result = pause(turn, node, n, call, kind) if kind is not None and ask is None else None
             said = call_result(ask) if ask is not None else None

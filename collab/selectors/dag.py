@@ -16,6 +16,9 @@ session's length, a page costs the same fixed set of queries (``DAG_QUERIES`` at
 9. which of the sessions named by id in the rows' labels the viewer may not see (only when a label
    holds an id-shaped token; when one names a hidden session, up to four more read its names
    and rows so that the label says "another session" instead — ``redact_texts``);
+10. the pending asks stopped at the page's rows, and which of them the viewer may decide (only when
+   a lane waits for a person; ``collab.selectors.waiting.asks_at_rows``): the waiting node is
+   marked, and the viewer's own get the inbox's controls below the graph (docs/web-app.md#inbox);
 
 and a replay (``at``) the three of ``collab.selectors.replay.replay_state`` (event ``at``'s time, the
 session's branch and job events: which branches existed then, under which name, archived or not)
@@ -36,12 +39,14 @@ from collab.errors import Invalid
 from collab.selectors.branch_labels import branch_labels
 from collab.selectors.redact import redact_texts
 from collab.selectors.replay import Replay, lane_state, replay_state
+from collab.selectors.waiting import asks_at_rows
 from collab.selectors.replay import replay_cutoff  # noqa: F401 (its home before replay.py: collab.events cites it here)
 from collab.models import Branch, FollowupState, Job, JobKind, Message, MessageKind
 
 PAGE_ROWS = 150
+WAITING = "waiting for a person"  # a live lane's state (``lane_state``) whose turn waits on an ask
 SINCE_MAX_ROWS = 2 * PAGE_ROWS  # a live refresh of the newest block (its bound per event); past this it starts a fresh newest page
-DAG_QUERIES = 9
+DAG_QUERIES = 10
 SNIPPET = 160
 
 _KIND_LABEL = {
@@ -303,9 +308,12 @@ def dag_page(session, viewer, *, before: str | None = None, since: str | None = 
         for m, label in zip(rows, labels)
     ]
     graph = layout(graph_rows, lanes, links)
-    graph.nodes_svg = nodes_svg(graph.nodes, selected)
+    waiting, asks = {}, []
+    if replay is None and rows and WAITING in live.values():  # a replay shows what was, not what to decide
+        waiting, asks = asks_at_rows(viewer, sid, ids)
+    graph.nodes_svg = nodes_svg(graph.nodes, selected, waiting)
     return {"graph": graph, "rows": len(rows), "older": rows[0].pk if rows and has_older else None,
-            "first": rows[0].pk if rows else None, "at": at, "session": session}
+            "first": rows[0].pk if rows else None, "at": at, "session": session, "asks": asks}
 
 
 _NODE = (
@@ -317,20 +325,29 @@ _CARD = '<a class="card edge-{kind}" href="{href}" data-card="{kind}"><text x="{
 _HIDDEN_CARD = '<g class="card hidden edge-{kind}" data-card="{kind}"><text x="{x}" y="{y}">{text}</text></g>'
 
 
-def nodes_svg(nodes: list[dict], selected: str | None = None):
+def nodes_svg(nodes: list[dict], selected: str | None = None, waiting: dict | None = None):
     """The nodes' SVG, built with ``format_html`` (every value escaped): one row's markup costs a
-    few microseconds here against a few hundred in the template engine, which a 150-row page feels."""
+    few microseconds here against a few hundred in the template engine, which a 150-row page feels.
+    ``waiting``: ``{row id: {"ask", "kind", "yours"}}``, the rows whose tool call waits for a
+    person — marked, and described by their controls below the graph when ``yours``."""
+    waiting = waiting or {}
     parts = []
     for n in nodes:
+        ask = waiting.get(n["id"])
         cls = ["node", f"c{'fold' if n['folded'] else n['lane']}", f"role-{n['role']}", f"kind-{n['kind']}"]
         cls += [name for name, on in (("archived", n["archived"]), ("fork-point", n["fork_point"]),
-                                      ("live", n["live"]), ("selected", n["id"] == selected)) if on]
+                                      ("live", n["live"]), ("selected", n["id"] == selected),
+                                      ("waiting", ask is not None)) if on]
         extra = format_html_join("", ' {}="{}"', [(k, v) for k, v in (
             ("data-fork-point", "1" if n["fork_point"] else ""), ("data-live", n["live"]),
-            ("data-folded", "1" if n["folded"] else "")) if v])
+            ("data-folded", "1" if n["folded"] else ""), ("data-ask", ask["ask"] if ask else ""),
+            ("aria-describedby", f"dag-ask-{ask['ask']}" if ask and ask["yours"] else "")) if v])
         rings = format_html_join("", '<circle class="{}" cx="{}" cy="{}" r="{}"/>', [
-            (name, n["x"], n["y"], r) for name, r, on in (("ring", 7, n["fork_point"]), ("pulse", 8, n["live"])) if on])
+            (name, n["x"], n["y"], r) for name, r, on in (("ring", 7, n["fork_point"]), ("pulse", 8, n["live"]),
+                                                          ("wait", 9, ask is not None)) if on])
         title = n["title"] + (f" — archived{': ' + n['reason'] if n['reason'] else ''}" if n["archived"] else "")
+        if ask is not None:
+            title += " — waiting for a person" + (": decide it below the graph" if ask["yours"] else "")
         r = 2.5 if n["folded"] or n["role"] == "tool" else 4.5 if n["role"] == "user" else 3.5
         parts.append(format_html(_NODE, cls=" ".join(cls), href=n["href"], id=n["id"], lane=n["lane"],
                                  branch=n["branch"], extra=extra, title=title, rings=rings, x=n["x"], y=n["y"], r=r,

@@ -12,7 +12,8 @@ MAX_ITEMS = 500
 
 def ask_payload(ask) -> dict:
     """An ask as events and webhooks carry it (the inbox's item, docs/api.md#inbox)."""
-    return {"ask": ask.pk, "kind": ask.kind, "job": ask.job_id, "branch": ask.branch_id, "tool": ask.tool,
+    return {"ask": ask.pk, "kind": ask.kind, "rule": ask.rule or None, "job": ask.job_id, "branch": ask.branch_id,
+            "tool": ask.tool,
             "arguments": ask.arguments, "question": ask.question, "choices": ask.choices,
             "to": ask.to_user.username if ask.to_user_id else None,
             "expires_at": ask.expires_at.isoformat() if ask.expires_at else None}
@@ -21,7 +22,7 @@ def ask_payload(ask) -> dict:
 def ask_item(ask) -> dict:
     spec = ask.job.agent_spec
     return {
-        "id": ask.pk, "kind": ask.kind, "status": ask.status, "project": ask.project.slug,
+        "id": ask.pk, "kind": ask.kind, "rule": ask.rule or None, "status": ask.status, "project": ask.project.slug,
         "session": ask.session_id, "session_title": ask.session.title, "branch": ask.branch_id,
         "branch_name": ask.branch.display_name, "agent": spec.agent_id if spec is not None else None,
         "execution": ask.job_id, "tool": ask.tool, "arguments": ask.arguments, "question": ask.question,
@@ -33,7 +34,8 @@ def ask_item(ask) -> dict:
 def hold_item(hold) -> dict:
     spec = hold.sender_job.agent_spec if hold.sender_job_id else None
     return {
-        "id": f"{HOLD_PREFIX}{hold.pk}", "kind": "hold", "status": hold.status, "project": hold.project.slug,
+        "id": f"{HOLD_PREFIX}{hold.pk}", "kind": "hold", "rule": None, "status": hold.status,
+        "project": hold.project.slug,
         "session": hold.sender_session_id, "session_title": hold.sender_session.title,
         "branch": hold.sender_branch_id, "branch_name": hold.sender_branch.display_name,
         "agent": spec.agent_id if spec is not None else None, "execution": hold.sender_job_id,

@@ -1,7 +1,7 @@
 """People in the loop (docs/contract.md#people-in-the-loop): a turn that waits for a person.
 
-A tool call the agent's spec names in ``approvals`` (``"*"``: every call), and every
-``ask_person`` call, pauses its turn: ``pause_for_person`` writes a ``PersonAsk`` and moves the
+A tool call the agent's spec or its project names in ``approvals`` (``"*"``: every call), and
+every ``ask_person`` call, pauses its turn: ``pause_for_person`` writes a ``PersonAsk`` and moves the
 job ``running`` → ``waiting`` in one transaction, and the worker lets the turn go (it holds no
 slot, lease or connection while it waits, however long). ``decide`` records a person's
 decision once (a second is 409 ``already_decided``) and, when nothing else of the job waits,
@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from collab.errors import Conflict, Invalid
 from collab.events import send_event_on_commit
-from collab.models import AskKind, AskStatus, DeliveryEvent, Job, JobStatus, PersonAsk
+from collab.models import AskKind, AskRule, AskStatus, DeliveryEvent, Job, JobStatus, PersonAsk
 from collab.services.admission import enqueue_job, send_job_event
 from collab.services.execution import USAGE_FIELDS, wake_after_pause
 from collab.services.locking import lock_branch, lock_job, lock_session_family
@@ -42,18 +42,29 @@ MAX_ANSWER_CHARS = 20_000
 DECISIONS = {AskKind.APPROVAL: ("approve", "reject"), AskKind.QUESTION: ("answer", "reject")}
 
 
-def approval_needed(spec, tool: str) -> bool:
-    """Whether ``spec`` (the turn's agent spec; None: the default agent) makes every call of
-    ``tool`` wait for a person's approval."""
-    named = getattr(spec, "approvals", None) or []
-    return isinstance(named, list) and ("*" in named or tool in named)
+def _names(approvals, tool: str) -> bool:
+    return isinstance(approvals, list) and ("*" in approvals or tool in approvals)
 
 
-def ask_kind_for(spec, tool: str) -> str | None:
-    """The kind of ask a call of ``tool`` waits on in a turn of ``spec``, or None: it runs."""
+def approval_rule(spec, project, tool: str) -> str | None:
+    """Which rule makes every call of ``tool`` in a turn of ``spec`` (the turn's agent spec;
+    None: the default agent) in ``project`` wait for a person's approval: ``"spec"`` (the spec's
+    ``approvals``), ``"project"`` (the project's, its watch policy's part), or None: neither names
+    it. The effective set is their union; the spec's is named when both do."""
+    if _names(getattr(spec, "approvals", None), tool):
+        return AskRule.SPEC
+    if _names(getattr(project, "approvals", None), tool):
+        return AskRule.PROJECT
+    return None
+
+
+def ask_kind_for(spec, tool: str, project=None) -> str | None:
+    """The kind of ask a call of ``tool`` waits on in a turn of ``spec`` in ``project``, or None:
+    it runs. The project is the one the turn read when it was claimed: a change to its
+    ``approvals`` applies from the next turn (or the next resume) on."""
     if tool == ASK_PERSON:
         return AskKind.QUESTION
-    return AskKind.APPROVAL if approval_needed(spec, tool) else None
+    return AskKind.APPROVAL if approval_rule(spec, project, tool) is not None else None
 
 
 def expiry_for(spec):
@@ -92,6 +103,8 @@ def pause_for_person(job: Job, *, node, index: int, call, kind: str, spec, usage
             job_id=job.pk, tool_call_id=call.id,
             defaults={"project_id": job.project_id, "session_id": job.session_id, "branch_id": job.branch_id,
                       "call_message_id": node.pk, "call_index": index, "kind": kind, "tool": call.name,
+                      "rule": (approval_rule(spec, job.project, call.name) or "")
+                      if kind == AskKind.APPROVAL else "",
                       "arguments": clean_data(call.arguments) if isinstance(call.arguments, dict) else {},
                       "question": clean_text(question), "choices": [clean_text(str(c)) for c in choices],
                       "to_user": to_user, "expires_at": expiry_for(spec),

@@ -9,7 +9,8 @@ from accounts.services import ProjectLimitReached, SlugTaken, create_project
 from collab.errors import Conflict, Forbidden, Invalid
 from collab.events import record_project_event
 from collab.selectors.specs import specs_of
-from collab.services.specs import do_add_agent_spec
+from collab.models import Toolset
+from collab.services.specs import do_add_agent_spec, tool_names
 from collab.text import clean_text
 from collab.workspace import WorkspaceError, check_workspace_path
 
@@ -153,7 +154,31 @@ def do_set_limits(actor, project, changes: dict):
     return project
 
 
-def do_update_project(actor, project, *, name=None, watch_policy=None):
+EVERY_TOOL = "*"
+
+
+def approvable_tools() -> list[str]:
+    """Every tool name a project's ``approvals`` may name: the tools of every toolset, sorted."""
+    return sorted(set().union(*(tool_names(toolset) for toolset in Toolset.values)))
+
+
+def check_project_approvals(approvals) -> list[str]:
+    """A project's ``approvals`` as stored: a list of known tool names of any toolset, or
+    ``"*"`` (every tool), each once, in the order given — else ``Invalid``
+    (``invalid_approvals``) naming what is wrong (docs/contract.md#people-in-the-loop)."""
+    if not isinstance(approvals, list) or not all(isinstance(a, str) for a in approvals):
+        raise Invalid("approvals must be a list of tool names", code="invalid_approvals", field="approvals")
+    unknown = sorted(set(approvals) - set(approvable_tools()) - {EVERY_TOOL})
+    if unknown:
+        shown = ", ".join(repr(clean_text(name)[:64]) for name in unknown[:10])
+        raise Invalid(f"approvals names tools no toolset has: {shown}", code="invalid_approvals", field="approvals")
+    return list(dict.fromkeys(approvals))
+
+
+def do_update_project(actor, project, *, name=None, watch_policy=None, approvals=None):
+    """Rename the project, set its watch policy and the tools whose every call waits for a
+    person's approval (``approvals``); ``None`` leaves a setting as it is. Owners only (the
+    caller checked ``project.settings``); each change is audited (``project.updated``)."""
     changes = {}
     if name is not None:
         if not name.strip():
@@ -163,6 +188,9 @@ def do_update_project(actor, project, *, name=None, watch_policy=None):
         if watch_policy not in WatchPolicy.values:
             raise Invalid(f"watch_policy must be one of {', '.join(WatchPolicy.values)}", code="invalid_watch_policy")
         changes["watch_policy"] = watch_policy
+    if approvals is not None:
+        changes["approvals"] = check_project_approvals(approvals)
+    changes = {field: value for field, value in changes.items() if getattr(project, field) != value}
     with transaction.atomic():
         for field, value in changes.items():
             setattr(project, field, value)

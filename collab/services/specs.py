@@ -44,6 +44,11 @@ def use_toolset_names(names: Callable[[str], set[str]]) -> None:
     _toolset_names = names
 
 
+def tool_names(toolset: str) -> set[str]:
+    """The names of every tool of ``toolset`` (from the registry, through the port above)."""
+    return _toolset_names(toolset)
+
+
 def check_approvals(approvals, toolset: str, limits) -> None:
     """``approvals`` names tools of the spec's toolset (or ``"*"``: every tool);
     ``limits.approval_expires_s``, when given, is a whole number of seconds ≥ 1

@@ -41,7 +41,7 @@ def waiting_call(context, message, index: int, tool: str) -> dict | None:
     found = asks.get((message.pk, index))
     if found is not None:
         return found
-    if job_id in specs and ask_kind_for(specs[job_id], tool) is not None:
+    if job_id in specs and ask_kind_for(specs[job_id], tool, session.project) is not None:
         return {"may_wait": True}
     return None
 

@@ -610,4 +610,18 @@
   document.addEventListener("focusout", function (e) { if (tipNode(e)) hideTip(); });
   document.addEventListener("keydown", function (e) { if (e.key === "Escape") hideTip(); });
   document.addEventListener("scroll", hideTip, true);
+
+  // A waiting node's controls below the graph (templates/collab/_dag_asks.html): while a person
+  // points at or is in a card, its node in the graph is marked too.
+  function markAskNode(e, on) {
+    var card = e.target.closest && e.target.closest("#dag .dag-ask[data-ask-node]");
+    if (!card) return;
+    document.querySelectorAll("#dag [data-node]").forEach(function (node) {
+      if (node.dataset.node === card.dataset.askNode) node.classList.toggle("ask-focus", on);
+    });
+  }
+  document.addEventListener("focusin", function (e) { markAskNode(e, true); });
+  document.addEventListener("focusout", function (e) { markAskNode(e, false); });
+  document.addEventListener("mouseover", function (e) { markAskNode(e, true); });
+  document.addEventListener("mouseout", function (e) { markAskNode(e, false); });
 })();
