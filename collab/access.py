@@ -310,6 +310,16 @@ def require_can_change_visibility(user, session: Session) -> None:
         raise Forbidden("only the session's creator or a maintainer changes who sees it")
 
 
+def require_can_delete_session(user, session: Session) -> str:
+    """Who deletes a session (a LangGraph thread's ``DELETE``, docs/langgraph.md#threads): one
+    whose role there may start turns and who may change who sees it — its creator, a maintainer
+    or an owner. One who may not see it gets the ``NotFound`` of a missing id."""
+    role = require_in_session(user, session, "turn.start")
+    if not can_change_visibility(user, session):
+        raise Forbidden("only the session's creator or a maintainer deletes it")
+    return role
+
+
 # --- held deliveries (the watch policy, docs/contract.md#watch-policy) ----------------------------
 
 DECIDE_HOLDS = "turn.start"  # who may approve or reject a held delivery: who may post in its sender session

@@ -84,61 +84,58 @@ api = NinjaAPI(
 )
 
 
-def _error(request, http_status: int, detail: str, code: str, /, **extra):
-    return api.create_response(request, {**extra, "detail": detail, "code": code}, status=http_status)
+def install_error_handlers(api: NinjaAPI) -> None:
+    """The error shape ``{"detail", "code"}`` for every failure, on ``api`` (this one, and the
+    LangGraph-compatible one at ``/lg``: ``config.lg``)."""
 
+    def _error(request, http_status: int, detail: str, code: str, /, **extra):
+        return api.create_response(request, {**extra, "detail": detail, "code": code}, status=http_status)
 
-@api.exception_handler(DomainError)
-def on_domain_error(request, exc: DomainError):
-    return _error(request, exc.status, exc.detail, exc.code, **exc.extra)
+    @api.exception_handler(DomainError)
+    def on_domain_error(request, exc: DomainError):
+        return _error(request, exc.status, exc.detail, exc.code, **exc.extra)
 
+    @api.exception_handler(OperationalError)
+    def on_database_unavailable(request, exc):
+        """An exhausted connection pool is a 503 to retry (``collab.middleware.database_busy``);
+        any other database failure goes on to Django's handling."""
+        if not database_busy(exc):
+            raise exc
+        response = _error(request, 503, DATABASE_BUSY, "database_busy")
+        response["Retry-After"] = "1"
+        return response
 
-@api.exception_handler(OperationalError)
-def on_database_unavailable(request, exc):
-    """An exhausted connection pool is a 503 to retry (``collab.middleware.database_busy``);
-    any other database failure goes on to Django's handling."""
-    if not database_busy(exc):
-        raise exc
-    response = _error(request, 503, DATABASE_BUSY, "database_busy")
-    response["Retry-After"] = "1"
-    return response
+    @api.exception_handler(ValidationError)
+    def on_validation_error(request, exc: ValidationError):
+        problems = []
+        for err in exc.errors:
+            loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "payload"))
+            problems.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+        return _error(request, 422, "; ".join(problems) or "invalid request", "invalid_request", errors=exc.errors)
 
+    @api.exception_handler(AuthenticationError)
+    def on_authentication_error(request, exc):
+        return _error(request, 401, "authentication required: a Bearer token or a logged-in session", "unauthenticated")
 
-@api.exception_handler(ValidationError)
-def on_validation_error(request, exc: ValidationError):
-    problems = []
-    for err in exc.errors:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "payload"))
-        problems.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
-    return _error(request, 422, "; ".join(problems) or "invalid request", "invalid_request", errors=exc.errors)
+    @api.exception_handler(HttpError)
+    def on_http_error(request, exc: HttpError):
+        message = str(exc)
+        if exc.status_code == 403 and "CSRF" in message:
+            return _error(request, 403, "CSRF token missing or incorrect", "csrf_failed")
+        if exc.status_code == 400:
+            return _error(request, 400, message or "malformed request", "malformed_request")
+        return _error(request, exc.status_code, message, f"http_{exc.status_code}")
 
+    @api.exception_handler(RequestDataTooBig)
+    def on_too_big(request, exc):
+        # raised when a route first reads a body over DATA_UPLOAD_MAX_MEMORY_SIZE; ninja passes it on
+        # to Django, whose answer is an HTML page — an API answers its error shape
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return _error(request, 413, f"the request body is larger than {limit} bytes", "request_too_large", limit=limit)
 
-@api.exception_handler(AuthenticationError)
-def on_authentication_error(request, exc):
-    return _error(request, 401, "authentication required: a Bearer token or a logged-in session", "unauthenticated")
-
-
-@api.exception_handler(HttpError)
-def on_http_error(request, exc: HttpError):
-    message = str(exc)
-    if exc.status_code == 403 and "CSRF" in message:
-        return _error(request, 403, "CSRF token missing or incorrect", "csrf_failed")
-    if exc.status_code == 400:
-        return _error(request, 400, message or "malformed request", "malformed_request")
-    return _error(request, exc.status_code, message, f"http_{exc.status_code}")
-
-
-@api.exception_handler(RequestDataTooBig)
-def on_too_big(request, exc):
-    # raised when a route first reads a body over DATA_UPLOAD_MAX_MEMORY_SIZE; ninja passes it on
-    # to Django, whose answer is an HTML page — an API answers its error shape
-    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    return _error(request, 413, f"the request body is larger than {limit} bytes", "request_too_large", limit=limit)
-
-
-@api.exception_handler(Http404)
-def on_not_found(request, exc):
-    return _error(request, 404, "not found", "not_found")
+    @api.exception_handler(Http404)
+    def on_not_found(request, exc):
+        return _error(request, 404, "not found", "not_found")
 
 
 def no_such_route(request):
@@ -147,6 +144,7 @@ def no_such_route(request):
     return JsonResponse({"detail": "not found", "code": "not_found"}, status=404)
 
 
+install_error_handlers(api)
 api.add_decorator(require_token_scope)
 api.add_router("/", collab_router)
 api.add_router("/", streams_router)

@@ -6,6 +6,7 @@ from django.urls import include, path, re_path
 
 from collab import health
 from config.api import api, no_such_route
+from config.lg import lg_api
 
 
 async def favicon(request):
@@ -22,6 +23,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", api.urls),
     re_path(r"^api/", no_such_route),  # after every route: an API path that matches none is a JSON 404
+    path("lg/", lg_api.urls),  # the LangGraph-compatible API (docs/langgraph.md)
+    re_path(r"^lg/", no_such_route),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("collab.urls")),

@@ -49,6 +49,10 @@ class Session(models.Model):
         help_text="who sees it (a child session follows its root's): project, private or shared",
     )
     last_event_seq = models.PositiveBigIntegerField(default=0)
+    metadata = models.JSONField(
+        default=dict, blank=True,
+        help_text="a client's own key-value data (a LangGraph thread's metadata: docs/langgraph.md)",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     last_active_at = models.DateTimeField(default=timezone.now)
 

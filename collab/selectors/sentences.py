@@ -422,6 +422,16 @@ def _visibility_changed(say, p, actor, sid):
     return format_html("{} changed who sees {}: {}", _who(actor), say.session(p.get("session") or sid), words)
 
 
+def _metadata_changed(say, p, actor, sid):
+    keys = p.get("keys") if isinstance(p.get("keys"), list) else []
+    named = format_html(" ({})", ", ".join(_text(k) for k in keys)) if keys else mark_safe("")
+    return format_html("{} changed the metadata of {}{}", _who(actor), say.session(p.get("session") or sid), named)
+
+
+def _session_deleted(say, p, actor, sid):
+    return format_html("{} deleted session {}", _who(actor), _quote(p.get("title") or short(p.get("session") or "?")))
+
+
 def _shared(say, p, actor, sid):
     return format_html("{} shared {} with {} ({})", _who(actor), say.session(sid),
                        _text(p.get("username") or "?"), _text(p.get("role") or "viewer"))
@@ -570,6 +580,8 @@ _TELLERS = {
     "todo.created": _todo_created,
     "todo.updated": _todo_updated,
     "session.visibility_changed": _visibility_changed,
+    "session.metadata_changed": _metadata_changed,
+    "session.deleted": _session_deleted,
     "session.shared": _shared,
     "session.unshared": _unshared,
     "model.retry": _model_retry,

@@ -13,7 +13,7 @@ transaction where the database is the broker, and sent after the commit with Red
 """
 
 from collab.brokers import hand_to_broker
-from collab.errors import Conflict, Invalid
+from collab.errors import Conflict, Invalid, NotFound
 from collab.events import deferred_event, job_event_ref, send_event_on_commit, send_events_on_commit
 from collab.models import (
     MAX_PROMPT_CHARS,
@@ -114,8 +114,8 @@ def admit_job(
     ``session`` the caller deferred, sent first, in the job's statement (``send_job_event``).
     """
     caller = fields.get("parent_job")
-    if not sessions_locked:
-        lock_sessions(session.pk, getattr(caller, "session_id", None))
+    if not sessions_locked and session.pk not in lock_sessions(session.pk, getattr(caller, "session_id", None)):
+        raise NotFound()  # deleted while this waited for its lock (services.sessions.do_delete_session)
     locked = branch if fresh_branch else lock_branch(branch.pk)
     if locked.archived:
         raise Invalid(f"agent {locked.display_name} is archived; fork it with start_from to continue", code="archived")

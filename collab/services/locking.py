@@ -33,6 +33,7 @@ helpers only read the rows.
 
 from contextlib import contextmanager
 
+from collab.errors import NotFound
 from collab.models import Branch, Job, Session
 from collab.infra import prepared
 from collab.infra.prepared import Param, Select
@@ -58,12 +59,18 @@ def lock_sessions(*session_ids) -> dict:
         return {} if row is None else {sid: row}
     parents = dict(Session.objects.filter(pk__in=ids).values_list("pk", "parent_session_id"))
     ordered = sorted(parents, key=lambda sid: (parents[sid] is not None, sid))
-    return {sid: lock_session(sid) for sid in ordered}
+    locked = {sid: _LOCK_SESSION.first(id=sid) for sid in ordered}
+    return {sid: row for sid, row in locked.items() if row is not None}
 
 
 def lock_session(session_id) -> Session:
-    """Precondition: inside ``transaction.atomic``; no branch or job of another session locked yet."""
-    return _LOCK_SESSION.get(id=session_id)
+    """The session, locked; ``NotFound`` when it is gone (deleted while this request waited
+    for its lock: ``services.sessions.do_delete_session``).
+    Precondition: inside ``transaction.atomic``; no branch or job of another session locked yet."""
+    row = _LOCK_SESSION.first(id=session_id)
+    if row is None:
+        raise NotFound()
+    return row
 
 
 def lock_branch(branch_id) -> Branch:

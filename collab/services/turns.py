@@ -195,12 +195,15 @@ def rollback_and_start(user, session: Session, old: Branch, rolled: Job, prompt:
 
 
 @retry_on_deadlock
-def do_fork_and_start(user, session: Session, message, prompt: str, *, name: str = "") -> Job:
+def do_fork_and_start(user, session: Session, message, prompt: str, *, name: str = "", agent_spec=None,
+                      select: bool = False) -> Job:
     """A person forks at any visible node and runs a prompt there. A ``name`` they give is kept
     (never renamed); without one the fork gets a stage-1 label like an agent's.
     The session's selected HEAD stays where it is: what the person reads next is theirs to
-    choose (the page shows them their fork), and nobody else who opens the session is moved to it.
-    Preconditions: ``message`` came from ``access_message(…, "turn.start")``."""
+    choose (the page shows them their fork), and nobody else who opens the session is moved to it
+    — unless ``select``: a LangGraph run from a checkpoint (docs/langgraph.md#runs) makes the fork
+    the thread's latest state, as LangGraph does. ``agent_spec``: the spec this turn runs with
+    (default: the forked branch's). Preconditions: ``message`` came from ``access_message(…, "turn.start")``."""
     check_prompt(prompt)
     check_not_child(session)
     if len((name or "").strip()) > MAX_BRANCH_NAME_CHARS:
@@ -211,4 +214,8 @@ def do_fork_and_start(user, session: Session, message, prompt: str, *, name: str
             session, name=name, name_stage=stage, forked_from=message,
             agent_spec=effective_spec(message.branch, session), created_by=user,
         )
-        return admit_job(session=session, branch=branch, kind=JobKind.USER, prompt=prompt, started_by=user)
+        job = admit_job(session=session, branch=branch, kind=JobKind.USER, prompt=prompt, started_by=user,
+                        agent_spec=agent_spec)
+        if select:
+            Session.objects.filter(pk=session.pk).update(head=job.prompt_msg)
+        return job

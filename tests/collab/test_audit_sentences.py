@@ -122,6 +122,8 @@ SAMPLES = {
     "todo.created": {"todo": 1, "subject": "write tests"},
     "todo.updated": {"todo": 1, "status": "done"},
     "session.visibility_changed": {"session": "s1", "from": "project", "to": "private"},
+    "session.metadata_changed": {"session": "s1", "keys": ["graph_id", "topic"]},
+    "session.deleted": {"session": "s1", "title": "Plan launch"},
     "session.shared": {"username": "carol", "role": "viewer"},
     "session.unshared": {"username": "carol"},
     "model.retry": {"job": "j1", "branch": "b1", "provider": "openai", "attempt": 1, "max_retries": 3, "status": 429,
