@@ -6,6 +6,7 @@ from django.db import close_old_connections, connections
 from django.db.models.signals import post_delete, post_save
 
 from collab import task_queue, worker_name
+from collab.infra import tracing
 from collab.realtime.push import warm_push
 
 
@@ -38,6 +39,7 @@ class CollabConfig(AppConfig):
         post_spawn.connect(_keep_worker_connections, dispatch_uid="collab-keep-worker-connections")
         post_spawn.connect(_reconcile_on_worker_start, dispatch_uid="collab-reconcile-on-spawn")
         post_spawn.connect(_warm_event_push, dispatch_uid="collab-warm-event-push")
+        post_spawn.connect(_tracing_in_worker, dispatch_uid="collab-tracing-in-worker")
 
         if worker_name.is_worker_process():
             worker_name.install()
@@ -98,6 +100,15 @@ def _warm_event_push(sender, **kwargs):
         warm_push()
     except Exception:  # never keep a worker from starting
         logging.getLogger(__name__).exception("warming the event push at worker start failed")
+
+
+def _tracing_in_worker(sender, **kwargs):
+    """A worker that exports traces builds its tracer provider as it starts, not in its first turn
+    (``collab.infra.tracing``; nothing while tracing is off)."""
+    try:
+        tracing.start()
+    except Exception:  # never keep a worker from starting: its turns then run untraced
+        logging.getLogger(__name__).exception("setting up traces at worker start failed")
 
 
 def _reconcile_on_worker_start(sender, proc_name=None, **kwargs):

@@ -14,6 +14,7 @@ IMPLEMENTED_PROVIDERS = ("scripted", "openai", "anthropic")
 
 TURN_KINDS = ("user", "task", "message", "followup", "spawn")
 MAX_SLEEP_MS = 600_000
+MAX_STEP_TOKENS = 10_000_000
 
 
 class ScriptToolCall(BaseModel):
@@ -22,11 +23,21 @@ class ScriptToolCall(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+class ScriptUsage(BaseModel):
+    """The tokens a step's model call reports, as a real model's usage (quotas, the execution's
+    usage, traces)."""
+
+    model_config = ConfigDict(extra="forbid")
+    input_tokens: int = Field(default=0, ge=0, le=MAX_STEP_TOKENS)
+    output_tokens: int = Field(default=0, ge=0, le=MAX_STEP_TOKENS)
+
+
 class ScriptStep(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str | None = None
     tool_calls: list[ScriptToolCall] | None = None
     sleep_ms: int | None = Field(default=None, ge=0, le=MAX_SLEEP_MS)
+    usage: ScriptUsage | None = None
 
     @model_validator(mode="after")
     def _one_action(self):
@@ -63,6 +74,9 @@ _STEP = {
             "properties": {"name": {"type": "string", "minLength": 1}, "arguments": {"type": "object"}},
         }}, _NULL]},
         "sleep_ms": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_SLEEP_MS}, _NULL]},
+        "usage": {"anyOf": [{"type": "object", "additionalProperties": False, "properties": {
+            name: {"type": "integer", "minimum": 0, "maximum": MAX_STEP_TOKENS} for name in ScriptUsage.model_fields
+        }}, _NULL]},
     },
     # ScriptStep._one_action: text, tool_calls or sleep_ms (null is absent), never text and tool_calls
     "anyOf": [{"required": [name], "properties": {name: {"not": _NULL}}} for name in ("text", "tool_calls", "sleep_ms")],

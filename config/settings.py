@@ -20,6 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from collab.conf.env import env_bool, env_decimal, env_int, env_list, env_str
 from collab.conf.model_connections import model_connections_from_env
+from collab.conf.otel import traces_from_env
 from collab.conf.webhook_hosts import webhook_hosts_from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -485,6 +486,11 @@ TRELLIS_WEBHOOK_MAX_ATTEMPTS = env_int("TRELLIS_WEBHOOK_MAX_ATTEMPTS", 8, minimu
 TRELLIS_WEBHOOK_RETRY_BASE_SECONDS = env_int("TRELLIS_WEBHOOK_RETRY_BASE_SECONDS", 30, minimum=1)
 if TRELLIS_WEBHOOK_MAX_ATTEMPTS > 50:
     raise ImproperlyConfigured(f"TRELLIS_WEBHOOK_MAX_ATTEMPTS must be at most 50, got {TRELLIS_WEBHOOK_MAX_ATTEMPTS}")
+
+# --- traces -----------------------------------------------------------------------------------
+# OpenTelemetry traces of the agents' turns (docs/operations.md#traces): on when
+# OTEL_EXPORTER_OTLP_ENDPOINT is set (collab/conf/otel.py); the exporter reads the other OTEL_* variables
+TRELLIS_TRACING = traces_from_env()
 
 LOGGING = {
     "version": 1,

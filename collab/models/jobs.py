@@ -201,6 +201,10 @@ class Job(models.Model):
 
     followup_state = models.CharField(max_length=16, choices=FollowupState.choices, default=FollowupState.NONE)
     followup_mode = models.CharField(max_length=16, blank=True, default="")
+    # W3C trace context (``traceparent``, then ``;`` and ``tracestate`` when there is one) of the
+    # span this execution's work joins: its caller's, so a child on another worker stays in its
+    # parent's trace (docs/operations.md#traces); empty when tracing is off
+    trace_context = models.CharField(max_length=512, blank=True, default="")
 
     # the database's clock: the claim order of a branch's queued jobs never depends
     # on which app server admitted them

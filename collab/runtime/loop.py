@@ -25,6 +25,7 @@ from typing import Any
 
 from django.db import close_old_connections, transaction
 
+from collab.infra import tracing
 from collab.models import Job, JobKind, JobStatus, Message, MessageRole, PersonAsk
 from collab.runtime import prompts
 from collab.runtime.failures import (
@@ -291,6 +292,32 @@ def run_foreground(job, caller: TurnContext | None) -> None:
 def _run_claimed(job, inline_parents: tuple[str, ...], signal: StopSignal | None = None) -> str:
     turn = TurnContext(job=job, branch=job.branch, spec=job.agent_spec, inline_parents=inline_parents,
                        stop_signal=signal)
+    spent_before = {name: getattr(job, name) for name in RUN_USAGE}  # a resumed turn's, as claimed
+    with traced_run(turn) as span:
+        status = _run_turn(turn)
+        span.ended(status=status, error_code=job.error_code,
+                   **{name: max(getattr(turn, name) - spent_before[name], 0) for name in RUN_USAGE})
+    return status
+
+
+RUN_USAGE = ("tokens_in", "tokens_out", "model_calls", "tool_calls")  # what one run's span counts: its own spending
+
+
+def traced_run(turn: TurnContext):
+    """This run's ``invoke_agent`` span (docs/operations.md#traces), under the span that admitted
+    the job (its ``trace_context``); a no-op while tracing is off."""
+    job, spec = turn.job, turn.spec
+    return tracing.invoke_agent(
+        carried=job.trace_context, person_turn=job.kind == JobKind.USER, execution_id=job.pk, kind=job.kind,
+        agent_name=turn.branch.display_name, branch_id=turn.branch.pk, session_id=job.session_id,
+        spec_agent_id=getattr(spec, "agent_id", ""), provider=getattr(spec, "provider", ""),
+        model=getattr(spec, "model", ""))
+
+
+def _run_turn(turn: TurnContext) -> str:
+    """The run's part between its claim and its end: the turn driven to its answer and the job
+    ended (``finish_job``), or ended failed; or paused for a person. Returns how it ended."""
+    job = turn.job
     if job.branch.archived:
         end_failed(job, archived_before_start(job))
         return JobStatus.FAILED
@@ -320,7 +347,11 @@ def drive(turn: TurnContext) -> str:
         drain(turn)
         turn.policy.enforce_model_calls(turn.model_calls)
         idle_connection()  # the model's time is not the database's: the connection goes back to the pool
-        response = provider.complete(turn)
+        with tracing.chat(provider=getattr(turn.spec, "provider", ""), model=getattr(turn.spec, "model", ""),
+                          execution_id=turn.job.pk, session_id=turn.job.session_id) as call:
+            response = provider.complete(turn)
+            call.answered(tokens_in=response.tokens_in, tokens_out=response.tokens_out,
+                          tool_calls=bool(response.tool_calls))
         turn.flush_delta()
         turn.model_calls += 1
         turn.tokens_in += response.tokens_in
@@ -390,7 +421,10 @@ def run_calls(turn: TurnContext, node, calls: list, start: int = 0, decided: Per
             else:
                 started = True
                 arguments = ask.decision.get("arguments", call.arguments) if ask is not None else call.arguments
-                result = run_tool(actor, call.name, arguments, tools=turn.tools)
+                with tracing.execute_tool(name=call.name, call_id=call.id, execution_id=turn.job.pk,
+                                          session_id=turn.job.session_id) as span:
+                    result = run_tool(actor, call.name, arguments, tools=turn.tools)
+                    span.returned(is_error=result.is_error, code=str((result.details or {}).get("code") or ""))
         except (TurnStopped, LimitExceeded) as exc:  # this call and the rest are answered, not run
             write_skipped_results(turn, calls[n:], exc, interrupted=started)
             raise

@@ -30,6 +30,7 @@ from collab.models import (
 )
 from collab.models.ids import new_id
 from collab.infra.prepared import Insert
+from collab.infra import tracing
 from collab.services.budgets import check_admission_quota
 from collab.services.locking import lock_branch, lock_job, lock_sessions
 from collab.services.messages import append_message
@@ -143,6 +144,7 @@ def admit_job(
         parent_msg_id=locked.tip_id,
         prompt_msg_id=prompt_msg_id,
         started_by=started_by,
+        trace_context=joined_trace(fields.get("followup_of")),
         **fields,
     )
     if enqueue:
@@ -158,6 +160,20 @@ def admit_job(
 
 # every admission writes one (compiled once per process: collab.infra.prepared)
 _NEW_JOB = Insert("new_job", Job)
+
+
+def joined_trace(followup_of: Job | None) -> str:
+    """The trace the admitted job joins (docs/operations.md#traces), written by its INSERT: the
+    span admitting it — a turn's tool call, or a turn's completion — else, for a follow-up
+    admitted outside any turn (by the reconciler), the trace of the job whose result it carries.
+    Empty while tracing is off, and outside any span (a person's turn: its run starts the trace)."""
+    if not tracing.ENABLED:
+        return ""
+    carried = tracing.trace_context_now()
+    if carried or followup_of is None:
+        return carried
+    return followup_of.__dict__.get("trace_context", "")  # as it was loaded: never a read of its own
+
 
 FENCED = (JobStatus.STOPPING, JobStatus.CANCELLED)
 

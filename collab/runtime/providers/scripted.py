@@ -3,7 +3,8 @@
 ``AgentSpec.script`` is a list of steps (for every turn) or an object keyed by
 turn kind (``user``, ``task``, ``message``, ``followup``, ``spawn``). One step per
 model call: ``{"text": …}`` answers, ``{"tool_calls": [{"name", "arguments"}]}``
-calls tools, ``{"sleep_ms": N}`` waits (cancellably) first. When the steps run
+calls tools, ``{"sleep_ms": N}`` waits (cancellably) first; a step's ``usage``
+(``{"input_tokens", "output_tokens"}``) is what its model call reports. When the steps run
 out the answer is ``ok: `` + the first 200 characters of the prompt.
 """
 
@@ -87,14 +88,18 @@ class ScriptedProvider:
     def complete(self, turn) -> ModelResponse:
         steps = self.steps_for(turn.job.kind)
         state = turn.provider_state
+        usage = {"tokens_in": 0, "tokens_out": 0}  # what the steps of this call report (``usage``)
         while state.get("cursor", 0) < len(steps):
             index = state.get("cursor", 0)
             step = steps[index]
             state["cursor"] = index + 1
             if step.get("sleep_ms"):
                 turn.sleep(step["sleep_ms"] / 1000)
+            reported = step.get("usage") or {}
+            usage["tokens_in"] += int(reported.get("input_tokens") or 0)
+            usage["tokens_out"] += int(reported.get("output_tokens") or 0)
             if step.get("text") is not None:
-                return ModelResponse(text=_as_text(substitute(step["text"], turn)))
+                return ModelResponse(text=_as_text(substitute(step["text"], turn)), **usage)
             if step.get("tool_calls"):
                 calls = [
                     ToolCall(
@@ -104,9 +109,9 @@ class ScriptedProvider:
                     )
                     for n, call in enumerate(step["tool_calls"])
                 ]
-                return ModelResponse(tool_calls=calls)
+                return ModelResponse(tool_calls=calls, **usage)
             # a pure sleep step: carry on with the next one in the same model call
-        return ModelResponse(text=FALLBACK_PREFIX + turn.prompt[:200])
+        return ModelResponse(text=FALLBACK_PREFIX + turn.prompt[:200], **usage)
 
 
 def _title_from(messages) -> str:
