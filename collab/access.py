@@ -27,7 +27,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 
-from accounts.models import Project
+from accounts.models import ApiToken, Project
 from accounts.policy import (
     has_capability,
     lesser_role,
@@ -38,7 +38,7 @@ from accounts.policy import (
     role_of,
     roles_of_user_id,
 )
-from collab.errors import Forbidden, Invalid, NotFound
+from collab.errors import DomainError, Forbidden, Invalid, NotFound
 from collab.infra.prepared import Param, Select
 from collab.models import (
     Artifact,
@@ -222,6 +222,22 @@ def access_job(user, job_id: str, capability: str = "project.read", *, project_i
     job = _JOB.first(project_id is not None, id=job_id, user=user.pk, project=project_id)
     _checked(None if job is None else _role_read_with(user, job.session, job), capability)
     return job
+
+
+def still_reads_job(viewer, token_id: int | None, job_id: str) -> bool:
+    """Whether a long-lived stream of the job (its SSE, a LangGraph run's stream) may go on:
+    its viewer, as the database has them now, may still see the job, and the token they came
+    with (``token_id``; None: a browser session) is still usable."""
+    if token_id is not None and not ApiToken.objects.active().filter(pk=token_id).exists():
+        return False
+    viewer = as_now(viewer)
+    if viewer is None:  # deactivated or deleted since the stream opened
+        return False
+    try:
+        access_job(viewer, job_id)
+    except DomainError:
+        return False
+    return True
 
 
 def access_message(user, session_id: str, message_id: str, capability: str = "project.read", *,

@@ -34,10 +34,9 @@ from django.conf import settings
 from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Header, Router
 
-from accounts.models import ApiToken
 from collab import access
 from collab.api import ERRORS
-from collab.errors import DomainError, Invalid
+from collab.errors import Invalid
 from collab.models import TERMINAL_STATUSES, Session
 from collab.realtime.bounds import SSE_HEARTBEAT_SECONDS, open_wait
 from collab.realtime.push import pushed_wires
@@ -127,19 +126,7 @@ def _read(viewer, session_id: str, job_id: str, after: int, memo: Memo) -> tuple
     return wires, through, status if status in TERMINAL_STATUSES else None
 
 
-@database_sync_to_async
-def _still_allowed(viewer, token_id: int | None, job_id: str) -> bool:
-    """The viewer may still see the job, and the token they came with is still usable."""
-    if token_id is not None and not ApiToken.objects.active().filter(pk=token_id).exists():
-        return False
-    viewer = access.as_now(viewer)
-    if viewer is None:  # deactivated or deleted since the stream opened
-        return False
-    try:
-        access.access_job(viewer, job_id)
-    except DomainError:
-        return False
-    return True
+_still_reads_job = database_sync_to_async(access.still_reads_job)
 
 
 def _unread(wires: list[dict], last: int, job_id: str) -> tuple[int, bool]:
@@ -180,7 +167,7 @@ async def _frames(viewer, token_id: int | None, job_id: str, session_id: str, af
                     break
                 message = await subscription.next(SSE_HEARTBEAT_SECONDS)
                 if message is None:  # a heartbeat is due (or the layer read failed: read the log again)
-                    if not await _still_allowed(viewer, token_id, job_id):
+                    if not await _still_reads_job(viewer, token_id, job_id):
                         return  # revoked token, or the job no longer visible: close, say nothing more
                     yield ": keep-alive\n\n"
                     break

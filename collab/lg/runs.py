@@ -445,18 +445,27 @@ def create_run(request: HttpRequest, thread_id: str, payload: RunIn, response: H
     return run_shape(job, strategy)
 
 
+async def _start_followed(request: HttpRequest, thread_id: str, payload: RunIn):
+    """A run its request follows to the end (``runs.wait``, ``runs.stream``): the request's wait
+    slot taken first (``open_wait``: too many waits is a 429 before anything is written), then
+    the run started. Returns (the run, where its stream starts, the slot, what cancels it when
+    its client leaves: ``on_disconnect="cancel"``, else None)."""
+    slot = open_wait(request.auth)
+    try:
+        job, before, _ = await in_thread(request, start_run, request.auth, request_token(request), thread_id, payload)
+    except BaseException:
+        slot.free()
+        raise
+    cancel = partial(_cancel_quietly, request.auth, job.pk) if payload.on_disconnect == "cancel" else None
+    return job, before, slot, cancel
+
+
 @router.post("threads/{thread_id}/runs/wait", response={200: dict})
 async def wait_run(request: HttpRequest, thread_id: str, payload: RunIn):
     """A run, answered when it is over (ended, or waiting for a person): the thread's values as it
     left them (``__interrupt__`` when it waits, ``__error__`` when it failed). Newlines keep the
     connection alive meanwhile; nothing is held while it waits."""
-    slot = open_wait(request.auth)
-    try:
-        job, _, _ = await in_thread(request, start_run, request.auth, request_token(request), thread_id, payload)
-    except BaseException:
-        slot.free()
-        raise
-    cancel = partial(_cancel_quietly, request.auth, job.pk) if payload.on_disconnect == "cancel" else None
+    job, _, slot, cancel = await _start_followed(request, thread_id, payload)
     body = stream.output_when_done(request, request.auth, _token_id(request), job.session_id, job.pk, slot=slot,
                                    disconnected=cancel)
     response = _json_response(body, slot)
@@ -470,13 +479,7 @@ async def stream_run(request: HttpRequest, thread_id: str, payload: RunIn):
     ``metadata`` first, then the run's frames as it goes, then ``end``. Every frame has an id: a
     client that lost the connection joins again with ``Last-Event-ID`` at ``Location``."""
     modes = stream_modes(payload.stream_mode)
-    slot = open_wait(request.auth)
-    try:
-        job, before, _ = await in_thread(request, start_run, request.auth, request_token(request), thread_id, payload)
-    except BaseException:
-        slot.free()
-        raise
-    cancel = partial(_cancel_quietly, request.auth, job.pk) if payload.on_disconnect == "cancel" else None
+    job, before, slot, cancel = await _start_followed(request, thread_id, payload)
     frames = stream.sse_frames(request, request.auth, _token_id(request), job.session, job, modes, stream.Position(before),
                                metadata=True, slot=slot, disconnected=cancel)
     response = _sse_response(frames, slot)

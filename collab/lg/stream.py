@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 
-from accounts.models import ApiToken
 from collab import access
-from collab.errors import DomainError, Invalid
+from collab.errors import Invalid
 from collab.lg import values
 from collab.models import TERMINAL_STATUSES, Event, Job, JobStatus, Message, MessageRole, PersonAsk, Session
 from collab.realtime.bounds import SSE_HEARTBEAT_SECONDS
@@ -297,20 +296,6 @@ def _sse(event: str, data, event_id: str | None = None) -> str:
     return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'), default=str)}\n\n"
 
 
-def _still_allowed(viewer, token_id: int | None, job_id: str) -> bool:
-    """The viewer may still read the run, with the token they came with."""
-    if token_id is not None and not ApiToken.objects.active().filter(pk=token_id).exists():
-        return False
-    viewer = access.as_now(viewer)
-    if viewer is None:
-        return False
-    try:
-        access.access_job(viewer, job_id)
-    except DomainError:
-        return False
-    return True
-
-
 def _about_job(message: dict, job_id: str) -> bool:
     """A message of the session's group that may concern the run (a poke: anything may)."""
     if message.get("type") != "collab.event":
@@ -373,7 +358,7 @@ async def sse_frames(request, viewer, token_id: int | None, session: Session, jo
                 yield _sse("end", {"run_id": job.pk, "status": status})
                 return
             if not await _next_change(subscription, job.pk):
-                if not await in_thread(request, _still_allowed, viewer, token_id, job.pk):
+                if not await in_thread(request, access.still_reads_job, viewer, token_id, job.pk):
                     ended = True  # nothing to cancel for someone who may no longer see it
                     return
                 yield ": heartbeat\n\n"
@@ -408,7 +393,7 @@ async def output_when_done(request, viewer, token_id: int | None, session_id: st
                 yield json.dumps(output, separators=(",", ":"), default=str)
                 return
             if not await _next_change(subscription, job_id):
-                if not await in_thread(request, _still_allowed, viewer, token_id, job_id):
+                if not await in_thread(request, access.still_reads_job, viewer, token_id, job_id):
                     ended = True
                     return
                 yield "\n"

@@ -14,7 +14,6 @@ The tasks go to queues of their own (``Q_CLUSTER_NAME``), served only by the clu
 
 import gzip
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ import pytest
 
 from collab.infra import tracing
 from collab.models import Job
+from tests.collab.test_liveness import stop_cluster
 from tests.collab.test_turn_queries import Counted, no_worker  # noqa: F401 (a fixture)
 from tests.conftest import (
     ROOT,
@@ -150,21 +150,6 @@ def start_cluster(env: dict, log):
     proc.log = log
     proc.queue = env["Q_CLUSTER_NAME"]
     return proc
-
-
-def stop_cluster(proc) -> None:
-    """SIGTERM to the cluster's main process (its graceful stop), SIGKILL to what is left."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(5)
 
 
 @pytest.fixture(scope="module")

@@ -16,22 +16,14 @@ from langgraph_sdk.errors import ConflictError
 from accounts.models import ApiToken, TokenScope
 from collab.models import Job
 from tests.conftest import api_client_of, make_spec, poll
+from tests.lg.client import ANSWER, APPROVAL, SLOW
 
 pytestmark = pytest.mark.slow
 
-ANSWER = [
-    {"tool_calls": [{"name": "todo_create", "arguments": {"subject": "write the plan"}}]},
-    {"text": "planned: {{prompt}}"},
-]
 STEPS = [  # a run that goes on after its first frames: a tool call, a pause, the answer
     {"tool_calls": [{"name": "todo_create", "arguments": {"subject": "step"}}]},
     {"sleep_ms": 1500},
     {"text": "stepped: {{prompt}}"},
-]
-SLOW = [{"sleep_ms": 60000}, {"text": "slow: {{prompt}}"}]
-APPROVAL = [
-    {"tool_calls": [{"name": "todo_create", "arguments": {"subject": "ship it"}}]},
-    {"text": "after the call: {{last.text}}"},
 ]
 
 

@@ -12,7 +12,6 @@ import pytest
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections, connection, transaction
-from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -24,63 +23,12 @@ from langgraph_sdk.schema import Thread, ThreadState
 from collab.models import AgentSpec, Event, Job, Message, PersonAsk, Session
 from collab.services.turns import do_fork_and_start
 from tests.conftest import api_client_of, make_spec, turn
-
-TOOL_THEN_ANSWER = [
-    {"tool_calls": [{"name": "todo_create", "arguments": {"subject": "write the plan"}}]},
-    {"text": "planned: {{prompt}}"},
-]
-APPROVAL = [
-    {"tool_calls": [{"name": "todo_create", "arguments": {"subject": "ship it"}}]},
-    {"text": "after the call: {{last.text}}"},
-]
-QUESTION = [
-    {"tool_calls": [{"name": "ask_person", "arguments": {"question": "Which colour?", "choices": ["red", "blue"]}}]},
-    {"text": "the person said {{last.text}}"},
-]
-
-
-class Lg:
-    """A client of ``/lg`` as langgraph-sdk is one: JSON, the token in ``x-api-key``."""
-
-    def __init__(self, raw_token=None, header="HTTP_X_API_KEY"):
-        self.client = Client()
-        self.headers = {header: raw_token if header == "HTTP_X_API_KEY" else f"Bearer {raw_token}"} if raw_token else {}
-
-    def get(self, path, **params):
-        return self.client.get(f"/lg{path}", params, **self.headers)
-
-    def post(self, path, data=None):
-        return self.client.post(f"/lg{path}", json.dumps({} if data is None else data),
-                                content_type="application/json", **self.headers)
-
-    def patch(self, path, data=None):
-        return self.client.patch(f"/lg{path}", json.dumps(data or {}), content_type="application/json", **self.headers)
-
-    def delete(self, path):
-        return self.client.delete(f"/lg{path}", **self.headers)
-
-
-def lg_as(user, scopes=None, header="HTTP_X_API_KEY") -> Lg:
-    _, raw = ApiToken.issue(user, name="lg", scopes=scopes or TokenScope.values)
-    return Lg(raw, header)
-
-
-def ok(response, status=200):
-    assert response.status_code == status, (response.status_code, response.content)
-    return response.json() if response.content else None
-
-
-def refused(response, status, code):
-    assert response.status_code == status, (response.status_code, response.content)
-    assert response.json()["code"] == code, response.json()
-    assert response.json()["detail"]
-    return response.json()
-
+from tests.lg.client import ANSWER, APPROVAL, QUESTION, Lg, lg_as, ok, refused
 
 @pytest.fixture
 def bot(team):
     """The owner's scripted agent spec ``bot`` in project alpha: a tool call, then an answer."""
-    return make_spec(api_client_of(team.owner), "bot", TOOL_THEN_ANSWER)
+    return make_spec(api_client_of(team.owner), "bot", ANSWER)
 
 
 def new_thread(lg, **metadata) -> dict:

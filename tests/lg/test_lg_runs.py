@@ -10,59 +10,10 @@ import json
 import pytest
 from asgiref.sync import async_to_sync
 
-from accounts.models import ApiToken, TokenScope
+from accounts.models import TokenScope
 from collab.models import Job, Message, PersonAsk
 from tests.conftest import api_client_of, make_spec, poll
-
-ANSWER = [
-    {"tool_calls": [{"name": "todo_create", "arguments": {"subject": "write the plan"}}]},
-    {"text": "planned: {{prompt}}"},
-]
-SLOW = [{"sleep_ms": 60000}, {"text": "slow: {{prompt}}"}]
-APPROVAL = [
-    {"tool_calls": [{"name": "todo_create", "arguments": {"subject": "ship it"}}]},
-    {"text": "after the call: {{last.text}}"},
-]
-QUESTION = [
-    {"tool_calls": [{"name": "ask_person", "arguments": {"question": "Which colour?", "choices": ["red", "blue"]}}]},
-    {"text": "the person said {{last.text}}"},
-]
-
-
-class Lg:
-    """A client of ``/lg`` as langgraph-sdk is one: JSON, the token in ``x-api-key``."""
-
-    def __init__(self, raw_token=None):
-        from django.test import Client
-
-        self.client = Client()
-        self.headers = {"HTTP_X_API_KEY": raw_token} if raw_token else {}
-
-    def get(self, path, headers=None, **params):
-        return self.client.get(f"/lg{path}", params, **self.headers, **(headers or {}))
-
-    def post(self, path, data=None, **params):
-        query = "&".join(f"{k}={v}" for k, v in params.items())
-        return self.client.post(f"/lg{path}" + (f"?{query}" if query else ""), json.dumps({} if data is None else data),
-                                content_type="application/json", **self.headers)
-
-
-def lg_as(user, scopes=None) -> Lg:
-    _, raw = ApiToken.issue(user, name="lg", scopes=scopes or TokenScope.values)
-    return Lg(raw)
-
-
-def ok(response, status=200):
-    assert response.status_code == status, (response.status_code, response.content)
-    return response.json()
-
-
-def refused(response, status, code):
-    assert response.status_code == status, (response.status_code, response.content)
-    body = response.json()
-    assert body["code"] == code and body["detail"], body
-    return body
-
+from tests.lg.client import ANSWER, APPROVAL, QUESTION, SLOW, lg_as, ok, refused
 
 def body_of(response) -> bytes:
     """A whole answer; a streamed one read to its end as a server would send it (its async body
