@@ -38,6 +38,14 @@ def call_waiting(server, raw_token: str, address: str, eid: str, on_elicit=None,
     return asyncio.run(main())
 
 
+def answering(asked: list, answer: str):
+    """An elicitation callback that notes each question put in ``asked`` and accepts ``answer``."""
+    async def on_elicit(context, params):
+        asked.append(params)
+        return types.ElicitResult(action="accept", content={"answer": answer})
+    return on_elicit
+
+
 def _waiting(api, sid) -> tuple[str, str]:
     address, eid = head_address(api, sid)
     assert api.wait(eid, statuses={"waiting"})["status"] == "waiting"
@@ -49,10 +57,7 @@ def test_a_question_comes_to_a_client_that_takes_elicitations_and_its_answer_dec
     api, sid = scripted_session(team.member, ASK)
     address, eid = _waiting(api, sid)
     asked = []
-
-    async def on_elicit(context, params):
-        asked.append(params)
-        return types.ElicitResult(action="accept", content={"answer": "blue"})
+    on_elicit = answering(asked, "blue")
 
     output = call_waiting(server, token(team.member), address, eid, on_elicit)
     assert not output.isError and output.content[0].text == "the person said blue", output
@@ -100,10 +105,7 @@ def test_no_question_is_put_to_a_client_that_did_not_declare_it_or_whose_token_m
     api, sid = scripted_session(team.member, ASK)
     address, eid = _waiting(api, sid)
     asked = []
-
-    async def on_elicit(context, params):
-        asked.append(params)
-        return types.ElicitResult(action="accept", content={"answer": "blue"})
+    on_elicit = answering(asked, "blue")
 
     undeclared = call_waiting(server, token(team.member), address, eid, timeout_ms=1_500)
     narrow = token(team.member, scopes=[s for s in TokenScope.values if s != TokenScope.HOLDS])

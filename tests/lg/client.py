@@ -22,6 +22,11 @@ QUESTION = [
 ]
 
 
+def human(text: str) -> dict:
+    """A run's ``input``: one person's message, as LangGraph clients send it."""
+    return {"messages": [{"role": "user", "content": text}]}
+
+
 class Lg:
     """A client of ``/lg`` as langgraph-sdk is one: JSON, the token in ``x-api-key`` (or, with
     ``header="HTTP_AUTHORIZATION"``, as a Bearer token)."""

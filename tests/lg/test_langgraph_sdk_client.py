@@ -16,7 +16,7 @@ from langgraph_sdk.errors import ConflictError
 from accounts.models import ApiToken, TokenScope
 from collab.models import Job
 from tests.conftest import api_client_of, make_spec, poll
-from tests.lg.client import ANSWER, APPROVAL, SLOW
+from tests.lg.client import ANSWER, APPROVAL, SLOW, human
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +25,6 @@ STEPS = [  # a run that goes on after its first frames: a tool call, a pause, th
     {"sleep_ms": 1500},
     {"text": "stepped: {{prompt}}"},
 ]
-
-
-def human(text):
-    return {"messages": [{"role": "user", "content": text}]}
 
 
 def token_of(user) -> str:

@@ -13,7 +13,7 @@ from asgiref.sync import async_to_sync
 from accounts.models import TokenScope
 from collab.models import Job, Message, PersonAsk
 from tests.conftest import api_client_of, make_spec, poll
-from tests.lg.client import ANSWER, APPROVAL, QUESTION, SLOW, lg_as, ok, refused
+from tests.lg.client import ANSWER, APPROVAL, QUESTION, SLOW, human, lg_as, ok, refused
 
 def body_of(response) -> bytes:
     """A whole answer; a streamed one read to its end as a server would send it (its async body
@@ -37,10 +37,6 @@ def frames_of(response) -> list[dict]:
         if fields:
             frames.append({"id": fields.get("id"), "event": fields["event"], "data": json.loads(fields["data"])})
     return frames
-
-
-def human(text):
-    return {"messages": [{"role": "user", "content": text}]}
 
 
 @pytest.fixture
