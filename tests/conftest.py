@@ -244,6 +244,20 @@ def pytest_runtest_teardown(item, nextitem):
                 world.close()
 
 
+@pytest.fixture(autouse=True)
+def _a_channel_layer_per_test():
+    """Each test gets a channel layer of its own. The process's layer outlives the event loop of
+    the test that used it (a test runs its async parts on a loop of its own), and channels-redis
+    keeps a per-channel lock across loops: a read waiting for that lock when its loop ends leaves
+    the lock bound to the dead loop, and the next loop that contends for it fails ("bound to a
+    different event loop"). A server runs one loop for its life and never meets this; a test
+    process must start each test afresh, as a new server process would."""
+    yield
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+
+
 def off_the_loop(call, *args, **kwargs):
     """``call(*args, **kwargs)``, from another thread when this one runs an event loop (Playwright's
     sync API keeps one on the test's thread): the test client reaches async routes (POST turns,

@@ -124,3 +124,23 @@ def test_a_thread_pushing_events_sends_them_itself_and_an_event_loop_does_not_bl
 
     assert asyncio.run(on_a_loop()) is None
     assert _in_a_thread(push._blocking_sender, layer) is layer.blocking_sender
+
+
+_layers_seen: list = []  # the layers themselves: an id could be reused once one is collected
+
+
+def test_a_test_gets_the_process_channel_layer_of_its_own():
+    """First of two: note the process's layer as this test sees it."""
+    from channels.layers import get_channel_layer
+
+    _layers_seen.append(get_channel_layer())
+
+
+def test_the_next_test_starts_with_another_channel_layer():
+    """A layer read on an earlier test's loop is never read on this one's (tests/conftest.py:
+    channels-redis keeps per-channel locks across loops, and one left behind by a loop that ended
+    mid-read fails the next loop that contends for it)."""
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    assert _layers_seen and all(layer is not seen for seen in _layers_seen)
