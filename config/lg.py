@@ -5,6 +5,8 @@ Clients send a Trellis token in ``x-api-key`` (what ``langgraph-sdk`` sends) or
 API's shape (``{"detail", "code"}``: ``detail`` is what LangGraph clients show), token scopes
 apply as on ``/api``."""
 
+import importlib.metadata
+
 from ninja import NinjaAPI
 from ninja.security import APIKeyHeader
 
@@ -39,6 +41,25 @@ lg_api = NinjaAPI(
 
 install_error_handlers(lg_api)
 lg_api.add_decorator(require_token_scope)
+
+
+@lg_api.get("/info", auth=None, response={200: dict}, tags=["server"])
+def info(request):
+    """What LangGraph's server info says about this server (no token needed, as there: clients
+    such as Agent Chat UI ask it before anything else, to know that the URL is an Agent Server).
+    It names no tenant's data: the server's version and which optional features it offers."""
+    try:
+        version = importlib.metadata.version("trellis")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return {"version": version, "server": "trellis",
+            "flags": {"assistants": True, "crons": False, "store": False, "langsmith": False}}
+
+
+@lg_api.get("/ok", auth=None, response={200: dict}, tags=["server"])
+def ok(request):
+    """LangGraph's liveness answer (the process is up; ``/readyz`` says whether it can serve)."""
+    return {"ok": True}
 
 from collab.lg.assistants import router as assistants_router  # noqa: E402
 from collab.lg.runs import router as runs_router  # noqa: E402

@@ -34,7 +34,7 @@ from collab.lg.values import (
     thread_of,
     thread_tip,
 )
-from collab.models import STRATEGIES, AskKind, Job, JobKind, JobStatus
+from collab.models import STRATEGIES, AskKind, Job, JobKind, JobStatus, Message
 from collab.realtime.bounds import MAX_WAIT_SECONDS, open_wait
 from collab.realtime.subscription import until_terminal
 from collab.realtime.threads import in_thread
@@ -107,10 +107,10 @@ def stream_modes(raw, *, default: tuple[str, ...] = (stream.VALUES,)) -> tuple[s
     names = [n for n in names if isinstance(n, str) and n.strip()]
     if not names:
         return default
-    unknown = [n for n in names if n not in stream.STREAM_MODES]
+    unknown = [n for n in names if n not in stream.ACCEPTED_MODES]
     if unknown:
         raise Unsupported(f"stream_mode {', '.join(map(repr, unknown))}: Trellis streams "
-                          f"{', '.join(stream.STREAM_MODES)}", field="stream_mode")
+                          f"{', '.join(stream.ACCEPTED_MODES)}", field="stream_mode")
     return tuple(dict.fromkeys(names))
 
 
@@ -158,9 +158,16 @@ def check_supported(payload: RunIn, *, background: bool = False) -> None:
             _refuse(f"command.{extra[0]}", "Trellis resumes an interrupt (command.resume) and nothing else")
         if "resume" not in payload.command:
             raise Invalid("command must have resume: the value that decides the interrupt", code="invalid_run")
-    elif payload.input is None:
+    elif payload.input is None and not _names_checkpoint(payload):
         raise Invalid("input is required: {\"messages\": [{\"role\": \"user\", \"content\": \"…\"}]} "
-                      "(or command.resume to decide an interrupt)", code="invalid_run")
+                      "(or command.resume to decide an interrupt, or a checkpoint to ask again from)",
+                      code="invalid_run")
+
+
+def _names_checkpoint(payload: RunIn) -> bool:
+    configurable = (payload.config or {}).get("configurable") or {}
+    return any(c for c in (payload.checkpoint_id, checkpoint_id_in(payload.checkpoint),
+                           checkpoint_id_in(configurable) if configurable else None))
 
 
 def _check_config(config) -> None:
@@ -235,6 +242,8 @@ def _start(user, token, thread_id: str, payload: RunIn, background: bool) -> tup
     before = session.last_event_seq
     if payload.command is not None:
         return resume_run(user, token, session, payload.command["resume"]), before, None
+    if payload.input is None:
+        return ask_again(user, session, _checkpoint_of(session, payload), spec), before, None
     prompt = prompt_of(payload.input)
     check_prompt(prompt)
     check_not_child(session)
@@ -257,6 +266,19 @@ def _checkpoint_of(session, payload: RunIn):
     if len(named) > 1:
         raise Invalid("checkpoint_id, checkpoint and config name different checkpoints", code="invalid_checkpoint")
     return checkpoint_message(session, named.pop()) if named else None
+
+
+def ask_again(user, session, at: Message, spec) -> Job:
+    """A run without input from a checkpoint: LangGraph runs the graph on from that state, which
+    is what a client's "regenerate" sends, naming the state that ends with the person's message.
+    Trellis asks that message again: a fork just before it (a new root for the thread's first
+    message) whose input is the same text, so the answer is a new one and the old stays on its
+    branch; the thread follows the fork. From any other checkpoint there is nothing to run on (a
+    Trellis run ends with its agent's answer): 422 naming ``input``."""
+    if not Job.objects.filter(prompt_msg_id=at.pk, kind=JobKind.USER).exists():
+        _refuse("input", "a run without input asks a person's message again (regenerate); this checkpoint is "
+                         "not a person's message: name the one before the answer, or send input")
+    return do_fork_and_start(user, session, at.predecessor, at.text, agent_spec=spec, select=True)
 
 
 def start_on_thread(user, session, prompt: str, spec, strategy: str) -> Job:

@@ -40,8 +40,12 @@ from collab.realtime.threads import briefly, in_thread
 from collab.selectors.events import PAGE, events_after
 from collab.selectors.redact import Memo
 
-VALUES, UPDATES, MESSAGES = "values", "updates", "messages-tuple"
-STREAM_MODES = (VALUES, UPDATES, MESSAGES)
+VALUES, UPDATES, MESSAGES, CUSTOM = "values", "updates", "messages-tuple", "custom"
+STREAM_MODES = (VALUES, UPDATES, MESSAGES)  # what a stream without stream_mode carries
+# ``custom``: what a graph's own code writes to the stream. A Trellis agent writes none, so it
+# adds no frame; it is accepted because clients ask for it whenever they listen for it (useStream
+# with ``onCustomEvent``, as Agent Chat UI does).
+ACCEPTED_MODES = (*STREAM_MODES, CUSTOM)
 TOOLS_NODE = "tools"  # the node a tool result comes from (an agent's turn is ``values.AGENT_NODE``)
 
 # a run is over when its execution ended or waits for a person

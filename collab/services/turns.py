@@ -203,7 +203,9 @@ def do_fork_and_start(user, session: Session, message, prompt: str, *, name: str
     choose (the page shows them their fork), and nobody else who opens the session is moved to it
     — unless ``select``: a LangGraph run from a checkpoint (docs/langgraph.md#runs) makes the fork
     the thread's latest state, as LangGraph does. ``agent_spec``: the spec this turn runs with
-    (default: the forked branch's). Preconditions: ``message`` came from ``access_message(…, "turn.start")``."""
+    (default: the forked branch's). ``message`` None: a new root (the prompt asked again of the
+    session's first message; its spec is the session's). Preconditions: ``message`` came from
+    ``access_message(…, "turn.start")``, or the session from ``access_session(…, "turn.start")``."""
     check_prompt(prompt)
     check_not_child(session)
     if len((name or "").strip()) > MAX_BRANCH_NAME_CHARS:
@@ -212,7 +214,8 @@ def do_fork_and_start(user, session: Session, message, prompt: str, *, name: str
         name, stage = name_for(name, prompt)
         branch = create_branch(
             session, name=name, name_stage=stage, forked_from=message,
-            agent_spec=effective_spec(message.branch, session), created_by=user,
+            agent_spec=effective_spec(message.branch, session) if message is not None else session.agent_spec,
+            created_by=user,
         )
         job = admit_job(session=session, branch=branch, kind=JobKind.USER, prompt=prompt, started_by=user,
                         agent_spec=agent_spec)

@@ -1,0 +1,125 @@
+"""What a chat front end built on LangGraph's ``useStream`` (Agent Chat UI) sends to ``/lg``
+works (docs/langgraph.md#chat-front-ends): the server info it asks first, a thread created
+without metadata, its runs streamed with the body ``useStream`` builds — the thread head's
+checkpoint, ``stream_mode`` with ``custom``, ``stream_subgraphs``, ``stream_resumable``,
+``on_disconnect: "continue"`` — and "regenerate": a run without input from the checkpoint
+before an answer, which asks the person's message again on a fork the thread follows."""
+
+import pytest
+
+from collab.models import Branch, Job, Message
+from tests.conftest import api_client_of, make_spec
+from tests.lg.client import Lg, lg_as, ok, refused
+from tests.lg.test_lg_runs import frames_of
+
+ECHO = [{"text": "echo: {{prompt}}"}]
+
+
+def chat_message(text: str) -> dict:
+    """A person's message as Agent Chat UI makes it: its own id, text blocks."""
+    return {"id": f"client-{text}", "type": "human", "content": [{"type": "text", "text": text}]}
+
+
+def submit(lg, tid, *, input=None, checkpoint=None, command=None) -> list[dict]:
+    """``useStream``'s ``submit``: ``runs/stream`` with the body it builds (the head's checkpoint
+    without its ``thread_id``, the modes its listeners ask for); the stream's frames."""
+    body = {"assistant_id": "echo", "stream_mode": ["values", "messages-tuple", "custom"],
+            "stream_subgraphs": True, "stream_resumable": True, "on_disconnect": "continue"}
+    if input is not None:
+        body["input"] = input
+    if command is not None:
+        body["command"] = command
+    if checkpoint is not None:
+        body["checkpoint"] = {k: v for k, v in checkpoint.items() if k != "thread_id"}
+    return frames_of(lg.post(f"/threads/{tid}/runs/stream", body))
+
+
+def history(lg, tid) -> list[dict]:
+    return ok(lg.post(f"/threads/{tid}/history", {"limit": 10}))
+
+
+def first_seen(states: list[dict], message_id: str) -> dict:
+    """The oldest state holding the message (``useStream``'s ``firstSeenState``)."""
+    return [s for s in states if any(m["id"] == message_id for m in s["values"]["messages"])][-1]
+
+
+def test_the_server_info_answers_without_a_token_and_names_no_data(db):
+    """``GET /info`` (what Agent Chat UI asks to know it reached an Agent Server) and ``GET /ok``
+    answer without a token: the version and the optional features, nothing of any tenant."""
+    anyone = Lg()
+    info = ok(anyone.get("/info"))
+    assert info["flags"] == {"assistants": True, "crons": False, "store": False, "langsmith": False}
+    assert set(info) == {"version", "server", "flags"}
+    assert ok(anyone.get("/ok")) == {"ok": True}
+    refused(anyone.get("/threads/nothing"), 401, "unauthenticated")
+
+
+def test_a_chat_front_end_streams_goes_on_and_regenerates(team, worker):
+    """The sequence a ``useStream`` front end sends, on a real worker: a thread without metadata
+    (the person's one project), a first message with ``custom`` among the modes (no custom frame:
+    a Trellis agent writes none), the next from the thread head's checkpoint (no fork: the run goes
+    on), then regenerating each answer — from the checkpoint before it — asks the person's message
+    again on a fork (a new root for the first message) and the thread follows it, the old answer
+    kept in the DAG. From an answer's own checkpoint there is nothing to run: 422 naming ``input``,
+    nothing admitted."""
+    make_spec(api_client_of(team.owner), "echo", ECHO)
+    lg = lg_as(team.member)
+    thread = ok(lg.post("/threads", {}))
+    tid = thread["thread_id"]
+    assert thread["metadata"]["project"] == "alpha"
+    assert history(lg, tid) == []
+
+    frames = submit(lg, tid, input={"messages": [chat_message("hello")]})
+    assert {f["event"] for f in frames} == {"metadata", "values", "messages", "end"}
+    assert frames[-1]["data"]["status"] == "success"
+    first = frames[-2]["data"]["messages"]
+    assert [(m["type"], m["content"]) for m in first] == [("human", "hello"), ("ai", "echo: hello")]
+
+    head = history(lg, tid)[0]
+    submit(lg, tid, input={"messages": [chat_message("again")]}, checkpoint=head["checkpoint"])
+    states = history(lg, tid)
+    line = states[0]["values"]["messages"]
+    assert [m["content"] for m in line] == ["hello", "echo: hello", "again", "echo: again"]
+    assert Branch.objects.filter(session_id=tid).count() == 1  # went on: no fork
+
+    # regenerate the last answer: from the state before it, which ends with "again"
+    before_answer = first_seen(states, line[-1]["id"])["parent_checkpoint"]
+    assert before_answer["checkpoint_id"] == line[-2]["id"]
+    frames = submit(lg, tid, checkpoint=before_answer)
+    assert frames[-1]["data"]["status"] == "success"
+    now = ok(lg.get(f"/threads/{tid}/state"))["values"]["messages"]
+    assert [m["content"] for m in now] == ["hello", "echo: hello", "again", "echo: again"]
+    assert now[:2] == line[:2] and now[2]["id"] != line[2]["id"] and now[3]["id"] != line[3]["id"]
+    assert Message.objects.get(pk=now[2]["id"]).predecessor_id == line[1]["id"]  # forked before "again"
+    assert Message.objects.filter(pk=line[3]["id"]).exists()  # the old answer stays
+
+    # regenerate the first answer: "hello" has nothing before it, so the fork is a new root
+    states = history(lg, tid)
+    before_first = first_seen(states, now[1]["id"])["parent_checkpoint"]
+    assert before_first["checkpoint_id"] == now[0]["id"]
+    submit(lg, tid, checkpoint=before_first)
+    root = ok(lg.get(f"/threads/{tid}/state"))["values"]["messages"]
+    assert [m["content"] for m in root] == ["hello", "echo: hello"] and root[0]["id"] != now[0]["id"]
+    assert Message.objects.get(pk=root[0]["id"]).predecessor_id is None
+    assert Branch.objects.filter(session_id=tid, forked_from__isnull=True).count() == 2
+
+    jobs = Job.objects.count()
+    answer = refused(lg.post(f"/threads/{tid}/runs/stream", {"assistant_id": "echo", "checkpoint": {
+        "checkpoint_id": root[1]["id"], "checkpoint_ns": ""}}), 422, "unsupported")
+    assert answer["field"] == "input"
+    refused(lg.post(f"/threads/{tid}/runs", {"assistant_id": "echo"}), 400, "invalid_run")
+    assert Job.objects.count() == jobs
+
+
+@pytest.mark.parametrize("modes", [["custom"], ["values", "custom"]])
+def test_custom_is_an_accepted_stream_mode_of_a_background_run(team, modes):
+    """A background run asking for ``custom`` (alone or with others) is admitted: the mode is
+    accepted everywhere a run names its modes (its frames are none: a Trellis agent writes no
+    custom event). Modes Trellis has no frames for that mean something else are still refused."""
+    make_spec(api_client_of(team.owner), "echo", ECHO)
+    lg = lg_as(team.member)
+    tid = ok(lg.post("/threads", {}))["thread_id"]
+    body = {"assistant_id": "echo", "input": {"messages": [chat_message("hi")]}}
+    assert ok(lg.post(f"/threads/{tid}/runs", {**body, "stream_mode": modes}))["status"] == "pending"
+    refused(lg.post(f"/threads/{tid}/runs", {**body, "stream_mode": ["values", "events"]}), 422, "unsupported")
+
