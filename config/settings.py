@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_htmx",
+    "corsheaders",
     "template_partials",
     "channels",
     "django_q",
@@ -85,6 +86,7 @@ if TRELLIS_STOCK - set(STOCK_PATHS):
                                f"known are {', '.join(STOCK_PATHS)}")
 
 MIDDLEWARE = [
+    "corsheaders.middleware.CorsMiddleware",  # /lg only (CORS_URLS_REGEX); async-capable, no I/O
     # Django's own, run on the event loop under ASGI where they do no I/O (collab.middleware.OnTheLoop)
     "collab.middleware.SecurityMiddleware",
     "collab.security_headers.ContentSecurityPolicyMiddleware",
@@ -114,6 +116,18 @@ if "middleware" in TRELLIS_STOCK:  # Django's and WhiteNoise's own classes (ours
                   for name in MIDDLEWARE]
 
 ROOT_URLCONF = "config.urls"
+
+# Browsers may call the LangGraph-compatible API from other origins (a chat front end such as
+# Agent Chat UI on a port of its own: docs/langgraph.md#chat-front-ends). /lg takes a token only,
+# never the session cookie, and no credentials are allowed cross-origin: a page of another origin
+# gains nothing there without a token of its own. TRELLIS_LG_CORS_ORIGINS narrows it to a list.
+CORS_URLS_REGEX = r"^/lg/.*$"
+_LG_ORIGINS = env_list("TRELLIS_LG_CORS_ORIGINS", ["*"])
+CORS_ALLOW_ALL_ORIGINS = _LG_ORIGINS == ["*"]
+CORS_ALLOWED_ORIGINS = [] if CORS_ALLOW_ALL_ORIGINS else _LG_ORIGINS
+CORS_ALLOW_CREDENTIALS = False
+CORS_ALLOW_HEADERS = ("accept", "authorization", "content-type", "x-api-key", "last-event-id", "x-request-id")
+CORS_EXPOSE_HEADERS = ("content-location", "location", "x-pagination-next")
 ASGI_APPLICATION = "config.asgi.application"
 WSGI_APPLICATION = None
 

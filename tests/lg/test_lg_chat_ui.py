@@ -123,3 +123,37 @@ def test_custom_is_an_accepted_stream_mode_of_a_background_run(team, modes):
     assert ok(lg.post(f"/threads/{tid}/runs", {**body, "stream_mode": modes}))["status"] == "pending"
     refused(lg.post(f"/threads/{tid}/runs", {**body, "stream_mode": ["values", "events"]}), 422, "unsupported")
 
+
+def test_a_page_of_another_origin_may_call_lg_with_a_token_and_nothing_else(team, settings):
+    """A chat front end on its own origin calls ``/lg`` from the browser: the preflight allows its
+    method and headers (``x-api-key``, ``Last-Event-ID``), an answer is readable by it and exposes
+    ``Content-Location`` / ``Location`` (where ``runs.stream`` learns its run), and no credentials
+    are allowed (the session cookie never counts on ``/lg``). ``/api`` and the pages get no CORS
+    header at all; ``TRELLIS_LG_CORS_ORIGINS`` narrows the origins."""
+    from django.test import Client
+
+    origin = "http://localhost:3000"
+    lg = lg_as(team.member)
+    preflight = lg.client.options("/lg/threads", HTTP_ORIGIN=origin, HTTP_ACCESS_CONTROL_REQUEST_METHOD="POST",
+                                  HTTP_ACCESS_CONTROL_REQUEST_HEADERS="x-api-key, content-type, last-event-id")
+    assert preflight.status_code == 200
+    assert preflight["Access-Control-Allow-Origin"] == "*"
+    allowed = {h.strip() for h in preflight["Access-Control-Allow-Headers"].split(",")}
+    assert {"x-api-key", "content-type", "last-event-id"} <= allowed
+    assert "POST" in preflight["Access-Control-Allow-Methods"]
+    assert "Access-Control-Allow-Credentials" not in preflight
+
+    answer = lg.client.post("/lg/threads", "{}", content_type="application/json", HTTP_ORIGIN=origin, **lg.headers)
+    assert answer.status_code == 200 and answer["Access-Control-Allow-Origin"] == "*"
+    assert {"content-location", "location"} <= {h.strip() for h in answer["Access-Control-Expose-Headers"].split(",")}
+
+    browser = Client()
+    browser.force_login(team.member)
+    assert browser.get("/lg/threads/x", HTTP_ORIGIN=origin).status_code == 401  # the cookie is no credential here
+    for path in ("/api/projects", "/"):
+        assert "Access-Control-Allow-Origin" not in browser.get(path, HTTP_ORIGIN=origin)
+
+    settings.CORS_ALLOW_ALL_ORIGINS, settings.CORS_ALLOWED_ORIGINS = False, ["https://chat.example.com"]
+    assert "Access-Control-Allow-Origin" not in lg.client.get("/lg/info", HTTP_ORIGIN=origin)
+    assert lg.client.get("/lg/info", HTTP_ORIGIN="https://chat.example.com")["Access-Control-Allow-Origin"] \
+        == "https://chat.example.com"
