@@ -24,7 +24,7 @@ from accounts.models import ApiToken, TokenScope
 from collab.models import Branch, Job, PersonAsk
 from tests.conftest import api_client_of, make_spec
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.one_database("sqlite")]  # the client, not the data
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.one_database("postgres")]  # the client, not the data
 
 APP = Path(__file__).parent / "chat_ui"
 LIVE = 30_000  # ms: a run on a busy machine
