@@ -25,7 +25,7 @@ from collab.lg.values import (
     UnsupportedRoute,
     assistant_of,
     checkpoint_id_in,
-    checkpoint_message,
+    checkpoint_at,
     iso,
     paginate,
     pending_asks,
@@ -243,21 +243,24 @@ def _start(user, token, thread_id: str, payload: RunIn, background: bool) -> tup
     if payload.command is not None:
         return resume_run(user, token, session, payload.command["resume"]), before, None
     if payload.input is None:
-        return ask_again(user, session, _checkpoint_of(session, payload), spec), before, None
+        return ask_again(user, session, _checkpoint_of(session, payload)[1], spec), before, None
     prompt = prompt_of(payload.input)
     check_prompt(prompt)
     check_not_child(session)
     strategy = payload.multitask_strategy or spec_strategy(spec)
-    fork_at = _checkpoint_of(session, payload)
-    if fork_at is not None:
+    named, fork_at = _checkpoint_of(session, payload)
+    if named:
         tip = thread_tip(session)
-        if tip is None or fork_at.pk != tip.pk:  # from the latest checkpoint a run simply goes on
+        if (fork_at is None) != (tip is None) or (fork_at is not None and fork_at.pk != tip.pk):
+            # not the latest checkpoint (from which a run simply goes on): a fork there, or before
+            # the first message (``ROOT``) a new root
             return do_fork_and_start(user, session, fork_at, prompt, agent_spec=spec, select=True), before, strategy
     return start_on_thread(user, session, prompt, spec, strategy), before, strategy
 
 
-def _checkpoint_of(session, payload: RunIn):
-    """The message a run forks at (``checkpoint_id``, ``checkpoint`` or ``config.configurable``), or None."""
+def _checkpoint_of(session, payload: RunIn) -> tuple[bool, Message | None]:
+    """Whether a run names a checkpoint (``checkpoint_id``, ``checkpoint`` or
+    ``config.configurable``), and its message (None: ``ROOT``, before the first message)."""
     configurable = (payload.config or {}).get("configurable") or {}
     if configurable.get("thread_id") not in (None, session.pk):
         raise Invalid("config.configurable.thread_id names another thread", code="invalid_run")
@@ -265,17 +268,17 @@ def _checkpoint_of(session, payload: RunIn):
                          checkpoint_id_in(configurable) if configurable else None) if c}
     if len(named) > 1:
         raise Invalid("checkpoint_id, checkpoint and config name different checkpoints", code="invalid_checkpoint")
-    return checkpoint_message(session, named.pop()) if named else None
+    return (True, checkpoint_at(session, named.pop())) if named else (False, None)
 
 
-def ask_again(user, session, at: Message, spec) -> Job:
+def ask_again(user, session, at: Message | None, spec) -> Job:
     """A run without input from a checkpoint: LangGraph runs the graph on from that state, which
     is what a client's "regenerate" sends, naming the state that ends with the person's message.
     Trellis asks that message again: a fork just before it (a new root for the thread's first
     message) whose input is the same text, so the answer is a new one and the old stays on its
     branch; the thread follows the fork. From any other checkpoint there is nothing to run on (a
     Trellis run ends with its agent's answer): 422 naming ``input``."""
-    if not Job.objects.filter(prompt_msg_id=at.pk, kind=JobKind.USER).exists():
+    if at is None or not Job.objects.filter(prompt_msg_id=at.pk, kind=JobKind.USER).exists():
         _refuse("input", "a run without input asks a person's message again (regenerate); this checkpoint is "
                          "not a person's message: name the one before the answer, or send input")
     return do_fork_and_start(user, session, at.predecessor, at.text, agent_spec=spec, select=True)

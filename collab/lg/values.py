@@ -318,6 +318,9 @@ def thread_values(viewer, session: Session, *, tip: Message | None = None) -> di
 # --- checkpoints and states -------------------------------------------------------------------
 
 
+ROOT = "root"  # the checkpoint before a thread's first message (LangGraph's input checkpoint): no message
+
+
 def checkpoint_of(session_id: str, message_id: str | None) -> dict:
     """A LangGraph ``Checkpoint``: a message of the thread's DAG (None: before the first)."""
     return {"thread_id": session_id, "checkpoint_ns": "", "checkpoint_id": message_id, "checkpoint_map": None}
@@ -333,6 +336,11 @@ def checkpoint_message(session: Session, checkpoint_id) -> Message:
     if message is None:
         raise NotFound("no such checkpoint in this thread", code="unknown_checkpoint")
     return message
+
+
+def checkpoint_at(session: Session, checkpoint_id) -> Message | None:
+    """``checkpoint_message``, where ``ROOT`` is a checkpoint too: None, before the first message."""
+    return None if checkpoint_id == ROOT else checkpoint_message(session, checkpoint_id)
 
 
 def checkpoint_id_in(checkpoint) -> str | None:
@@ -432,7 +440,7 @@ def state_at(session: Session, line: list[tuple[Message, dict | None]], index: i
         "checkpoint": checkpoint_of(session.pk, message.pk),
         "metadata": _step_metadata(message),
         "created_at": iso(message.created_at),
-        "parent_checkpoint": checkpoint_of(session.pk, message.predecessor_id) if message.predecessor_id else None,
+        "parent_checkpoint": checkpoint_of(session.pk, message.predecessor_id or ROOT),
         "tasks": _tasks(pending),
         "interrupts": pending,
     }
@@ -453,11 +461,21 @@ def empty_state(session: Session, interrupts: list[dict], status: str) -> dict:
             "parent_checkpoint": None, "tasks": _tasks(interrupts), "interrupts": interrupts}
 
 
+def root_state(session: Session) -> dict:
+    """The state at ``ROOT``, before the thread's first message: no message (the parent of the
+    first message's state; a run from it starts a new line, a new root of the DAG)."""
+    return {"values": {"messages": []}, "next": [], "checkpoint": checkpoint_of(session.pk, ROOT),
+            "metadata": {"step": -1, "source": "input"}, "created_at": iso(session.created_at),
+            "parent_checkpoint": None, "tasks": [], "interrupts": []}
+
+
 def state_shape(viewer, session: Session, *, checkpoint_id: str | None = None) -> dict:
     """The thread's ``ThreadState``: its latest, or at the checkpoint ``checkpoint_id`` (any
-    message of its DAG, on any branch: ``NotFound`` otherwise)."""
+    message of its DAG, on any branch, or ``ROOT``: ``NotFound`` otherwise)."""
     tip = thread_tip(session)
     latest = True
+    if checkpoint_id == ROOT:
+        return root_state(session)
     if checkpoint_id is not None:
         asked = checkpoint_message(session, checkpoint_id)
         latest = tip is not None and asked.pk == tip.pk
@@ -481,6 +499,10 @@ def history_shape(viewer, session: Session, *, limit: int = 10, checkpoint_id: s
     ``before_id``; only those whose metadata holds every pair of ``metadata``; at most
     ``limit`` (1 to ``MAX_HISTORY``)."""
     limit = max(1, min(limit, MAX_HISTORY))
+    if checkpoint_id == ROOT:
+        return [root_state(session)] if not metadata else []
+    if before_id == ROOT:
+        return []
     latest_tip = thread_tip(session)
     tip = latest_tip
     if checkpoint_id is not None:

@@ -3,7 +3,8 @@ in ``tests/browser/chat_ui/package.json``), built as Agent Chat UI builds its th
 served from an origin of its own, works against Trellis's ``/lg`` in real headless Chromium, on
 daphne and a worker (docs/langgraph.md#chat-front-ends): it reaches ``/info``, creates a thread,
 streams a person's messages and the answers, regenerates an answer (the thread follows the fork
-and keeps the old answer), and resumes a run that waits for a person's approval — all cross-origin
+and keeps the old answer), edits the first message, and resumes a run that waits for a person's
+approval — all cross-origin
 with the token as its API key.
 
 The page is bundled with esbuild from the pinned packages (``npm ci`` from the npm registry the
@@ -104,6 +105,13 @@ def test_a_use_stream_chat_page_streams_regenerates_and_resumes_against_lg(team,
     assert texts(page) == ["hello", "echo: hello", "again", "echo: again"]
     assert Branch.objects.filter(session_id=tid).count() == 2  # a fork, followed; the old answer kept
     assert Job.objects.filter(session_id=tid).count() == 3
+    page.fill("#draft", "howdy")  # edit the first message: from the checkpoint before it, the root
+    messages.nth(0).locator("button.edit").click()
+    expect(messages.nth(0).locator(".text")).to_have_text("howdy", timeout=LIVE)
+    expect(messages.nth(1).locator(".text")).to_have_text("echo: howdy", timeout=LIVE)
+    expect(page.locator("main")).to_have_attribute("data-loading", "false", timeout=LIVE)
+    assert texts(page) == ["howdy", "echo: howdy"]
+    assert Branch.objects.filter(session_id=tid, forked_from__isnull=True).count() == 2  # a new root
     assert not page.locator("#error").count()
     assert page.locator("main").get_attribute("data-custom") == "0"  # a Trellis agent writes no custom event
 

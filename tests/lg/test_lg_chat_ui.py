@@ -3,7 +3,8 @@ works (docs/langgraph.md#chat-front-ends): the server info it asks first, a thre
 without metadata, its runs streamed with the body ``useStream`` builds — the thread head's
 checkpoint, ``stream_mode`` with ``custom``, ``stream_subgraphs``, ``stream_resumable``,
 ``on_disconnect: "continue"`` — and "regenerate": a run without input from the checkpoint
-before an answer, which asks the person's message again on a fork the thread follows."""
+before an answer, which asks the person's message again on a fork the thread follows; and an edit
+of the first message, a run from the checkpoint before it (``root``: no message yet)."""
 
 import pytest
 
@@ -60,8 +61,9 @@ def test_a_chat_front_end_streams_goes_on_and_regenerates(team, worker):
     a Trellis agent writes none), the next from the thread head's checkpoint (no fork: the run goes
     on), then regenerating each answer — from the checkpoint before it — asks the person's message
     again on a fork (a new root for the first message) and the thread follows it, the old answer
-    kept in the DAG. From an answer's own checkpoint there is nothing to run: 422 naming ``input``,
-    nothing admitted."""
+    kept in the DAG; editing the first message runs the new text from ``root``, the checkpoint
+    before it, as a new root. From an answer's own checkpoint, or the root, there is nothing to
+    ask again: 422 naming ``input``, nothing admitted."""
     make_spec(api_client_of(team.owner), "echo", ECHO)
     lg = lg_as(team.member)
     thread = ok(lg.post("/threads", {}))
@@ -103,7 +105,19 @@ def test_a_chat_front_end_streams_goes_on_and_regenerates(team, worker):
     assert Message.objects.get(pk=root[0]["id"]).predecessor_id is None
     assert Branch.objects.filter(session_id=tid, forked_from__isnull=True).count() == 2
 
+    # edit the first message: from the checkpoint before it (the root: no message), a new line
+    first_state = first_seen(history(lg, tid), root[0]["id"])
+    assert first_state["parent_checkpoint"]["checkpoint_id"] == "root"
+    at_root = ok(lg.get(f"/threads/{tid}/state/root"))
+    assert at_root["values"] == {"messages": []} and at_root["parent_checkpoint"] is None
+    submit(lg, tid, input={"messages": [chat_message("howdy")]}, checkpoint=first_state["parent_checkpoint"])
+    edited = ok(lg.get(f"/threads/{tid}/state"))["values"]["messages"]
+    assert [m["content"] for m in edited] == ["howdy", "echo: howdy"]
+    assert Branch.objects.filter(session_id=tid, forked_from__isnull=True).count() == 3
+
     jobs = Job.objects.count()
+    refused(lg.post(f"/threads/{tid}/runs/stream", {"assistant_id": "echo", "checkpoint_id": "root"}), 422,
+            "unsupported")  # nothing to ask again before the first message
     answer = refused(lg.post(f"/threads/{tid}/runs/stream", {"assistant_id": "echo", "checkpoint": {
         "checkpoint_id": root[1]["id"], "checkpoint_ns": ""}}), 422, "unsupported")
     assert answer["field"] == "input"
@@ -157,3 +171,19 @@ def test_a_page_of_another_origin_may_call_lg_with_a_token_and_nothing_else(team
     assert "Access-Control-Allow-Origin" not in lg.client.get("/lg/info", HTTP_ORIGIN=origin)
     assert lg.client.get("/lg/info", HTTP_ORIGIN="https://chat.example.com")["Access-Control-Allow-Origin"] \
         == "https://chat.example.com"
+
+
+def test_a_run_from_the_root_of_a_thread_without_messages_simply_starts_it(team, run_queued):
+    """The root is an empty thread's latest checkpoint too: a run from it goes on the thread's own
+    branch (no new root), as a run from the latest checkpoint does."""
+    make_spec(api_client_of(team.owner), "echo", ECHO)
+    lg = lg_as(team.member)
+    tid = ok(lg.post("/threads", {}))["thread_id"]
+    run = ok(lg.post(f"/threads/{tid}/runs", {"assistant_id": "echo", "input": {"messages": [chat_message("hi")]},
+                                              "checkpoint": {"checkpoint_id": "root", "checkpoint_ns": ""}}))
+    run_queued()
+    assert Branch.objects.filter(session_id=tid).count() == 1
+    assert Job.objects.get(pk=run["run_id"]).branch.forked_from_id is None
+    assert [m["content"] for m in ok(lg.get(f"/threads/{tid}/state"))["values"]["messages"]] == ["hi", "echo: hi"]
+    assert ok(lg.post(f"/threads/{tid}/history", {"checkpoint": {"checkpoint_id": "root"}}))[0]["checkpoint"]["checkpoint_id"] == "root"
+    assert ok(lg.post(f"/threads/{tid}/history", {"before": "root"})) == []

@@ -41,13 +41,14 @@ function App() {
     onCustomEvent: () => setCustomEvents((n) => n + 1),
   });
 
-  const send = (event) => {
-    event.preventDefault();
+  // what Agent Chat UI sends for a new message, and for an edit (from the checkpoint before it)
+  const submitText = (text, checkpoint) => {
     sent += 1;
-    const message = { id: `typed-${sent}`, type: "human", content: [{ type: "text", text: draft }] };
+    const message = { id: `typed-${sent}`, type: "human", content: [{ type: "text", text }] };
     stream.submit(
       { messages: [message] },
       {
+        ...(checkpoint !== undefined ? { checkpoint } : {}),
         streamMode: ["values"],
         streamSubgraphs: true,
         streamResumable: true,
@@ -55,6 +56,11 @@ function App() {
       },
     );
     setDraft("");
+  };
+
+  const send = (event) => {
+    event.preventDefault();
+    submitText(draft);
   };
 
   return (
@@ -67,6 +73,9 @@ function App() {
           return (
             <li key={message.id ?? index} data-type={message.type} data-id={message.id ?? ""}>
               <span className="text">{textOf(message)}</span>
+              {message.type === "human" && !stream.isLoading ? (
+                <button className="edit" onClick={() => submitText(draft, parent ?? null)}>Edit</button>
+              ) : null}
               {message.type === "ai" && parent && !stream.isLoading ? (
                 <button className="regenerate" onClick={() => stream.submit(undefined, {
                   checkpoint: parent, streamMode: ["values"], streamSubgraphs: true, streamResumable: true,
