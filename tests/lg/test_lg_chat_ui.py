@@ -187,3 +187,33 @@ def test_a_run_from_the_root_of_a_thread_without_messages_simply_starts_it(team,
     assert [m["content"] for m in ok(lg.get(f"/threads/{tid}/state"))["values"]["messages"]] == ["hi", "echo: hi"]
     assert ok(lg.post(f"/threads/{tid}/history", {"checkpoint": {"checkpoint_id": "root"}}))[0]["checkpoint"]["checkpoint_id"] == "root"
     assert ok(lg.post(f"/threads/{tid}/history", {"before": "root"})) == []
+
+
+def test_a_second_root_made_through_lg_reads_on_the_session_page_and_the_native_api(team, run_queued):
+    """An edit of the first message made through ``/lg`` is a second root of the session's DAG:
+    the session's page, its graph and the native API show both lines (the old one kept), and a
+    person's next turn there goes on the new one, which the thread follows."""
+    from django.test import Client
+
+    make_spec(api_client_of(team.owner), "echo", ECHO)
+    lg = lg_as(team.member)
+    tid = ok(lg.post("/threads", {}))["thread_id"]
+    body = {"assistant_id": "echo"}
+    ok(lg.post(f"/threads/{tid}/runs", {**body, "input": {"messages": [chat_message("first try")]}}))
+    run_queued()
+    ok(lg.post(f"/threads/{tid}/runs", {**body, "input": {"messages": [chat_message("second try")]},
+                                        "checkpoint_id": "root"}))
+    run_queued()
+    browser = Client()
+    browser.force_login(team.member)
+    for path in (f"/s/{tid}/", f"/s/{tid}/dag"):
+        page = browser.get(path)
+        assert page.status_code == 200, path
+        assert b"first try" in page.content and b"second try" in page.content, path
+    api = api_client_of(team.member)
+    roots = [b for b in api.get(f"/api/sessions/{tid}/branches").json() if not b["forked_from"]]
+    assert len(roots) == 2
+    ok(lg.post(f"/threads/{tid}/runs", {**body, "input": {"messages": [chat_message("and on")]}}))
+    run_queued()
+    line = [m["content"] for m in ok(lg.get(f"/threads/{tid}/state"))["values"]["messages"]]
+    assert line == ["second try", "echo: second try", "and on", "echo: and on"]
