@@ -129,9 +129,9 @@ class TurnContext:
 
     @property
     def tools(self):
-        """The branch's tool surface: offered and dispatched (collab.tools.surface)."""
+        """The turn's tool surface, by the spec it runs with: offered and dispatched (collab.tools.surface)."""
         if self._tools is None:
-            self._tools = branch_tools(self.branch)
+            self._tools = branch_tools(self.branch, self.spec)
         return self._tools
 
     def available_tools(self):

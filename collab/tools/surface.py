@@ -58,8 +58,11 @@ def spec_tools(toolset: str, allow: list[str], *, role: str, project) -> list[To
     return tools
 
 
-def branch_tools(branch: Branch) -> list[Tool]:
-    spec, role = effective_spec(branch), agent_role_of(branch)
+def branch_tools(branch: Branch, spec=None) -> list[Tool]:
+    """The tools an agent on ``branch`` is offered: by ``spec`` (a turn's own, the one its job
+    was admitted with, which may differ from the branch's: a run naming another assistant), else
+    the branch's spec."""
+    spec, role = spec if spec is not None else effective_spec(branch), agent_role_of(branch)
     tools = spec_tools(spec_toolset(spec), list(getattr(spec, "tools", None) or []), role=role,
                        project=branch.session.project)
     if role == AgentRole.EXPLORER and branch.parent_branch_id:  # never wider than the parent that spawned it
