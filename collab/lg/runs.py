@@ -4,7 +4,7 @@ that resumed it, to its end or its next pause for a person.
 
 Every route authorizes through ``collab.access`` (a thread or run the caller may not see is the
 404 of a missing one) and calls Trellis's own services: ``do_start_user_turn`` (the four
-``multitask_strategy``), ``do_fork_and_start`` (a run from a checkpoint), the asks' ``decide``
+``multitask_strategy``), ``fork_and_follow`` (a run from a checkpoint), the asks' ``decide``
 (``command.resume``), the cancel command. What Trellis cannot honour is a 422 ``unsupported``
 naming the field, checked before anything is written."""
 
@@ -46,8 +46,8 @@ from collab.services.turns import (
     INTERRUPT,
     ROLLBACK,
     check_not_child,
-    do_fork_and_start,
     do_start_user_turn,
+    fork_and_follow,
     interrupt_job,
     rollback_and_start,
     spec_strategy,
@@ -242,20 +242,23 @@ def _start(user, token, thread_id: str, payload: RunIn, background: bool) -> tup
     before = session.last_event_seq
     if payload.command is not None:
         return resume_run(user, token, session, payload.command["resume"]), before, None
+    strategy = payload.multitask_strategy or spec_strategy(spec)
     if payload.input is None:
-        return ask_again(user, session, _checkpoint_of(session, payload)[1], spec), before, None
+        return ask_again(user, session, _checkpoint_of(session, payload)[1], spec, strategy), before, strategy
     prompt = prompt_of(payload.input)
     check_prompt(prompt)
     check_not_child(session)
-    strategy = payload.multitask_strategy or spec_strategy(spec)
     named, fork_at = _checkpoint_of(session, payload)
     if named:
         tip = thread_tip(session)
         if (fork_at is None) != (tip is None) or (fork_at is not None and fork_at.pk != tip.pk):
             # not the latest checkpoint (from which a run simply goes on): a fork there, or before
             # the first message (``ROOT``) a new root
-            return do_fork_and_start(user, session, fork_at, prompt, agent_spec=spec, select=True), before, strategy
+            return fork_and_follow(user, session, fork_at, prompt, spec=spec, strategy=strategy), before, strategy
     return start_on_thread(user, session, prompt, spec, strategy), before, strategy
+
+
+CHECKPOINT_KEYS = frozenset({"thread_id", "checkpoint_ns", "checkpoint_id", "checkpoint_map"})
 
 
 def _checkpoint_of(session, payload: RunIn) -> tuple[bool, Message | None]:
@@ -264,6 +267,14 @@ def _checkpoint_of(session, payload: RunIn) -> tuple[bool, Message | None]:
     configurable = (payload.config or {}).get("configurable") or {}
     if configurable.get("thread_id") not in (None, session.pk):
         raise Invalid("config.configurable.thread_id names another thread", code="invalid_run")
+    if isinstance(payload.checkpoint, dict):  # a LangGraph Checkpoint: these keys, of this thread
+        extra = sorted(set(payload.checkpoint) - CHECKPOINT_KEYS)
+        if extra:
+            _refuse(f"checkpoint.{extra[0]}", f"a checkpoint has {', '.join(sorted(CHECKPOINT_KEYS))} only")
+        if payload.checkpoint.get("checkpoint_map"):
+            _refuse("checkpoint.checkpoint_map", "Trellis threads have no subgraphs")
+        if payload.checkpoint.get("thread_id") not in (None, session.pk):
+            raise Invalid("checkpoint.thread_id names another thread", code="invalid_checkpoint")
     named = {c for c in (payload.checkpoint_id, checkpoint_id_in(payload.checkpoint),
                          checkpoint_id_in(configurable) if configurable else None) if c}
     if len(named) > 1:
@@ -271,17 +282,19 @@ def _checkpoint_of(session, payload: RunIn) -> tuple[bool, Message | None]:
     return (True, checkpoint_at(session, named.pop())) if named else (False, None)
 
 
-def ask_again(user, session, at: Message | None, spec) -> Job:
+def ask_again(user, session, at: Message | None, spec, strategy: str) -> Job:
     """A run without input from a checkpoint: LangGraph runs the graph on from that state, which
     is what a client's "regenerate" sends, naming the state that ends with the person's message.
     Trellis asks that message again: a fork just before it (a new root for the thread's first
     message) whose input is the same text, so the answer is a new one and the old stays on its
-    branch; the thread follows the fork. From any other checkpoint there is nothing to run on (a
+    branch; the thread follows the fork, and what is open on the branch it leaves is dealt with by
+    ``strategy`` (``fork_and_follow``). From any other checkpoint there is nothing to run on (a
     Trellis run ends with its agent's answer): 422 naming ``input``."""
+    check_not_child(session)
     if at is None or not Job.objects.filter(prompt_msg_id=at.pk, kind=JobKind.USER).exists():
         _refuse("input", "a run without input asks a person's message again (regenerate); this checkpoint is "
                          "not a person's message: name the one before the answer, or send input")
-    return do_fork_and_start(user, session, at.predecessor, at.text, agent_spec=spec, select=True)
+    return fork_and_follow(user, session, at.predecessor, at.text, spec=spec, strategy=strategy)
 
 
 def start_on_thread(user, session, prompt: str, spec, strategy: str) -> Job:

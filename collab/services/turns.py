@@ -37,6 +37,7 @@ from collab.models import (
     Branch,
     Job,
     JobKind,
+    JobStatus,
     Message,
     Session,
     effective_spec,
@@ -192,6 +193,43 @@ def rollback_and_start(user, session: Session, old: Branch, rolled: Job, prompt:
         do_archive_branch(locked, user=user, reason=ROLLED_BACK)
         Session.objects.filter(pk=session.pk).update(head=job.prompt_msg)
     return job
+
+
+def fork_and_follow(user, session: Session, message, prompt: str, *, spec, strategy: str) -> Job:
+    """A run that leaves the thread's branch for a fork the thread then follows (a LangGraph run
+    from an earlier checkpoint, or a message asked again: docs/langgraph.md#runs). What is open
+    on the branch it leaves is dealt with by ``strategy`` as a new input there would be:
+    ``interrupt`` and ``rollback`` cancel its running or waiting run first (the fork already
+    leaves that line: nothing more is rolled back); otherwise a run waiting for a person holds the
+    thread (409 ``thread_interrupted``: decide it first), and ``reject`` is refused while one runs
+    (409 ``branch_busy``); with ``enqueue`` a running run goes on on its own branch while the fork
+    starts at once. Preconditions: as ``do_fork_and_start``'s."""
+    if strategy in (INTERRUPT, ROLLBACK):
+        left = selected_branch(session)
+        for job in Job.objects.filter(branch_id=left.pk, status__in=(JobStatus.RUNNING, JobStatus.WAITING)) \
+                .order_by("created_at", "pk"):
+            interrupt_job(user, job)
+        return do_fork_and_start(user, session, message, prompt, agent_spec=spec, select=True)
+    return _fork_when_free(user, session, message, prompt, spec, reject_if_busy=strategy == REJECT)
+
+
+@retry_on_deadlock
+def _fork_when_free(user, session: Session, message, prompt: str, spec, *, reject_if_busy: bool) -> Job:
+    with transaction.atomic():
+        lock_sessions(session.pk)
+        left = selected_branch(Session.objects.get(pk=session.pk))  # the head as it is now, under its lock
+        lock_branch(left.pk)
+        waiting = Job.objects.filter(branch_id=left.pk, status=JobStatus.WAITING).order_by("created_at", "pk").first()
+        if waiting is not None:
+            raise Conflict(f"the thread waits for a person (run {waiting.pk}): decide what it asks first "
+                           "(command.resume), or send with multitask_strategy interrupt or rollback to cancel it",
+                           code="thread_interrupted", run_id=waiting.pk)
+        current = running_job(left) if reject_if_busy else None
+        if current is not None:
+            raise Conflict(f"the thread is busy: run {current.pk} is {current.status} (multitask_strategy=reject); "
+                           "send again when it has ended, or choose enqueue, interrupt or rollback",
+                           code="branch_busy", execution_id=current.pk)
+        return do_fork_and_start(user, session, message, prompt, agent_spec=spec, select=True)
 
 
 @retry_on_deadlock

@@ -8,8 +8,8 @@ of the first message, a run from the checkpoint before it (``root``: no message 
 
 import pytest
 
-from collab.models import Branch, Job, Message
-from tests.conftest import api_client_of, make_spec
+from collab.models import Branch, Job, Message, PersonAsk
+from tests.conftest import api_client_of, make_spec, tool_results
 from tests.lg.client import Lg, lg_as, ok, refused
 from tests.lg.test_lg_runs import frames_of
 
@@ -217,3 +217,77 @@ def test_a_second_root_made_through_lg_reads_on_the_session_page_and_the_native_
     run_queued()
     line = [m["content"] for m in ok(lg.get(f"/threads/{tid}/state"))["values"]["messages"]]
     assert line == ["second try", "echo: second try", "and on", "echo: and on"]
+
+
+def test_a_run_naming_another_assistant_is_offered_that_assistants_tools(team, run_queued):
+    """A run's ``assistant_id`` may name another spec than its thread's (a thread created without
+    one, as a chat front end creates it, has none): the turn runs with that spec — its toolset's
+    tools offered and dispatched, not the thread's."""
+    owner = api_client_of(team.owner)
+    make_spec(owner, "echo", ECHO)
+    make_spec(owner, "ow", [{"tool_calls": [{"name": "interrupt_agent", "arguments": {"task_name": "nobody"}}]},
+                            {"text": "done"}], toolset="openwork")
+    lg = lg_as(team.member)
+    for metadata in ({}, {"graph_id": "echo"}):
+        tid = ok(lg.post("/threads", {"metadata": metadata}))["thread_id"]
+        run = ok(lg.post(f"/threads/{tid}/runs", {"assistant_id": "ow", "input": {"messages": [chat_message("go")]}}))
+        run_queued()
+        (result,) = tool_results(run["run_id"])
+        assert result["tool"] == "interrupt_agent" and result["code"] != "unknown_tool", result
+        assert ok(lg.get(f"/threads/{tid}/runs/{run['run_id']}"))["status"] == "success"
+
+
+def test_a_fork_deals_with_what_is_open_on_the_branch_it_leaves_by_the_strategy(team, run_queued):
+    """Asking again (or any run from an earlier checkpoint) leaves the thread's branch: a run
+    waiting there for a person holds the thread as for a new input (409 ``thread_interrupted``
+    with ``enqueue`` or ``reject``: nothing admitted), while ``interrupt`` cancels it first — its
+    ask closed, the thread's interrupts none — and the fork runs."""
+    owner = api_client_of(team.owner)
+    make_spec(owner, "careful", [{"tool_calls": [{"name": "todo_create", "arguments": {"subject": "ship"}}]},
+                                 {"text": "after the call: {{last.text}}"}], approvals=["todo_create"])
+    lg = lg_as(team.member)
+    tid = ok(lg.post("/threads", {}))["thread_id"]
+    first = ok(lg.post(f"/threads/{tid}/runs", {"assistant_id": "careful", "input": {"messages": [chat_message("q")]}}))
+    run_queued()
+    assert ok(lg.get(f"/threads/{tid}/runs/{first['run_id']}"))["status"] == "interrupted"
+    prompt = Job.objects.get(pk=first["run_id"]).prompt_msg_id
+    jobs = Job.objects.count()
+    for strategy in (None, "enqueue", "reject"):
+        body = {"assistant_id": "careful", "checkpoint_id": prompt}
+        if strategy:
+            body["multitask_strategy"] = strategy
+        answer = refused(lg.post(f"/threads/{tid}/runs", body), 409, "thread_interrupted")
+        assert answer["run_id"] == first["run_id"]
+    assert Job.objects.count() == jobs
+    again = ok(lg.post(f"/threads/{tid}/runs", {"assistant_id": "careful", "checkpoint_id": prompt,
+                                                 "multitask_strategy": "interrupt"}))
+    assert again["multitask_strategy"] == "interrupt"
+    assert Job.objects.get(pk=first["run_id"]).status == "cancelled"
+    assert not PersonAsk.objects.filter(job_id=first["run_id"], status="pending").exists()
+    assert ok(lg.get(f"/threads/{tid}/state"))["interrupts"] == []
+
+
+@pytest.mark.parametrize("checkpoint, status, code, field", [
+    ({"checkpoint_id": "X", "zzz": 1}, 422, "unsupported", "checkpoint.zzz"),
+    ({"checkpoint_id": "X", "configurable": {"checkpoint_id": "X"}}, 422, "unsupported", "checkpoint.configurable"),
+    ({"checkpoint_id": "X", "checkpoint_map": {"sub": "y"}}, 422, "unsupported", "checkpoint.checkpoint_map"),
+    ({"checkpoint_id": "X", "thread_id": "0123456789ab"}, 400, "invalid_checkpoint", None),
+])
+def test_a_runs_checkpoint_is_a_checkpoint_of_its_thread_and_nothing_more(team, run_queued, checkpoint, status,
+                                                                         code, field):
+    """A run's ``checkpoint`` object holds LangGraph's checkpoint keys, of its own thread: another
+    key, a subgraph's map, or another thread's id are refused, nothing admitted."""
+    make_spec(api_client_of(team.owner), "echo", ECHO)
+    lg = lg_as(team.member)
+    tid = ok(lg.post("/threads", {}))["thread_id"]
+    ok(lg.post(f"/threads/{tid}/runs", {"assistant_id": "echo", "input": {"messages": [chat_message("hi")]}}))
+    run_queued()
+    first = ok(lg.get(f"/threads/{tid}/state"))["values"]["messages"][0]["id"]
+    checkpoint = {k: (first if v == "X" else v) for k, v in checkpoint.items()}
+    if "configurable" in checkpoint:
+        checkpoint["configurable"] = {"checkpoint_id": first}
+    jobs = Job.objects.count()
+    answer = refused(lg.post(f"/threads/{tid}/runs", {"assistant_id": "echo", "checkpoint": checkpoint,
+                                                       "input": {"messages": [chat_message("again")]}}), status, code)
+    assert answer.get("field") == field
+    assert Job.objects.count() == jobs
