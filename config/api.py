@@ -84,9 +84,9 @@ api = NinjaAPI(
 )
 
 
-def install_error_handlers(api: NinjaAPI) -> None:
+def install_error_handlers(api: NinjaAPI, *, credentials: str = "a Bearer token or a logged-in session") -> None:
     """The error shape ``{"detail", "code"}`` for every failure, on ``api`` (this one, and the
-    LangGraph-compatible one at ``/lg``: ``config.lg``)."""
+    LangGraph-compatible one at ``/lg``: ``config.lg``). ``credentials``: what a 401 asks for."""
 
     def _error(request, http_status: int, detail: str, code: str, /, **extra):
         return api.create_response(request, {**extra, "detail": detail, "code": code}, status=http_status)
@@ -115,7 +115,7 @@ def install_error_handlers(api: NinjaAPI) -> None:
 
     @api.exception_handler(AuthenticationError)
     def on_authentication_error(request, exc):
-        return _error(request, 401, "authentication required: a Bearer token or a logged-in session", "unauthenticated")
+        return _error(request, 401, f"authentication required: {credentials}", "unauthenticated")
 
     @api.exception_handler(HttpError)
     def on_http_error(request, exc: HttpError):

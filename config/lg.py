@@ -39,7 +39,7 @@ lg_api = NinjaAPI(
     docs_url=None,
 )
 
-install_error_handlers(lg_api)
+install_error_handlers(lg_api, credentials="a Trellis API token in x-api-key or as a Bearer token")
 lg_api.add_decorator(require_token_scope)
 
 

@@ -52,7 +52,7 @@ def test_the_server_info_answers_without_a_token_and_names_no_data(db):
     assert info["flags"] == {"assistants": True, "crons": False, "store": False, "langsmith": False}
     assert set(info) == {"version", "server", "flags"}
     assert ok(anyone.get("/ok")) == {"ok": True}
-    refused(anyone.get("/threads/nothing"), 401, "unauthenticated")
+    assert "x-api-key" in refused(anyone.get("/threads/nothing"), 401, "unauthenticated")["detail"]
 
 
 def test_a_chat_front_end_streams_goes_on_and_regenerates(team, worker):
