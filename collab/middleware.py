@@ -10,7 +10,7 @@ from django.contrib.sessions import middleware as sessions
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.middleware import clickjacking, common, csrf, security
 from django.db import OperationalError
-from django.http import Http404, HttpResponse, HttpResponseBadRequest, QueryDict
+from django.http import Http404, HttpResponse, HttpResponseBadRequest, JsonResponse, QueryDict
 from django.utils.deprecation import MiddlewareMixin
 from psycopg_pool import PoolTimeout
 from whitenoise.middleware import WhiteNoiseMiddleware
@@ -154,6 +154,28 @@ class DomainErrorMiddleware(MiddlewareMixin):
         if isinstance(exc, DomainError):
             return HttpResponseBadRequest(f"{exc.code}: {exc.detail}", content_type="text/plain; charset=utf-8")
         return None
+
+
+API_PREFIXES = ("/api/", "/lg/")
+
+
+class ApiErrorShapeMiddleware(OnTheLoop, MiddlewareMixin):
+    """The APIs' error shape ``{"detail", "code"}`` for what their routers never answer
+    themselves: a method a path does not take (405, its ``Allow`` header kept) and a path under
+    ``/api/`` or ``/lg/`` that no route matches (404) — JSON, not Django's plain text or HTML page."""
+
+    def process_response(self, request, response):
+        if response.status_code not in (404, 405) or not request.path.startswith(API_PREFIXES) \
+                or response.get("Content-Type", "").startswith("application/json"):
+            return response
+        if response.status_code == 404:
+            return JsonResponse({"detail": "not found", "code": "not_found"}, status=404)
+        allowed = response.get("Allow", "")
+        shaped = JsonResponse({"detail": f"{request.method} is not allowed here (allowed: {allowed or 'none'})",
+                               "code": "method_not_allowed"}, status=405)
+        if allowed:
+            shaped["Allow"] = allowed
+        return shaped
 
 
 class CleanInputMiddleware(OnTheLoop, MiddlewareMixin):

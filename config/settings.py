@@ -87,6 +87,7 @@ if TRELLIS_STOCK - set(STOCK_PATHS):
 
 MIDDLEWARE = [
     "corsheaders.middleware.CorsMiddleware",  # /lg only (CORS_URLS_REGEX); async-capable, no I/O
+    "collab.middleware.ApiErrorShapeMiddleware",  # the APIs' 404 and 405 as JSON (under CORS: it adds its headers)
     # Django's own, run on the event loop under ASGI where they do no I/O (collab.middleware.OnTheLoop)
     "collab.middleware.SecurityMiddleware",
     "collab.security_headers.ContentSecurityPolicyMiddleware",
