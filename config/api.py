@@ -13,7 +13,7 @@ import math
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import OperationalError
-from django.http import Http404, JsonResponse
+from django.http import Http404
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
@@ -136,12 +136,6 @@ def install_error_handlers(api: NinjaAPI, *, credentials: str = "a Bearer token 
     @api.exception_handler(Http404)
     def on_not_found(request, exc):
         return _error(request, 404, "not found", "not_found")
-
-
-def no_such_route(request):
-    """A path under /api/ that no route matches (an id holding a ``/``, a typo): the API's 404
-    shape, not the HTML page."""
-    return JsonResponse({"detail": "not found", "code": "not_found"}, status=404)
 
 
 install_error_handlers(api)

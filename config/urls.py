@@ -2,10 +2,10 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.http import HttpResponseRedirect
 from django.templatetags.static import static
-from django.urls import include, path, re_path
+from django.urls import include, path
 
 from collab import health
-from config.api import api, no_such_route
+from config.api import api
 from config.lg import lg_api
 
 
@@ -21,10 +21,8 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("admin/", admin.site.urls),
-    path("api/", api.urls),
-    re_path(r"^api/", no_such_route),  # after every route: an API path that matches none is a JSON 404
-    path("lg/", lg_api.urls),  # the LangGraph-compatible API (docs/langgraph.md)
-    re_path(r"^lg/", no_such_route),
+    path("api/", api.urls),  # a path under /api/ or /lg/ that no route matches: a JSON 404
+    path("lg/", lg_api.urls),  # (collab.middleware.ApiErrorShapeMiddleware); /lg: docs/langgraph.md
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("collab.urls")),

@@ -165,9 +165,14 @@ def check_supported(payload: RunIn, *, background: bool = False) -> None:
 
 
 def _names_checkpoint(payload: RunIn) -> bool:
+    return bool(_named_checkpoints(payload))
+
+
+def _named_checkpoints(payload: RunIn) -> set[str]:
+    """The checkpoint ids a run names: ``checkpoint_id``, ``checkpoint``, ``config.configurable``."""
     configurable = (payload.config or {}).get("configurable") or {}
-    return any(c for c in (payload.checkpoint_id, checkpoint_id_in(payload.checkpoint),
-                           checkpoint_id_in(configurable) if configurable else None))
+    return {c for c in (payload.checkpoint_id, checkpoint_id_in(payload.checkpoint),
+                        checkpoint_id_in(configurable) if configurable else None) if c}
 
 
 def _check_config(config) -> None:
@@ -275,8 +280,7 @@ def _checkpoint_of(session, payload: RunIn) -> tuple[bool, Message | None]:
             _refuse("checkpoint.checkpoint_map", "Trellis threads have no subgraphs")
         if payload.checkpoint.get("thread_id") not in (None, session.pk):
             raise Invalid("checkpoint.thread_id names another thread", code="invalid_checkpoint")
-    named = {c for c in (payload.checkpoint_id, checkpoint_id_in(payload.checkpoint),
-                         checkpoint_id_in(configurable) if configurable else None) if c}
+    named = _named_checkpoints(payload)
     if len(named) > 1:
         raise Invalid("checkpoint_id, checkpoint and config name different checkpoints", code="invalid_checkpoint")
     return (True, checkpoint_at(session, named.pop())) if named else (False, None)
